@@ -1,0 +1,90 @@
+"""The one way statehold discards files.
+
+Every discard — subsumed and aborted checkpoints, reconcile orphans, job-end cleanup —
+goes through a `Cleaner`, so batching, idempotence, retries and fencing live in one place.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from statehold.storage.base import Storage
+
+
+@dataclass(frozen=True, slots=True)
+class Discard:
+    """Files and whole directories (e.g. ``chk-7``) that may be deleted."""
+
+    keys: tuple[str, ...] = ()
+    dirs: tuple[str, ...] = ()
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.keys or self.dirs)
+
+
+@dataclass
+class CleanerStatus:
+    pending_keys: int = 0
+    pending_dirs: int = 0
+    deleted: int = 0
+    failures: int = 0
+    last_errors: list[str] = field(default_factory=list)
+
+
+#: Called before each delete batch; raises (e.g. FencedError) to forbid deleting.
+Guard = Callable[[], None]
+
+
+class Cleaner(abc.ABC):
+    def __init__(self, storage: Storage, guard: Guard | None = None) -> None:
+        self.storage = storage
+        self.guard = guard
+
+    @abc.abstractmethod
+    def discard(self, discard: Discard) -> None:
+        """Hand files over for deletion. Never blocks on the deletion itself in
+        asynchronous cleaners."""
+
+    @abc.abstractmethod
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until nothing is pending; False on timeout."""
+
+    @abc.abstractmethod
+    def status(self) -> CleanerStatus: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop background work (pending work is not lost: the reconcile finds it)."""
+
+    def _delete_now(self, keys: Iterable[str], dirs: Iterable[str]) -> int:
+        """One attempt: bulk-delete files, remove directories. Idempotent."""
+        if self.guard is not None:
+            self.guard()
+        keys = list(keys)
+        deleted = 0
+        if keys:
+            self.storage.delete_many(keys)
+            deleted += len(keys)
+        for d in dirs:
+            deleted += self.storage.delete_prefix(d)
+        return deleted
+
+
+class SyncCleaner(Cleaner):
+    """Deletes in the caller's thread; for tools and tests. Errors propagate."""
+
+    def __init__(self, storage: Storage, guard: Guard | None = None) -> None:
+        super().__init__(storage, guard)
+        self._status = CleanerStatus()
+
+    def discard(self, discard: Discard) -> None:
+        if discard:
+            self._status.deleted += self._delete_now(discard.keys, discard.dirs)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        return True
+
+    def status(self) -> CleanerStatus:
+        return self._status

@@ -1,0 +1,224 @@
+"""Checkpoint metadata: one versioned, self-describing JSON document per checkpoint.
+
+JSON, never pickle: a `_metadata` file is data a person can read and a program can verify,
+and reading one can never execute code. The document carries a SHA-256 of its own
+canonical form, so truncation and bit rot are detected, and every state file path is
+relative to the `_metadata` file, so the job directory can be copied anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from statehold import layout
+from statehold.layout import Scope
+from statehold.storage.base import NotFoundError, Storage, UnsafePathError
+
+FORMAT_NAME = "statehold.checkpoint"
+#: Bump on any change a reader of the previous version would misread.
+FORMAT_VERSION = 1
+
+Checksum = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class MetadataError(Exception):
+    """A `_metadata` document cannot be used; the message names the file and the problem."""
+
+
+class RestoreMode(StrEnum):
+    RESUME = "resume"
+    NO_CLAIM = "no-claim"
+    CLAIM = "claim"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StateFile(_Model):
+    """One file a checkpoint references."""
+
+    #: Relative to the `_metadata` file; an absolute URI only when `external`.
+    path: str
+    scope: Scope
+    size: int = Field(ge=0)
+    checksum: Checksum
+    #: A file of a restored checkpoint still outside this job directory (only in the
+    #: first checkpoint after a no-claim restore, until it holds its own copy).
+    external: bool = False
+    #: The task's own name for the file (e.g. RocksDB's SST name), so it can be
+    #: downloaded back under that name.
+    name: str | None = None
+
+
+class KeyGroupRange(_Model):
+    """Key groups `start`..`end`, both inclusive."""
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> KeyGroupRange:
+        if self.end < self.start:
+            raise ValueError(f"empty key-group range {self.start}..{self.end}")
+        return self
+
+    def __contains__(self, key_group: object) -> bool:
+        return isinstance(key_group, int) and self.start <= key_group <= self.end
+
+    def overlaps(self, other: KeyGroupRange) -> bool:
+        return self.start <= other.end and other.start <= self.end
+
+
+class KeyGroupState(_Model):
+    """The state of one task: its key-group range and the files that hold it."""
+
+    key_groups: KeyGroupRange
+    files: list[StateFile]
+    #: Small backend-specific facts the task needs to restore (JSON, never code).
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class OperatorState(_Model):
+    operator: str = Field(min_length=1)
+    ranges: list[KeyGroupState]
+
+
+class Lineage(_Model):
+    """Where the state came from when the job was restored from another checkpoint."""
+
+    mode: RestoreMode
+    source: str  # URI of the source `_metadata`
+    source_job_id: str
+    source_checkpoint_id: int
+    #: False while a checkpoint still references files of the source (no-claim).
+    source_needed: bool = True
+
+
+class CheckpointMetadata(_Model):
+    format: Literal["statehold.checkpoint"] = FORMAT_NAME
+    version: int = FORMAT_VERSION
+    job_id: str = Field(min_length=1)
+    checkpoint_id: int = Field(ge=0)
+    epoch: int = Field(ge=0)
+    kind: Literal["checkpoint", "savepoint"] = "checkpoint"
+    savepoint_name: str | None = None
+    created_at: float = Field(default_factory=time.time)
+    completed_at: float = Field(default_factory=time.time)
+    #: Where the input stood after this checkpoint (e.g. Spark batch id and offsets).
+    source_position: dict[str, Any] = Field(default_factory=dict)
+    max_parallelism: int = Field(ge=1)
+    operators: list[OperatorState] = Field(default_factory=list)
+    lineage: Lineage | None = None
+    #: SHA-256 of the canonical document without this field; set by `encode`.
+    checksum: str = ""
+
+    def state_files(self) -> Iterator[tuple[str, KeyGroupState, StateFile]]:
+        for op in self.operators:
+            for kg in op.ranges:
+                for f in kg.files:
+                    yield op.operator, kg, f
+
+
+def _canonical(doc: dict[str, Any]) -> bytes:
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _digest(doc: dict[str, Any]) -> str:
+    return "sha256:" + hashlib.sha256(_canonical(doc)).hexdigest()
+
+
+def check_paths(meta: CheckpointMetadata, metadata_key: str) -> None:
+    """Every non-external file must resolve inside the job directory; external files
+    (no-claim only) must carry an absolute URI."""
+    for _op, _kg, f in meta.state_files():
+        if f.external:
+            if "://" not in f.path:
+                raise UnsafePathError(f"external file {f.path!r} is not an absolute URI")
+        else:
+            layout.resolve(metadata_key, f.path)
+
+
+def encode(meta: CheckpointMetadata, metadata_key: str) -> bytes:
+    """Serialize with its checksum; refuses absolute or escaping paths."""
+    check_paths(meta, metadata_key)
+    doc = meta.model_dump(mode="json")
+    doc["checksum"] = _digest(doc)
+    return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+
+
+def decode(data: bytes, metadata_key: str, where: str | None = None) -> CheckpointMetadata:
+    """Parse and verify a document; raise MetadataError naming `where` and the problem."""
+    where = where or metadata_key
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MetadataError(f"{where}: not valid JSON (corrupt or truncated?): {e}") from e
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+        raise MetadataError(f"{where}: not a statehold checkpoint metadata document")
+    version = doc.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise MetadataError(f"{where}: format version missing or not an integer")
+    if version > FORMAT_VERSION:
+        raise MetadataError(
+            f"{where}: format version {version} is newer than this statehold reads "
+            f"({FORMAT_VERSION}); upgrade statehold"
+        )
+    if version < 1:
+        raise MetadataError(f"{where}: unknown format version {version}")
+    if doc.get("checksum") != _digest(doc):
+        raise MetadataError(f"{where}: checksum mismatch (the document was altered or damaged)")
+    try:
+        meta = CheckpointMetadata.model_validate(doc)
+    except ValidationError as e:
+        raise MetadataError(f"{where}: invalid document: {e}") from e
+    try:
+        check_paths(meta, metadata_key)
+    except UnsafePathError as e:
+        raise MetadataError(f"{where}: unsafe state file path: {e}") from e
+    return meta
+
+
+def write_metadata(storage: Storage, metadata_key: str, meta: CheckpointMetadata) -> None:
+    """Atomically write a `_metadata` document (the last step of a checkpoint)."""
+    storage.write(metadata_key, encode(meta, metadata_key))
+
+
+def read_metadata(storage: Storage, metadata_key: str) -> CheckpointMetadata:
+    where = f"{storage.uri.rstrip('/')}/{metadata_key}"
+    try:
+        data = storage.read(metadata_key)
+    except NotFoundError as e:
+        raise MetadataError(f"{where}: missing") from e
+    return decode(data, metadata_key, where)
+
+
+def referenced_keys(meta: CheckpointMetadata, metadata_key: str) -> dict[str, StateFile]:
+    """Job-directory keys of the files this checkpoint references inside the job
+    directory (external files are not ours and are left out)."""
+    return {
+        layout.resolve(metadata_key, f.path): f
+        for _op, _kg, f in meta.state_files()
+        if not f.external
+    }
+
+
+def file_checksum(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def bytes_checksum(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()

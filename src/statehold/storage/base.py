@@ -1,0 +1,153 @@
+"""The one storage interface statehold uses everywhere.
+
+A `Storage` is rooted at one location (a local directory or an object-store prefix) and
+addresses files by *keys*: relative, '/'-separated, normalised paths. Every key is checked
+by `check_key`, so no operation can reach outside the root it was given — that is how
+statehold guarantees it never reads or deletes outside the job directory.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class StorageError(Exception):
+    """A storage operation failed."""
+
+
+class UnsafePathError(StorageError, ValueError):
+    """A key is absolute, escapes its root with '..', or is otherwise malformed."""
+
+
+class NotFoundError(StorageError, FileNotFoundError):
+    """The file does not exist."""
+
+
+class AlreadyExistsError(StorageError, FileExistsError):
+    """create_if_absent found the file already there."""
+
+
+class DeleteError(StorageError):
+    """Some deletes failed; `failed` maps each key to its error. The others succeeded."""
+
+    def __init__(self, failed: dict[str, BaseException]) -> None:
+        self.failed = failed
+        sample = ", ".join(f"{k}: {v}" for k, v in list(failed.items())[:3])
+        super().__init__(f"{len(failed)} delete(s) failed ({sample})")
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """One listed file: its key under the storage root, size in bytes, mtime (epoch secs)."""
+
+    key: str
+    size: int
+    mtime: float
+
+
+def check_key(key: str, *, allow_empty: bool = False) -> str:
+    """Return `key` if it is a safe relative key, else raise UnsafePathError.
+
+    Safe means: no leading '/', no backslash, no drive letter, no scheme, and no '.', '..'
+    or empty segment. We reject rather than normalise so that a suspicious path in
+    metadata is reported instead of being silently reinterpreted.
+    """
+    if key == "":
+        if allow_empty:
+            return key
+        raise UnsafePathError("empty key")
+    if key.startswith("/") or "\\" in key or "://" in key or (len(key) > 1 and key[1] == ":"):
+        raise UnsafePathError(f"not a relative key: {key!r}")
+    if "\x00" in key:
+        raise UnsafePathError(f"NUL byte in key: {key!r}")
+    parts = key.split("/")
+    for i, part in enumerate(parts):
+        if part in (".", ".."):
+            raise UnsafePathError(f"'{part}' segment in key: {key!r}")
+        if part == "" and not (allow_empty and i == len(parts) - 1):
+            raise UnsafePathError(f"empty segment in key: {key!r}")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """A listing/deletion prefix: '' (the whole root) or a safe key, optionally ending '/'."""
+    if prefix == "":
+        return prefix
+    check_key(prefix.rstrip("/"))
+    return prefix
+
+
+class Storage(abc.ABC):
+    """Files under one root. Implementations: LocalStorage, S3Storage."""
+
+    #: URI of the root, e.g. ``file:///data/ckpt/job-1`` or ``s3://bucket/ckpt/job-1``.
+    uri: str
+
+    @abc.abstractmethod
+    def child(self, prefix: str) -> Storage:
+        """A storage rooted at `prefix` under this root (same backend, same settings)."""
+
+    # -- reading -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def list_pages(self, prefix: str = "", page_size: int = 1000) -> Iterator[list[FileInfo]]:
+        """All files under the directory `prefix` ('' = the root), recursively, in pages.
+        Keys are relative to this storage's root. Order is not guaranteed. A missing
+        directory lists as empty."""
+
+    def list(self, prefix: str = "") -> Iterator[FileInfo]:
+        for page in self.list_pages(prefix):
+            yield from page
+
+    @abc.abstractmethod
+    def stat(self, key: str) -> FileInfo | None:
+        """Size and mtime of one file, or None if it does not exist."""
+
+    def exists(self, key: str) -> bool:
+        return self.stat(key) is not None
+
+    @abc.abstractmethod
+    def read(self, key: str) -> bytes:
+        """Whole content; NotFoundError if absent."""
+
+    @abc.abstractmethod
+    def download(self, key: str, local_path: Path) -> None:
+        """Copy a file to the local filesystem (streaming; for large state files)."""
+
+    # -- writing -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def write(self, key: str, data: bytes) -> None:
+        """Atomically create or replace: a reader sees the old or the new content, never
+        a partial one."""
+
+    @abc.abstractmethod
+    def upload(self, local_path: Path, key: str) -> None:
+        """Atomically create or replace `key` with a local file's content (streaming)."""
+
+    @abc.abstractmethod
+    def create_if_absent(self, key: str, data: bytes) -> None:
+        """Atomically create `key`; AlreadyExistsError if it exists. The only primitive
+        the embedded HA store needs for fencing."""
+
+    @abc.abstractmethod
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete files, in bulk where the backend allows. A missing file is success.
+        Raises DeleteError naming the keys that could not be deleted."""
+
+    @abc.abstractmethod
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete everything under a directory-like prefix (directory removal where the
+        storage has directories, list + bulk delete otherwise). Returns files deleted."""
+
+    @abc.abstractmethod
+    def copy(self, src: str, dst: str, *, target: Storage | None = None) -> None:
+        """Copy `src` to `dst` in `target` (default: this storage). Server-side on object
+        stores, hard link (or reflink) on a local filesystem where possible; falls back
+        to streaming through this process only across backends."""
+
+    def move(self, src: str, dst: str, *, target: Storage | None = None) -> None:
+        """Move a file; native rename where the backend has it, else copy then delete."""
+        self.copy(src, dst, target=target)
+        self.delete_many([src])
