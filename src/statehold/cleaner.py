@@ -27,11 +27,24 @@ class Discard:
 
 @dataclass
 class CleanerStatus:
+    #: Files / directories handed over and not yet deleted (queued, in flight, retrying).
     pending_keys: int = 0
     pending_dirs: int = 0
+    #: Files deleted (a key that was already missing counts as deleted).
     deleted: int = 0
+    #: Failed delete attempts, counted per file or directory.
     failures: int = 0
+    #: The most recent failures, newest last, as "path: error" (bounded).
     last_errors: list[str] = field(default_factory=list)
+    #: Paths waiting for a retry after a failure (a bounded sample) and how many there are.
+    retrying: list[str] = field(default_factory=list)
+    retrying_count: int = 0
+    #: Paths dropped after `max_attempts` failures (the reconcile will find them).
+    gave_up: int = 0
+    #: The guard raised FencedError: this cleaner deletes nothing any more.
+    fenced: bool = False
+    #: The backlog is at or above the cleaner's `max_backlog`.
+    backlogged: bool = False
 
 
 #: Called before each delete batch; raises (e.g. FencedError) to forbid deleting.

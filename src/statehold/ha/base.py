@@ -30,6 +30,9 @@ class CheckpointPointer:
     checkpoint_id: int
     metadata: str
     epoch: int
+    #: The `_metadata` document's own checksum, so a restore notices if the file the
+    #: pointer names was replaced after it was published.
+    checksum: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,10 +123,11 @@ class LocalStorage(Storage):
             tmp.unlink(missing_ok=True)
 
     def delete_many(self, keys: Iterable[str]) -> None:
+        paths = [(key, self._path(key)) for key in keys]  # check every key before deleting
         failed: dict[str, BaseException] = {}
-        for key in keys:
+        for key, path in paths:
             try:
-                self._path(key).unlink()
+                path.unlink()
             except FileNotFoundError:
                 pass
             except OSError as e:
@@ -142,7 +143,9 @@ class LocalStorage(Storage):
         count = sum(len(files) for _, _, files in os.walk(base))
         errors: list[str] = []
 
-        def on_error(_func: object, path: str, exc_info: tuple[type, BaseException, object]) -> None:
+        def on_error(
+            _func: object, path: str, exc_info: tuple[type, BaseException, object]
+        ) -> None:
             if not isinstance(exc_info[1], FileNotFoundError):
                 errors.append(f"{path}: {exc_info[1]}")
 
@@ -153,6 +156,7 @@ class LocalStorage(Storage):
 
     def copy(self, src: str, dst: str, *, target: Storage | None = None) -> None:
         src_path = self._path(src)
+        check_key(dst)
         if not src_path.is_file():
             raise NotFoundError(f"{self.uri}/{src}: no such file")
         target = target or self
@@ -172,8 +176,12 @@ class LocalStorage(Storage):
 
     def move(self, src: str, dst: str, *, target: Storage | None = None) -> None:
         target = target or self
+        src_path = self._path(src)
+        check_key(dst)
+        if not src_path.is_file():
+            raise NotFoundError(f"{self.uri}/{src}: no such file")
         if isinstance(target, LocalStorage):
-            src_path, dst_path = self._path(src), target._path(dst)
+            dst_path = target._path(dst)
             dst_path.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.replace(src_path, dst_path)

@@ -1,0 +1,352 @@
+"""The driver-side checkpoint coordinator: the lifecycle of DESIGN.md, step by step.
+
+1. `begin(N)` writes nothing to the HA store.
+2. Tasks upload their files and report handles (`acknowledge`).
+3. `complete(N)` writes ``chk-N/_metadata`` (create-if-absent, so a zombie attempt can
+   never overwrite the current attempt's document), then publishes N to the HA store with
+   a fenced compare-and-set. Only then is N completed.
+4. The same publish drops checkpoints beyond the retention count; only after it succeeded
+   are their files handed to the cleaner, as decided by the shared-state registry.
+5. `abort(N)` discards what N uploaded and nothing any other checkpoint references.
+A fenced attempt (FencedError) completes nothing and deletes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from statehold import layout
+from statehold.cleaner import Cleaner, Discard, SyncCleaner
+from statehold.ha.base import CheckpointPointer, FencedError, HAStore
+from statehold.layout import Scope
+from statehold.metadata import (
+    CheckpointMetadata,
+    KeyGroupState,
+    Lineage,
+    MetadataError,
+    OperatorState,
+    decode,
+    encode,
+    read_metadata,
+    referenced_keys,
+)
+from statehold.registry import SharedStateRegistry
+from statehold.storage.base import AlreadyExistsError, NotFoundError, Storage
+
+log = logging.getLogger("statehold.coordinator")
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be begun or completed as asked."""
+
+
+@dataclass
+class _Pending:
+    checkpoint_id: int
+    started_at: float
+    acks: dict[str, list[KeyGroupState]] = field(default_factory=dict)
+
+
+def _scopes(files: Mapping[str, Any]) -> dict[str, Scope]:
+    return {key: f.scope for key, f in files.items()}
+
+
+class CheckpointCoordinator:
+    def __init__(
+        self,
+        storage: Storage,
+        ha: HAStore,
+        *,
+        job_id: str,
+        max_parallelism: int,
+        epoch: int,
+        retained: list[tuple[str, CheckpointMetadata]],
+        registry: SharedStateRegistry,
+        retain: int = 3,
+        cleaner: Cleaner | None = None,
+        checkpoint_timeout: float = 600.0,
+        lineage: Lineage | None = None,
+    ) -> None:
+        if retain < 1:
+            raise ValueError("retain must be at least 1")
+        self.storage = storage
+        self.ha = ha
+        self.job_id = job_id
+        self.max_parallelism = max_parallelism
+        self.epoch = epoch
+        self.retain = retain
+        self.registry = registry
+        self.checkpoint_timeout = checkpoint_timeout
+        self.lineage = lineage
+        self.cleaner = cleaner or SyncCleaner(storage, guard=self.check_epoch)
+        self._retained = list(retained)
+        self._pending: dict[int, _Pending] = {}
+        self._aborted: set[int] = set()
+
+    # -- start -----------------------------------------------------------------------------
+    @classmethod
+    def start(
+        cls,
+        storage: Storage,
+        ha: HAStore,
+        *,
+        job_id: str,
+        max_parallelism: int,
+        retain: int = 3,
+        cleaner: Cleaner | None = None,
+        checkpoint_timeout: float = 600.0,
+    ) -> CheckpointCoordinator:
+        """Begin a new attempt: claim a higher epoch (fencing every older attempt), read
+        the retained checkpoints named by the HA store alone, rebuild the registry."""
+        state = ha.claim_epoch()
+        retained: list[tuple[str, CheckpointMetadata]] = []
+        for ptr in state.retained:
+            meta = read_metadata(storage, ptr.metadata)
+            if ptr.checksum and meta.checksum != ptr.checksum:
+                raise MetadataError(
+                    f"{storage.uri}/{ptr.metadata}: does not match the HA store's pointer "
+                    "(the document was replaced after it was published)"
+                )
+            if meta.job_id != job_id:
+                raise CheckpointError(
+                    f"{storage.uri}/{ptr.metadata} belongs to job {meta.job_id!r}, not {job_id!r}"
+                )
+            if meta.max_parallelism != max_parallelism:
+                raise CheckpointError(
+                    f"job {job_id!r} was created with max parallelism {meta.max_parallelism}; "
+                    f"it cannot change (asked for {max_parallelism})"
+                )
+            retained.append((ptr.metadata, meta))
+        savepoints = [
+            info.key
+            for info in storage.list(layout.SAVEPOINTS_DIR)
+            if layout.parse(info.key).kind is layout.Kind.SAVEPOINT_METADATA
+        ]
+        registry = SharedStateRegistry.rebuild(storage, [k for k, _ in retained] + savepoints)
+        lineage = retained[-1][1].lineage if retained else None
+        log.info(
+            "job %s: attempt with epoch %d restores from %s",
+            job_id,
+            state.epoch,
+            retained[-1][0] if retained else "nothing (new job)",
+        )
+        return cls(
+            storage,
+            ha,
+            job_id=job_id,
+            max_parallelism=max_parallelism,
+            epoch=state.epoch,
+            retained=retained,
+            registry=registry,
+            retain=retain,
+            cleaner=cleaner,
+            checkpoint_timeout=checkpoint_timeout,
+            lineage=lineage,
+        )
+
+    # -- queries ---------------------------------------------------------------------------
+    def retained(self) -> list[tuple[str, CheckpointMetadata]]:
+        """Retained completed checkpoints as (metadata key, metadata), oldest first."""
+        return list(self._retained)
+
+    def latest(self) -> tuple[str, CheckpointMetadata] | None:
+        return self._retained[-1] if self._retained else None
+
+    def pending_ids(self) -> list[int]:
+        return sorted(self._pending)
+
+    def check_epoch(self) -> None:
+        """Raise FencedError if a later attempt has taken over (the cleaner's guard)."""
+        self.ha.check_epoch(self.epoch)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def begin(self, checkpoint_id: int) -> None:
+        latest = self.latest()
+        if latest is not None and checkpoint_id <= latest[1].checkpoint_id:
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id} is not after the latest completed checkpoint "
+                f"{latest[1].checkpoint_id}"
+            )
+        if checkpoint_id in self._pending:
+            raise CheckpointError(f"checkpoint {checkpoint_id} is already pending")
+        self._abort_timed_out()
+        self._aborted.discard(checkpoint_id)
+        self._pending[checkpoint_id] = _Pending(checkpoint_id, time.time())
+
+    def acknowledge(self, checkpoint_id: int, operator: str, state: KeyGroupState) -> None:
+        """A task's report of the files holding its key-group range. A late report for an
+        aborted checkpoint has its new files discarded at once."""
+        metadata_key = layout.checkpoint_metadata_key(checkpoint_id)
+        files = {
+            layout.resolve(metadata_key, f.path): f for f in state.files if not f.external
+        }
+        pending = self._pending.get(checkpoint_id)
+        if pending is None:
+            if checkpoint_id in self._aborted:
+                self._discard_unreferenced(files, f"late upload for aborted {checkpoint_id}")
+                return
+            raise CheckpointError(f"checkpoint {checkpoint_id} is not pending")
+        self.registry.register_checkpoint(checkpoint_id, _scopes(files), pending=True)
+        pending.acks.setdefault(operator, []).append(state)
+
+    def complete(
+        self, checkpoint_id: int, source_position: Mapping[str, Any] | None = None
+    ) -> CheckpointMetadata:
+        pending = self._pending.get(checkpoint_id)
+        if pending is None:
+            raise CheckpointError(f"checkpoint {checkpoint_id} is not pending")
+        metadata_key = layout.checkpoint_metadata_key(checkpoint_id)
+        operators = [
+            OperatorState(
+                operator=name, ranges=sorted(states, key=lambda s: s.key_groups.start)
+            )
+            for name, states in sorted(pending.acks.items())
+        ]
+        for op in operators:
+            self._check_coverage(op)
+        meta = CheckpointMetadata(
+            job_id=self.job_id,
+            checkpoint_id=checkpoint_id,
+            epoch=self.epoch,
+            created_at=pending.started_at,
+            completed_at=time.time(),
+            source_position=dict(source_position or {}),
+            max_parallelism=self.max_parallelism,
+            operators=operators,
+            lineage=self.lineage,
+        )
+        data = encode(meta, metadata_key)
+        meta = decode(data, metadata_key)  # carries the checksum now
+        self._write_metadata_once(metadata_key, data)
+        retained = [*self._retained, (metadata_key, meta)]
+        subsumed, retained = retained[: -self.retain], retained[-self.retain :]
+        pointers = [
+            CheckpointPointer(m.checkpoint_id, key, m.epoch, m.checksum) for key, m in retained
+        ]
+        self.ha.publish(self.epoch, pointers)  # FencedError: nothing completed or deleted
+        # N is completed from here on.
+        del self._pending[checkpoint_id]
+        self._retained = retained
+        self.registry.complete(checkpoint_id)
+        for _key, old in subsumed:
+            self._discard(self.registry.release_checkpoint(old.checkpoint_id))
+        log.info("job %s: completed checkpoint %d", self.job_id, checkpoint_id)
+        return meta
+
+    def abort(self, checkpoint_id: int, reason: str) -> None:
+        """Discard what checkpoint N uploaded that no other checkpoint references."""
+        if self._pending.pop(checkpoint_id, None) is None:
+            return
+        self._aborted.add(checkpoint_id)
+        log.warning("job %s: aborting checkpoint %d: %s", self.job_id, checkpoint_id, reason)
+        self._discard(self.registry.release_checkpoint(checkpoint_id))
+
+    def savepoint(self, name: str) -> CheckpointMetadata:
+        """A named, never-subsumed copy of the latest checkpoint: the metadata and the
+        checkpoint's exclusive files are copied into ``savepoints/<name>/``; shared files
+        are referenced in place and held by the registry until the savepoint is disposed."""
+        latest = self.latest()
+        if latest is None:
+            raise CheckpointError("no completed checkpoint to take a savepoint of")
+        source_key, source = latest
+        target_key = layout.savepoint_metadata_key(name)
+        if self.storage.exists(target_key):
+            raise CheckpointError(f"savepoint {name!r} already exists")
+        operators = []
+        for op in source.operators:
+            ranges = []
+            for kg in op.ranges:
+                files = []
+                for f in kg.files:
+                    if f.external:
+                        files.append(f)
+                        continue
+                    key = layout.resolve(source_key, f.path)
+                    if f.scope is Scope.EXCLUSIVE:
+                        copy_key = f"{layout.savepoint_dir(name)}/{key.rsplit('/', 1)[-1]}"
+                        self.storage.copy(key, copy_key)
+                        key = copy_key
+                    files.append(f.model_copy(update={"path": layout.relativize(target_key, key)}))
+                ranges.append(kg.model_copy(update={"files": files}))
+            operators.append(op.model_copy(update={"ranges": ranges}))
+        meta = source.model_copy(
+            update={
+                "kind": "savepoint",
+                "savepoint_name": name,
+                "operators": operators,
+                "completed_at": time.time(),
+            }
+        )
+        data = encode(meta, target_key)
+        self.storage.create_if_absent(target_key, data)
+        meta = decode(data, target_key)
+        self.registry.register_savepoint(name, _scopes(referenced_keys(meta, target_key)))
+        return meta
+
+    def close(self) -> None:
+        self.cleaner.close()
+
+    # -- internals -------------------------------------------------------------------------
+    def _check_coverage(self, op: OperatorState) -> None:
+        """The ranges of one operator must cover 0..max_parallelism-1 exactly once."""
+        expected = 0
+        for kg in op.ranges:
+            if kg.key_groups.start != expected:
+                raise CheckpointError(
+                    f"operator {op.operator!r}: key groups {expected}..{kg.key_groups.start - 1} "
+                    "missing or reported twice"
+                )
+            expected = kg.key_groups.end + 1
+        if expected != self.max_parallelism:
+            raise CheckpointError(
+                f"operator {op.operator!r}: key groups {expected}..{self.max_parallelism - 1} "
+                "missing"
+            )
+
+    def _write_metadata_once(self, metadata_key: str, data: bytes) -> None:
+        """Create ``chk-N/_metadata``; replace only a leftover of an *older* attempt that
+        the HA store does not list. A newer attempt's document is never overwritten."""
+        for _ in range(10):
+            try:
+                self.storage.create_if_absent(metadata_key, data)
+                return
+            except AlreadyExistsError:
+                pass
+            try:
+                existing_epoch = read_metadata(self.storage, metadata_key).epoch
+            except MetadataError:
+                existing_epoch = -1  # torn or foreign: not a valid document of anyone
+            if existing_epoch >= self.epoch:
+                raise CheckpointError(
+                    f"{metadata_key} was already written by epoch {existing_epoch}"
+                )
+            self.check_epoch()
+            try:
+                self.storage.delete_many([metadata_key])
+            except NotFoundError:
+                pass
+        raise CheckpointError(f"could not write {metadata_key}: contention")
+
+    def _abort_timed_out(self) -> None:
+        now = time.time()
+        for pending in list(self._pending.values()):
+            if now - pending.started_at > self.checkpoint_timeout:
+                self.abort(pending.checkpoint_id, "timed out")
+
+    def _discard_unreferenced(self, files: Mapping[str, Any], reason: str) -> None:
+        keep = self.registry.referenced()
+        keys = tuple(
+            k for k, f in files.items() if k not in keep and f.scope is not Scope.TASKOWNED
+        )
+        self._discard(Discard(keys=keys, reason=reason))
+
+    def _discard(self, discard: Discard) -> None:
+        if discard:
+            self.cleaner.discard(discard)
+
+
+__all__ = ["CheckpointCoordinator", "CheckpointError", "FencedError"]
