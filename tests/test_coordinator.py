@@ -88,8 +88,9 @@ def test_twenty_checkpoints_leave_exactly_the_retained_files(storage: Storage) -
     tasks = [SimulatedTask(storage, r, rng) for r in RANGES]
     for n in range(1, 21):
         run_checkpoint(coord, tasks, n)
-    assert coord.cleaner.wait_idle(60)
+    assert coord.wait_reconciled(60)
     assert [m.checkpoint_id for _, m in coord.retained()] == [18, 19, 20]
+    coord.close()  # releases the running attempt's lease (_job/)
 
     files = listing(storage)
     ha_docs = {k for k in files if layout.parse(k).kind is Kind.HA}
@@ -111,6 +112,7 @@ def test_restart_resumes_from_the_ha_store_and_keeps_cleaning(storage: Storage) 
     assert [m.checkpoint_id for _, m in second.retained()] == [3, 4, 5]
     for n in range(6, 10):
         run_checkpoint(second, tasks, n)
+    second.close()
     files = listing(storage)
     ha_docs = {k for k in files if layout.parse(k).kind is Kind.HA}
     assert files - ha_docs == referenced_by_retained(storage, second)
@@ -153,7 +155,7 @@ def test_abort_discards_only_the_aborted_checkpoints_new_files(storage: Storage)
     # a task that finishes after the abort: its upload is discarded too
     late = tasks[1].snapshot(coord.epoch, 4)
     coord.acknowledge(4, "agg", late)
-    assert coord.cleaner.wait_idle(60)
+    assert coord.wait_reconciled(60)
     assert listing(storage) == before
 
 
@@ -174,7 +176,7 @@ def test_savepoints_are_never_subsumed(storage: Storage) -> None:
     coord.savepoint("before-upgrade")
     for n in range(2, 8):
         run_checkpoint(coord, tasks, n)
-    assert coord.cleaner.wait_idle(60)
+    coord.close()
     sp_key = layout.savepoint_metadata_key("before-upgrade")
     sp = read_metadata(storage, sp_key)
     files = listing(storage)

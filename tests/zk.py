@@ -25,7 +25,7 @@ INSTALL_HINT = "apt-get install zookeeper"
 START_TIMEOUT = 60.0
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -54,7 +54,7 @@ class ZooKeeperServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "zoo.cfg"
         self.log = workdir / "zookeeper.log"
-        self.port = _free_port()
+        self.port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
         self.config.write_text(
             "\n".join(

@@ -14,15 +14,24 @@ A fenced attempt (FencedError) completes nothing and deletes nothing.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from statehold import layout
-from statehold.cleaner import Cleaner, Discard, SyncCleaner
+from statehold.cleaner import AsyncCleaner, Cleaner, Discard
 from statehold.ha.base import CheckpointPointer, FencedError, HAStore
+from statehold.jobresult import (
+    JobOutcome,
+    RetentionPolicy,
+    clear_result,
+    read_result,
+    write_result,
+)
 from statehold.layout import Scope
+from statehold.lease import DEFAULT_TTL, Lease
 from statehold.metadata import (
     CheckpointMetadata,
     KeyGroupState,
@@ -34,8 +43,9 @@ from statehold.metadata import (
     read_metadata,
     referenced_keys,
 )
+from statehold.reconcile import LiveAttempt, ReconcilePlan, plan, reconcile
 from statehold.registry import SharedStateRegistry
-from statehold.storage.base import AlreadyExistsError, NotFoundError, Storage
+from statehold.storage.base import AlreadyExistsError, Storage
 
 log = logging.getLogger("statehold.coordinator")
 
@@ -69,6 +79,7 @@ class CheckpointCoordinator:
         retain: int = 3,
         cleaner: Cleaner | None = None,
         checkpoint_timeout: float = 600.0,
+        backlog_wait: float = 60.0,
         lineage: Lineage | None = None,
     ) -> None:
         if retain < 1:
@@ -82,10 +93,15 @@ class CheckpointCoordinator:
         self.registry = registry
         self.checkpoint_timeout = checkpoint_timeout
         self.lineage = lineage
-        self.cleaner = cleaner or SyncCleaner(storage, guard=self.check_epoch)
+        #: Discards run in the background: processing and recovery never wait on them.
+        self.cleaner = cleaner or AsyncCleaner(storage, guard=self.check_epoch)
+        self.backlog_wait = backlog_wait
         self._retained = list(retained)
         self._pending: dict[int, _Pending] = {}
         self._aborted: set[int] = set()
+        self.lease: Lease | None = None
+        self._reconciler: threading.Thread | None = None
+        self.last_reconcile: ReconcilePlan | None = None
 
     # -- start -----------------------------------------------------------------------------
     @classmethod
@@ -99,9 +115,13 @@ class CheckpointCoordinator:
         retain: int = 3,
         cleaner: Cleaner | None = None,
         checkpoint_timeout: float = 600.0,
+        lease_ttl: float = DEFAULT_TTL,
+        reconcile_in_background: bool = True,
     ) -> CheckpointCoordinator:
         """Begin a new attempt: claim a higher epoch (fencing every older attempt), read
-        the retained checkpoints named by the HA store alone, rebuild the registry."""
+        the retained checkpoints named by the HA store alone, rebuild the registry, finish
+        the cleanup of a job that ended dirty, then reconcile the job directory in the
+        background while the caller starts processing."""
         state = ha.claim_epoch()
         retained: list[tuple[str, CheckpointMetadata]] = []
         for ptr in state.retained:
@@ -134,7 +154,7 @@ class CheckpointCoordinator:
             state.epoch,
             retained[-1][0] if retained else "nothing (new job)",
         )
-        return cls(
+        coordinator = cls(
             storage,
             ha,
             job_id=job_id,
@@ -147,6 +167,16 @@ class CheckpointCoordinator:
             checkpoint_timeout=checkpoint_timeout,
             lineage=lineage,
         )
+        coordinator.lease = Lease(storage, state.epoch, lease_ttl).start()
+        ended = read_result(storage)
+        if ended is not None:
+            if ended.state == "dirty":
+                log.info("job %s ended dirty (%s): finishing its cleanup", job_id, ended.outcome)
+                coordinator.end(ended.outcome, ended.policy)
+            clear_result(storage)  # started again: the job runs once more
+        if reconcile_in_background:
+            coordinator.start_reconcile()
+        return coordinator
 
     # -- queries ---------------------------------------------------------------------------
     def retained(self) -> list[tuple[str, CheckpointMetadata]]:
@@ -174,6 +204,7 @@ class CheckpointCoordinator:
         if checkpoint_id in self._pending:
             raise CheckpointError(f"checkpoint {checkpoint_id} is already pending")
         self._abort_timed_out()
+        self._wait_for_backlog()
         self._aborted.discard(checkpoint_id)
         self._pending[checkpoint_id] = _Pending(checkpoint_id, time.time())
 
@@ -221,12 +252,15 @@ class CheckpointCoordinator:
         )
         data = encode(meta, metadata_key)
         meta = decode(data, metadata_key)  # carries the checksum now
+        if self.lease is not None and not self.lease.is_fresh():
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id}: this attempt's lease lapsed (paused or storage "
+                "unreachable); an offline reconcile may have deleted its in-flight files"
+            )
         self._write_metadata_once(metadata_key, data)
         retained = [*self._retained, (metadata_key, meta)]
         subsumed, retained = retained[: -self.retain], retained[-self.retain :]
-        pointers = [
-            CheckpointPointer(m.checkpoint_id, key, m.epoch, m.checksum) for key, m in retained
-        ]
+        pointers = [self._pointer(key, m) for key, m in retained]
         self.ha.publish(self.epoch, pointers)  # FencedError: nothing completed or deleted
         # N is completed from here on.
         del self._pending[checkpoint_id]
@@ -287,10 +321,84 @@ class CheckpointCoordinator:
         self.registry.register_savepoint(name, _scopes(referenced_keys(meta, target_key)))
         return meta
 
-    def close(self) -> None:
+    def start_reconcile(self) -> None:
+        """Reconcile the job directory with the HA store in a background thread."""
+        live = LiveAttempt(self.epoch, self._latest_id())
+
+        def run() -> None:
+            try:
+                self.last_reconcile = reconcile(self.storage, self.ha, self.cleaner, live)
+                log.info(
+                    "job %s: reconcile found %d orphan(s), %d bytes",
+                    self.job_id,
+                    len(self.last_reconcile.orphans),
+                    self.last_reconcile.orphan_bytes,
+                )
+            except FencedError:
+                log.warning("job %s: reconcile stopped: epoch %d fenced", self.job_id, self.epoch)
+            except Exception:
+                log.exception("job %s: reconcile failed; the next attempt retries", self.job_id)
+
+        self._reconciler = threading.Thread(target=run, name="statehold-reconcile", daemon=True)
+        self._reconciler.start()
+
+    def wait_reconciled(self, timeout: float | None = None) -> bool:
+        """Wait for the background reconcile and the discards it handed over."""
+        if self._reconciler is not None:
+            self._reconciler.join(timeout)
+            if self._reconciler.is_alive():
+                return False
+        return self.cleaner.wait_idle(timeout)
+
+    def end(
+        self,
+        outcome: JobOutcome = JobOutcome.FINISHED,
+        policy: RetentionPolicy = RetentionPolicy.KEEP_LATEST,
+        *,
+        timeout: float | None = 600.0,
+    ) -> bool:
+        """The job ended: dirty entry first, cleanup per `policy`, then clean entry.
+        Returns False (entry left dirty, for the next driver to finish) if the cleanup
+        could not finish within `timeout`."""
+        self.check_epoch()
+        write_result(self.storage, job_id=self.job_id, epoch=self.epoch, outcome=outcome,
+                     policy=policy, state="dirty")
+        for checkpoint_id in self.pending_ids():
+            self.abort(checkpoint_id, f"job {outcome}")
+        keep = self._retained[-1:] if policy is RetentionPolicy.KEEP_LATEST else []
+        self.ha.publish(self.epoch, [self._pointer(k, m) for k, m in keep])
+        dropped, self._retained = self._retained[: len(self._retained) - len(keep)], keep
+        for _key, old in dropped:
+            self._discard(self.registry.release_checkpoint(old.checkpoint_id))
+        self.wait_reconciled(timeout)
+        remaining = plan(self.storage, self.ha, None)
+        self._discard(remaining.discard())
+        if policy is RetentionPolicy.DELETE_ALL:
+            self._discard(Discard(dirs=(layout.SPARK_DIR,), reason="job ended: delete-all"))
+        if not self.cleaner.wait_idle(timeout) or plan(self.storage, self.ha, None).orphans:
+            log.warning("job %s: cleanup unfinished; the entry stays dirty", self.job_id)
+            return False
+        write_result(self.storage, job_id=self.job_id, epoch=self.epoch, outcome=outcome,
+                     policy=policy, state="clean")
+        return True
+
+    def close(self, drain_timeout: float = 30.0) -> None:
+        """Give pending discards a bounded chance to finish; what remains is not lost,
+        the next attempt's reconcile deletes it."""
+        self.wait_reconciled(drain_timeout)
         self.cleaner.close()
+        if self.lease is not None:
+            self.lease.stop()
 
     # -- internals -------------------------------------------------------------------------
+    @staticmethod
+    def _pointer(key: str, meta: CheckpointMetadata) -> CheckpointPointer:
+        return CheckpointPointer(meta.checkpoint_id, key, meta.epoch, meta.checksum)
+
+    def _latest_id(self) -> int:
+        latest = self.latest()
+        return latest[1].checkpoint_id if latest else -1
+
     def _check_coverage(self, op: OperatorState) -> None:
         """The ranges of one operator must cover 0..max_parallelism-1 exactly once."""
         expected = 0
@@ -325,11 +433,20 @@ class CheckpointCoordinator:
                     f"{metadata_key} was already written by epoch {existing_epoch}"
                 )
             self.check_epoch()
-            try:
-                self.storage.delete_many([metadata_key])
-            except NotFoundError:
-                pass
+            self.storage.delete_many([metadata_key])
         raise CheckpointError(f"could not write {metadata_key}: contention")
+
+    def _wait_for_backlog(self) -> None:
+        """The one place cleanup may delay processing: when the cleaner's backlog passed
+        its bound, a new checkpoint waits (at most `backlog_wait` seconds) for it to drain."""
+        backlogged = getattr(self.cleaner, "backlogged", None)
+        if backlogged is not None and backlogged():
+            log.warning(
+                "job %s: cleanup backlog over its bound; delaying the next checkpoint up to %.0fs",
+                self.job_id,
+                self.backlog_wait,
+            )
+            self.cleaner.wait_idle(self.backlog_wait)
 
     def _abort_timed_out(self) -> None:
         now = time.time()

@@ -87,7 +87,10 @@ def data_file_name(epoch: int, checkpoint_id: int, hint: str = "") -> str:
     as the task's key-group range or the local file name, for people reading listings)."""
     if epoch < 0 or checkpoint_id < 0:
         raise ValueError("epoch and checkpoint id must be non-negative")
-    hint = re.sub(r"[^A-Za-z0-9._-]", "_", hint)[:80]
+    hint = re.sub(r"[^A-Za-z0-9._-]", "_", hint)
+    while TEMP_MARKER in hint:  # else parse() would call a live data file a temp file
+        hint = hint.replace(TEMP_MARKER, "_tmp-")
+    hint = hint[:80]
     unique = uuid.uuid4().hex[:16] + (f"-{hint}" if hint else "")
     return f"e{epoch}-c{checkpoint_id}-{unique}"
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -22,7 +22,7 @@ from statehold import layout
 from statehold.layout import Scope
 from statehold.storage.base import NotFoundError, Storage, UnsafePathError
 
-FORMAT_NAME = "statehold.checkpoint"
+FORMAT_NAME: Final = "statehold.checkpoint"
 #: Bump on any change a reader of the previous version would misread.
 FORMAT_VERSION = 1
 

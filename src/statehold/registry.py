@@ -266,7 +266,7 @@ class SharedStateRegistry:
         files (no-claim) are not ours and are not tracked."""
         registry = cls()
         for metadata_key, meta in documents:
-            info = layout.parse(metadata_key)
+            info = _check_metadata_key(metadata_key)
             files = {k: f.scope for k, f in referenced_keys(meta, metadata_key).items()}
             if info.kind is Kind.CHECKPOINT_METADATA and info.checkpoint_id is not None:
                 if meta.kind != "checkpoint" or meta.checkpoint_id != info.checkpoint_id:
@@ -277,8 +277,6 @@ class SharedStateRegistry:
                 registry.register_checkpoint(info.checkpoint_id, files)
             elif info.kind is Kind.SAVEPOINT_METADATA and info.savepoint is not None:
                 registry.register_savepoint(info.savepoint, files)
-            else:
-                raise ValueError(f"{metadata_key} is not a checkpoint or savepoint _metadata key")
         return registry
 
     @classmethod
@@ -287,4 +285,14 @@ class SharedStateRegistry:
         HA store and a listing of ``savepoints/`` name them) and register its files.
         Raises MetadataError if any document is missing or cannot be verified: a
         registry missing a holder would let files it needs be deleted."""
-        return cls.from_metadata((k, read_metadata(storage, k)) for k in metadata_keys)
+        keys = list(metadata_keys)
+        for key in keys:
+            _check_metadata_key(key)  # read nothing that is not a `_metadata`
+        return cls.from_metadata((k, read_metadata(storage, k)) for k in keys)
+
+
+def _check_metadata_key(metadata_key: str) -> layout.PathInfo:
+    info = layout.parse(metadata_key)
+    if info.kind not in (Kind.CHECKPOINT_METADATA, Kind.SAVEPOINT_METADATA):
+        raise ValueError(f"{metadata_key} is not a checkpoint or savepoint _metadata key")
+    return info

@@ -13,7 +13,7 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +114,8 @@ class S3Storage(Storage):
             client["allow_http"] = allow_http
         for name, value in client_options.items():
             (client if name in _CLIENT_KEYS else config)[name] = value
+        # obstore's 30 s default covers a whole streamed body: too short for big state files.
+        client.setdefault("timeout", timedelta(minutes=15))
         try:
             store = S3Store(bucket, config=config or None, client_options=client or None)  # type: ignore[arg-type]
         except obe.BaseError as e:
@@ -290,10 +292,13 @@ class S3Storage(Storage):
         src_path = self._path(src)
         check_key(dst)
         target = target or self
-        if isinstance(target, S3Storage) and self._same_bucket(target):
-            if target._full(dst) == src_path:
-                if not self.exists(src):
-                    raise NotFoundError(f"{self.uri}/{src}: no such file")
-                return
+        if (
+            isinstance(target, S3Storage)
+            and self._same_bucket(target)
+            and target._full(dst) == src_path
+        ):
+            if not self.exists(src):
+                raise NotFoundError(f"{self.uri}/{src}: no such file")
+            return
         self.copy(src, dst, target=target)
         self.delete_many([src])

@@ -1,0 +1,1 @@
+"""Runnable example pipelines (``python -m statehold.examples.running_totals``)."""

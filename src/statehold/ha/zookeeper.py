@@ -1,0 +1,313 @@
+"""The ZooKeeper HA store, for clusters that already run ZooKeeper.
+
+One znode per job, `<root>/<job_id>`, holds a small JSON document: format, version, the
+job's epoch and the retained checkpoint pointers. Every change is a compare-and-set on the
+znode's version, so two drivers can never both win: a claim bumps the epoch, and a
+publish of an older epoch then fails with FencedError.
+
+Every operation is a real round trip to the ensemble (after a `sync`, so a follower
+cannot answer from a stale view). While the client is disconnected nothing succeeds:
+calls wait at most `timeout` seconds for the connection to come back and then raise
+HAStoreError — the driver stops writing until it can re-establish its epoch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
+from statehold.storage.base import UnsafePathError, check_key
+
+FORMAT_NAME = "statehold.ha"
+#: Bump on any change a reader of the previous version would misread.
+FORMAT_VERSION = 1
+URI_SCHEME = "zookeeper"
+DEFAULT_ROOT = "/statehold"
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class _Pointer(_Model):
+    checkpoint_id: int = Field(ge=0)
+    metadata: str
+    epoch: int = Field(ge=0)
+
+
+class _Document(_Model):
+    format: Literal["statehold.ha"]
+    version: int
+    epoch: int = Field(ge=0)
+    retained: list[_Pointer]
+
+
+def _check_segment(name: str, what: str) -> str:
+    if not _SEGMENT.match(name) or name in (".", ".."):
+        raise ValueError(f"invalid {what} {name!r}: use letters, digits, '_', '.', '-'")
+    return name
+
+
+def _check_root(root: str) -> str:
+    root = root.rstrip("/")
+    if not root.startswith("/"):
+        raise ValueError(f"ZooKeeper root must be an absolute path, got {root!r}")
+    for segment in root.split("/")[1:]:
+        _check_segment(segment, "ZooKeeper path segment")
+    return root
+
+
+def _check_pointer(pointer: CheckpointPointer) -> CheckpointPointer:
+    if pointer.checkpoint_id < 0 or pointer.epoch < 0:
+        raise ValueError(f"negative checkpoint id or epoch in {pointer}")
+    try:
+        check_key(pointer.metadata)
+    except UnsafePathError as exc:
+        raise ValueError(f"unsafe metadata key in {pointer}: {exc}") from exc
+    return pointer
+
+
+def encode(epoch: int, retained: Sequence[CheckpointPointer]) -> bytes:
+    """The znode's data: compact, key-sorted JSON."""
+    document = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "epoch": epoch,
+        "retained": [
+            {"checkpoint_id": p.checkpoint_id, "metadata": p.metadata, "epoch": p.epoch}
+            for p in retained
+        ],
+    }
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode(data: bytes, version: int, where: str) -> HAState:
+    """Parse and validate a znode's data; HAStoreError names `where` and the problem."""
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HAStoreError(f"HA state at {where} is not JSON: {exc}") from exc
+    newer = (
+        isinstance(raw, dict)
+        and raw.get("format") == FORMAT_NAME
+        and isinstance(raw.get("version"), int)
+        and raw["version"] > FORMAT_VERSION
+    )
+    if newer:
+        raise HAStoreError(
+            f"HA state at {where} has format version {raw['version']}, newer than "
+            f"this statehold understands ({FORMAT_VERSION}); upgrade statehold"
+        )
+    try:
+        document = _Document.model_validate(raw)
+        if document.version != FORMAT_VERSION:
+            raise ValueError(f"unsupported format version {document.version}")
+        retained = tuple(
+            _check_pointer(CheckpointPointer(p.checkpoint_id, p.metadata, p.epoch))
+            for p in document.retained
+        )
+    except (ValidationError, ValueError) as exc:
+        raise HAStoreError(f"HA state at {where} is invalid: {exc}") from exc
+    return HAState(epoch=document.epoch, retained=retained, version=version)
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    """`zookeeper://host:port[,host:port]/path` -> (kazoo hosts string, root path)."""
+    parts = urlsplit(uri)
+    if parts.scheme != URI_SCHEME:
+        raise ValueError(f"not a {URI_SCHEME}:// URI: {uri!r}")
+    if not parts.netloc or "@" in parts.netloc:
+        raise ValueError(f"expected {URI_SCHEME}://host:port[,host:port]/path, got {uri!r}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"query and fragment are not supported in {uri!r}")
+    root = parts.path if parts.path not in ("", "/") else DEFAULT_ROOT
+    return parts.netloc, _check_root(root)
+
+
+class ZooKeeperHAStore(HAStore):
+    """The HA state of one job in ZooKeeper, fenced by compare-and-set on the znode."""
+
+    def __init__(
+        self,
+        hosts: str,
+        root: str,
+        job_id: str,
+        *,
+        timeout: float = 10.0,
+        client: KazooClient | None = None,
+    ) -> None:
+        """Connect to `hosts` (kazoo connect string) unless a started `client` is given
+        (then the caller owns it). `timeout` bounds every call, including the wait for a
+        lost connection to come back."""
+        self.hosts = hosts
+        self.root = _check_root(root)
+        self.job_id = _check_segment(job_id, "job id")
+        self.path = f"{self.root}/{self.job_id}"
+        self.timeout = timeout
+        self._connected = threading.Event()
+        self._owns_client = client is None
+        if client is None:
+            client = KazooClient(
+                hosts=hosts,
+                timeout=max(timeout, 4.0),
+                connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0),
+            )
+            try:
+                client.start(timeout=timeout)
+            except KazooTimeoutError as exc:
+                client.close()
+                raise HAStoreError(f"cannot connect to ZooKeeper at {hosts}: {exc}") from exc
+        self._client: Any = client
+        self._closed = False
+        client.add_listener(self._on_state)
+        if client.connected:
+            self._connected.set()
+
+    @classmethod
+    def from_uri(cls, uri: str, job_id: str, *, timeout: float = 10.0) -> ZooKeeperHAStore:
+        """Open `zookeeper://host:port[,host:port]/path` for `job_id`."""
+        hosts, root = parse_uri(uri)
+        return cls(hosts, root, job_id, timeout=timeout)
+
+    @property
+    def uri(self) -> str:
+        """The URI `from_uri` accepts for this store (without the job id)."""
+        return f"{URI_SCHEME}://{self.hosts}{self.root}"
+
+    # -- connection -------------------------------------------------------------------
+
+    def _on_state(self, state: str) -> None:
+        # Called on kazoo's thread: only flip the flag, never block here.
+        if state == KazooState.CONNECTED:
+            self._connected.set()
+        else:
+            self._connected.clear()
+
+    def _call(self, deadline: float, start: Callable[[], Any], what: str) -> Any:
+        """Run one async kazoo request once connected, bounded by `deadline`."""
+        if self._closed:
+            raise HAStoreError(f"HA store for {self.path} is closed")
+        if not self._connected.wait(max(0.0, deadline - time.monotonic())):
+            raise HAStoreError(
+                f"not connected to ZooKeeper ({what} {self.path}); no HA change is possible "
+                f"until the connection is re-established"
+            )
+        try:
+            return start().get(timeout=max(0.001, deadline - time.monotonic()))
+        except (NoNodeError, NodeExistsError, BadVersionError):
+            raise
+        except (KazooException, KazooTimeoutError) as exc:
+            raise HAStoreError(
+                f"ZooKeeper {what} {self.path} failed ({type(exc).__name__}: {exc}); "
+                f"for a write the outcome is unknown: re-read before acting"
+            ) from exc
+
+    def _get(self, deadline: float) -> HAState:
+        """A fresh read: `sync` first so a lagging follower cannot serve old data."""
+        self._call(deadline, lambda: self._client.sync_async(self.path), "sync")
+        try:
+            data, stat = self._call(deadline, lambda: self._client.get_async(self.path), "read")
+        except NoNodeError:
+            return HAState(epoch=0, retained=(), version=-1)
+        return decode(data, stat.version, f"zookeeper:{self.path}")
+
+    def _write(self, deadline: float, current: HAState, data: bytes) -> int | None:
+        """Compare-and-set: the new znode version, or None if someone else wrote first."""
+        try:
+            if current.version < 0:
+                self._call(
+                    deadline,
+                    lambda: self._client.create_async(self.path, data, makepath=True),
+                    "create",
+                )
+                return 0
+            stat = self._call(
+                deadline,
+                lambda: self._client.set_async(self.path, data, version=current.version),
+                "write",
+            )
+        except (NodeExistsError, BadVersionError, NoNodeError):
+            return None
+        version: int = stat.version
+        return version
+
+    # -- HAStore ----------------------------------------------------------------------
+
+    def read(self) -> HAState:
+        return self._get(time.monotonic() + self.timeout)
+
+    def claim_epoch(self) -> HAState:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            current = self._get(deadline)
+            epoch = current.epoch + 1
+            version = self._write(deadline, current, encode(epoch, current.retained))
+            if version is not None:
+                return HAState(epoch=epoch, retained=current.retained, version=version)
+            if time.monotonic() > deadline:
+                raise HAStoreError(f"could not claim an epoch for {self.path}: too much contention")
+
+    def publish(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
+        pointers = tuple(_check_pointer(p) for p in retained)
+        data = encode(epoch, pointers)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            current = self._get(deadline)
+            if current.epoch != epoch:
+                raise FencedError(
+                    f"epoch {epoch} is fenced: the job's current epoch is {current.epoch}"
+                )
+            version = self._write(deadline, current, data)
+            if version is not None:
+                return HAState(epoch=epoch, retained=pointers, version=version)
+            # Someone wrote in between: re-read and decide again (fenced if they claimed).
+            if time.monotonic() > deadline:
+                raise HAStoreError(f"could not publish to {self.path}: too much contention")
+
+    def check_epoch(self, epoch: int) -> None:
+        """Raise FencedError unless `epoch` is current, from a synced read (never cached)."""
+        current = self.read().epoch
+        if current != epoch:
+            raise FencedError(f"epoch {epoch} is fenced: the job's current epoch is {current}")
+
+    def node_sizes(self) -> dict[str, int]:
+        """Data bytes of every znode this job uses (the job node and any children)."""
+        deadline = time.monotonic() + self.timeout
+        sizes: dict[str, int] = {}
+        pending = [self.path]
+        while pending:
+            path = pending.pop()
+            get = functools.partial(self._client.get_async, path)
+            list_children = functools.partial(self._client.get_children_async, path)
+            try:
+                data, _ = self._call(deadline, get, "read")
+                children = self._call(deadline, list_children, "list")
+            except NoNodeError:
+                continue
+            sizes[path] = len(data)
+            pending.extend(f"{path}/{child}" for child in children)
+        return sizes
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._client.remove_listener(self._on_state)
+        if self._owns_client:
+            self._client.stop()
+            self._client.close()

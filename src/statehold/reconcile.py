@@ -1,0 +1,162 @@
+"""Reconcile a job directory with its HA store: find and delete the orphans.
+
+DESIGN invariant 7, stated once here. A file in the job directory is deleted exactly
+when all of these hold:
+- no retained checkpoint (named by the HA store) and no savepoint references it;
+- it is ours: a data file, a checkpoint folder or an interrupted temp file (never the HA
+  store's, the job entries, Spark's own `_spark/`, task-owned files, or files whose names
+  statehold did not make — those are reported as foreign and left alone);
+- it cannot belong to a live pending checkpoint: files of older epochs are never live;
+  files of the live attempt's epoch written for a checkpoint after the newest retained
+  one are live while that attempt runs (while its lease is fresh, see lease.py); so are
+  young temp files and savepoint folders being written.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from statehold import layout
+from statehold.cleaner import Cleaner, Discard
+from statehold.ha.base import HAStore
+from statehold.jobresult import read_result
+from statehold.layout import Kind
+from statehold.lease import read_lease
+from statehold.metadata import read_metadata, referenced_keys
+from statehold.storage.base import FileInfo, Storage
+
+#: Temp files younger than this may be an atomic write still under way.
+TEMP_GRACE_SECONDS = 3600.0
+
+_NEVER_OURS_TO_DELETE = {Kind.HA, Kind.JOB, Kind.SPARK, Kind.TASKOWNED}
+
+
+@dataclass(frozen=True, slots=True)
+class LiveAttempt:
+    """The running attempt: its epoch and the newest checkpoint id completed when the
+    reconcile started; its files for later checkpoints may still be in flight."""
+
+    epoch: int
+    after_checkpoint: int
+
+
+@dataclass
+class ReconcilePlan:
+    scanned: int = 0
+    referenced: int = 0
+    orphans: list[FileInfo] = field(default_factory=list)
+    protected: list[str] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+    live: LiveAttempt | None = None
+
+    @property
+    def orphan_bytes(self) -> int:
+        return sum(f.size for f in self.orphans)
+
+    def discard(self) -> Discard:
+        return Discard(keys=tuple(sorted(f.key for f in self.orphans)), reason="reconcile")
+
+
+def referenced_by_job(storage: Storage, ha: HAStore) -> set[str]:
+    """Every key a retained checkpoint or a savepoint needs, its `_metadata` included."""
+    keys: set[str] = set()
+    metadata_keys = [p.metadata for p in ha.read().retained]
+    metadata_keys += [
+        info.key
+        for info in storage.list(layout.SAVEPOINTS_DIR)
+        if layout.parse(info.key).kind is Kind.SAVEPOINT_METADATA
+    ]
+    for key in metadata_keys:
+        keys.add(key)
+        keys.update(referenced_keys(read_metadata(storage, key), key))
+    return keys
+
+
+def live_attempt_from_lease(storage: Storage, ha: HAStore) -> LiveAttempt | None:
+    """For a reconcile run from outside the job: the current attempt, if its lease is
+    fresh and the job has not ended."""
+    state = ha.read()
+    result = read_result(storage)
+    if result is not None and result.state == "dirty":
+        return None  # the job ended: nothing of it is in flight any more
+    lease = read_lease(storage, state.epoch)
+    if lease is None or not lease.alive():
+        return None
+    latest = state.latest.checkpoint_id if state.latest else -1
+    return LiveAttempt(state.epoch, latest)
+
+
+def plan(
+    storage: Storage,
+    ha: HAStore,
+    live: LiveAttempt | None,
+    *,
+    now: float | None = None,
+    temp_grace: float = TEMP_GRACE_SECONDS,
+) -> ReconcilePlan:
+    """List the job directory and decide, file by file (see the module docstring)."""
+    now = time.time() if now is None else now
+    referenced = referenced_by_job(storage, ha)
+    result = ReconcilePlan(live=live)
+    savepoints_with_metadata: set[str] = set()
+    listed: list[tuple[FileInfo, layout.PathInfo]] = []
+    for info in storage.list():
+        parsed = layout.parse(info.key)
+        listed.append((info, parsed))
+        if parsed.kind is Kind.SAVEPOINT_METADATA and parsed.savepoint is not None:
+            savepoints_with_metadata.add(parsed.savepoint)
+    for info, parsed in listed:
+        result.scanned += 1
+        if info.key in referenced:
+            result.referenced += 1
+        elif parsed.kind in _NEVER_OURS_TO_DELETE:
+            continue
+        elif parsed.kind is Kind.UNKNOWN:
+            result.foreign.append(info.key)
+        elif _is_live(parsed, info, live, savepoints_with_metadata, now, temp_grace):
+            result.protected.append(info.key)
+        else:
+            result.orphans.append(info)
+    return result
+
+
+def _is_live(
+    parsed: layout.PathInfo,
+    info: FileInfo,
+    live: LiveAttempt | None,
+    savepoints_with_metadata: set[str],
+    now: float,
+    temp_grace: float,
+) -> bool:
+    if parsed.kind is Kind.SAVEPOINT_METADATA:
+        return True  # a savepoint is deleted only by an explicit dispose
+    if parsed.kind is Kind.SAVEPOINT_OTHER and parsed.savepoint in savepoints_with_metadata:
+        return False  # a completed savepoint's own unreferenced leftover
+    if live is None:
+        return False
+    if parsed.kind in (Kind.TEMP, Kind.SAVEPOINT_OTHER):
+        return now - info.mtime < temp_grace
+    if parsed.kind in (Kind.CHECKPOINT_METADATA, Kind.CHECKPOINT_OTHER):
+        # chk-N/ names no epoch: any folder after the newest retained may be in flight
+        return parsed.checkpoint_id is not None and parsed.checkpoint_id > live.after_checkpoint
+    return (
+        parsed.epoch == live.epoch
+        and parsed.checkpoint_id is not None
+        and parsed.checkpoint_id > live.after_checkpoint
+    )
+
+
+def reconcile(
+    storage: Storage,
+    ha: HAStore,
+    cleaner: Cleaner,
+    live: LiveAttempt | None,
+    *,
+    dry_run: bool = False,
+) -> ReconcilePlan:
+    """Plan, then hand the orphans to the cleaner (unless `dry_run`)."""
+    result = plan(storage, ha, live)
+    if not dry_run:
+        cleaner.discard(result.discard())
+    return result

@@ -1,0 +1,42 @@
+"""Keyed stateful processing for PySpark with statehold checkpoints.
+
+    job = StatefulJob(spark, checkpoints="/data/ckpt", job_id="totals")
+    query = (stream_df.writeStream
+             .foreachBatch(job.foreach_batch(fn, "key string, total long", sink=write))
+             .option("checkpointLocation", job.spark_checkpoint_location)
+             .start())
+"""
+
+from statehold.spark.api import (
+    BatchFunction,
+    InputFormat,
+    KeyedState,
+    KeyFunction,
+    ListState,
+    MapState,
+    Sink,
+    TaskStates,
+    ValueState,
+)
+from statehold.spark.job import BatchResult, StatefulJob, replace_output
+from statehold.spark.session import local_session, use_this_python
+from statehold.spark.task import MalformedInputError, state_key
+
+__all__ = [
+    "BatchFunction",
+    "BatchResult",
+    "InputFormat",
+    "KeyFunction",
+    "KeyedState",
+    "ListState",
+    "MalformedInputError",
+    "MapState",
+    "Sink",
+    "StatefulJob",
+    "TaskStates",
+    "ValueState",
+    "local_session",
+    "replace_output",
+    "state_key",
+    "use_this_python",
+]

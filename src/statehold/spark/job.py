@@ -1,0 +1,387 @@
+"""The driver side: `StatefulJob` runs one keyed stateful step per micro-batch and turns
+every batch into checkpoint N (N = the Spark batch id).
+
+Per batch N, in this order (exactly-once):
+
+1. If checkpoint N is already completed, this is a replay of a batch whose output was
+   written and whose checkpoint completed before Spark committed it: skip it.
+2. `begin(N)`; every task restores its key-group range from the newest completed
+   checkpoint (< N), runs the user function, snapshots into the job directory and reports
+   its `KeyGroupState`. Every task runs every batch (also with no input rows), so each
+   checkpoint lists every range, also after a change of parallelism.
+3. The result is materialised once (`localCheckpoint`), so the sink cannot recompute
+   state; the sink replaces the batch's output (idempotent).
+4. `complete(N)`. Any failure before: `abort(N)` and re-raise, so Spark retries the batch,
+   which restores from N-1 again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from statehold import layout
+from statehold.backend.keys import all_ranges, check_max_parallelism
+from statehold.coordinator import CheckpointCoordinator
+from statehold.ha.base import HAStore
+from statehold.metadata import KeyGroupState
+from statehold.spark.api import BatchFunction, InputFormat, KeyFunction, Sink
+from statehold.spark.task import (
+    ACK_COL,
+    INTERNAL_COLS,
+    KEY_COL,
+    KG_COL,
+    TASK_COL,
+    KeyGroupStage,
+    StateSpec,
+    StateStage,
+)
+from statehold.storage import LocalStorage, Storage, open_storage
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+log = logging.getLogger("statehold.spark")
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one micro-batch did. `output` is the batch's output DataFrame (materialised)
+    unless the batch was skipped as an already completed replay."""
+
+    checkpoint_id: int
+    skipped: bool
+    duration: float
+    bytes_uploaded: int = 0
+    files_uploaded: int = 0
+    state_size: int = 0
+    rows_in: int = 0
+    keys: int = 0
+    checkpoint_uri: str = ""
+    output: DataFrame | None = None
+
+
+class StatefulJob:
+    """Keyed state for a PySpark pipeline, checkpointed into one job directory.
+
+    ``checkpoints`` is the checkpoint root (a local path, ``file://`` or ``s3://`` URI);
+    the job directory is ``<checkpoints>/<job_id>``. ``max_parallelism`` (the number of key
+    groups) is fixed when the job is created; ``parallelism`` (the number of Spark tasks
+    owning state) may change between runs. ``retain`` completed checkpoints are kept.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        checkpoints: str,
+        job_id: str,
+        *,
+        max_parallelism: int = 128,
+        parallelism: int | None = None,
+        retain: int = 3,
+        storage_options: Mapping[str, Any] | None = None,
+        operator: str = "state",
+        local_dir: str | None = None,
+        ha: HAStore | None = None,
+        backend_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        check_max_parallelism(max_parallelism)
+        self.spark = spark
+        self.job_id = job_id
+        self.max_parallelism = max_parallelism
+        self.parallelism = parallelism or min(
+            spark.sparkContext.defaultParallelism, max_parallelism
+        )
+        if not 1 <= self.parallelism <= max_parallelism:
+            raise ValueError(f"parallelism must be in 1..{max_parallelism}")
+        self.retain = retain
+        self.operator = operator
+        self.local_dir = local_dir
+        self.storage_options = dict(storage_options or {})
+        self.backend_options = dict(backend_options or {})
+        layout.check_key(job_id)
+        if "/" in job_id:
+            raise ValueError(f"job id must be one path segment: {job_id!r}")
+        root = open_storage(checkpoints, **self.storage_options)
+        self.storage: Storage = root.child(job_id)
+        self._ha = ha
+        self._coordinator: CheckpointCoordinator | None = None
+
+    # -- where things are ----------------------------------------------------------------
+    @property
+    def job_dir(self) -> str:
+        """URI of the job directory (everything needed to resume lives in it)."""
+        return self.storage.uri
+
+    @property
+    def spark_checkpoint_location(self) -> str:
+        """Where Spark's streaming checkpoint (source offsets, commits) must go: ``_spark/``
+        inside the job directory, so copying the job directory copies a complete restore
+        point. (On S3 Spark needs the hadoop-aws connector for the ``s3a://`` URI.)"""
+        if isinstance(self.storage, LocalStorage):
+            return str(self.storage.root / layout.SPARK_DIR)
+        uri = self.storage.uri
+        if uri.startswith("s3://"):
+            uri = "s3a://" + uri[len("s3://") :]
+        return f"{uri}/{layout.SPARK_DIR}"
+
+    @property
+    def coordinator(self) -> CheckpointCoordinator:
+        """The attempt's coordinator, started on first use (claims a new epoch)."""
+        if self._coordinator is None:
+            from statehold.ha.embedded import EmbeddedHAStore
+
+            ha = self._ha or EmbeddedHAStore(self.storage)
+            self._coordinator = CheckpointCoordinator.start(
+                self.storage,
+                ha,
+                job_id=self.job_id,
+                max_parallelism=self.max_parallelism,
+                retain=self.retain,
+            )
+        return self._coordinator
+
+    def latest_checkpoint_id(self) -> int | None:
+        latest = self.coordinator.latest()
+        return None if latest is None else latest[1].checkpoint_id
+
+    # -- running -------------------------------------------------------------------------
+    def run_batch(
+        self,
+        df: DataFrame,
+        process: KeyFunction | BatchFunction,
+        output_schema: StructType | str,
+        *,
+        key: str | Sequence[str] = "key",
+        batch_id: int | None = None,
+        sink: Sink | None = None,
+        order_by: Sequence[str] = (),
+        input_format: InputFormat = "rows",
+        vectorized: bool = False,
+        source_position: Mapping[str, Any] | None = None,
+    ) -> BatchResult:
+        """Process one batch `df` into checkpoint `batch_id` (default: the latest + 1).
+
+        With a `sink`, it writes the output before the checkpoint completes (exactly
+        once); without one, the checkpoint completes first and ``result.output`` is yours
+        to write. `order_by` orders the rows of a key within the batch (else Spark's
+        shuffle order, which is not deterministic across runs)."""
+        if batch_id is None:
+            latest = self.latest_checkpoint_id()
+            batch_id = 0 if latest is None else latest + 1
+        started = time.time()
+        coord = self.coordinator
+        latest = coord.latest()
+        if latest is not None and latest[1].checkpoint_id >= batch_id:
+            log.info(
+                "job %s: batch %d already completed (checkpoint %d): skipped",
+                self.job_id,
+                batch_id,
+                latest[1].checkpoint_id,
+            )
+            return BatchResult(batch_id, True, time.time() - started)
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        spec = self._spec(
+            df, batch_id, process, output_schema, keys, order_by, input_format, vectorized
+        )
+        coord.begin(batch_id)
+        try:
+            staged = self._stage(df, spec, output_schema)
+            acks = [
+                row[0] for row in staged.where(staged[ACK_COL].isNotNull()).select(ACK_COL).collect()
+            ]
+            handles = self._check_acks(acks)
+            for state in handles:
+                coord.acknowledge(batch_id, self.operator, state)
+            output = staged.where(staged[ACK_COL].isNull()).drop(ACK_COL)
+            if sink is not None:
+                sink(output, batch_id)
+            position = {"spark_batch_id": batch_id, **dict(source_position or {})}
+            coord.complete(batch_id, position)
+        except BaseException as e:
+            coord.abort(batch_id, f"{type(e).__name__}: {e}"[:500])
+            raise
+        return BatchResult(
+            checkpoint_id=batch_id,
+            skipped=False,
+            duration=time.time() - started,
+            bytes_uploaded=sum(int(h.info.get("bytes_uploaded", 0)) for h in handles),
+            files_uploaded=sum(int(h.info.get("files_uploaded", 0)) for h in handles),
+            state_size=sum(int(h.info.get("state_size", 0)) for h in handles),
+            rows_in=sum(int(json.loads(a).get("rows_in", 0)) for a in acks),
+            keys=sum(int(json.loads(a).get("keys", 0)) for a in acks),
+            checkpoint_uri=f"{self.job_dir}/{layout.checkpoint_metadata_key(batch_id)}",
+            output=output,
+        )
+
+    def foreach_batch(
+        self,
+        process: KeyFunction | BatchFunction,
+        output_schema: StructType | str,
+        *,
+        sink: Sink,
+        key: str | Sequence[str] = "key",
+        order_by: Sequence[str] = (),
+        input_format: InputFormat = "rows",
+        vectorized: bool = False,
+        on_batch: Callable[[BatchResult], None] | None = None,
+    ) -> Callable[[DataFrame, int], None]:
+        """A function for ``writeStream.foreachBatch``: checkpoint id = Spark batch id.
+
+        Use with ``.option("checkpointLocation", job.spark_checkpoint_location)``."""
+
+        def run(batch_df: DataFrame, batch_id: int) -> None:
+            self.check_replay(batch_id)
+            result = self.run_batch(
+                batch_df,
+                process,
+                output_schema,
+                key=key,
+                batch_id=batch_id,
+                sink=sink,
+                order_by=order_by,
+                input_format=input_format,
+                vectorized=vectorized,
+            )
+            if on_batch is not None:
+                on_batch(result)
+
+        return run
+
+    def check_replay(self, batch_id: int) -> None:
+        """Spark may replay only its last batch (id == our latest checkpoint). An older id
+        means Spark's checkpoint (``_spark/``) is behind ours, e.g. it was deleted or
+        belongs to another copy; skipping those batches would silently lose input."""
+        latest = self.latest_checkpoint_id()
+        if latest is not None and batch_id < latest:
+            raise RuntimeError(
+                f"Spark batch {batch_id} is older than statehold's latest checkpoint "
+                f"{latest} in {self.job_dir}: the streaming checkpoint location is not the "
+                f"one these checkpoints were written with (use "
+                f"{self.spark_checkpoint_location})"
+            )
+
+    def close(self) -> None:
+        if self._coordinator is not None:
+            self._coordinator.close()
+            self._coordinator.ha.close()
+            self._coordinator = None
+
+    def __enter__(self) -> StatefulJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------
+    def _struct(self, schema: StructType | str) -> StructType:
+        from pyspark.sql.types import StructType
+
+        if isinstance(schema, StructType):
+            return schema
+        parsed = self.spark.createDataFrame([], schema).schema
+        return parsed
+
+    def _spec(
+        self,
+        df: DataFrame,
+        batch_id: int,
+        process: KeyFunction | BatchFunction,
+        output_schema: StructType | str,
+        keys: tuple[str, ...],
+        order_by: Sequence[str],
+        input_format: InputFormat,
+        vectorized: bool,
+    ) -> StateSpec:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        missing = [c for c in (*keys, *order_by) if c not in df.columns]
+        if missing:
+            raise ValueError(f"columns {missing} not in the input ({df.columns})")
+        clash = [c for c in df.columns if c in (*INTERNAL_COLS, ACK_COL)]
+        if clash:
+            raise ValueError(f"input columns {clash} are reserved by statehold")
+        struct = self._struct(output_schema)
+        if ACK_COL in struct.fieldNames():
+            raise ValueError(f"output column {ACK_COL!r} is reserved by statehold")
+        latest = self.coordinator.latest()
+        restore_key: str | None = None
+        ranges: tuple[str, ...] = ()
+        if latest is not None:
+            restore_key, meta = latest
+            for op in meta.operators:
+                if op.operator == self.operator:
+                    ranges = tuple(r.model_dump_json() for r in op.ranges)
+        return StateSpec(
+            storage_uri=self.storage.uri,
+            storage_options=self.storage_options,
+            job_id=self.job_id,
+            operator=self.operator,
+            epoch=self.coordinator.epoch,
+            checkpoint_id=batch_id,
+            max_parallelism=self.max_parallelism,
+            parallelism=self.parallelism,
+            restore_key=restore_key if ranges else None,
+            restore_ranges=ranges,
+            key_columns=keys,
+            order_by=tuple(order_by),
+            output_schema=to_arrow_schema(struct),
+            input_format=input_format,
+            function=process,
+            vectorized=vectorized,
+            local_dir=self.local_dir,
+            backend_options=self.backend_options,
+        )
+
+    def _stage(self, df: DataFrame, spec: StateSpec, output_schema: StructType | str) -> DataFrame:
+        from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+        keyed_schema = StructType(
+            [
+                *df.schema.fields,
+                StructField(KEY_COL, StringType(), False),
+                StructField(KG_COL, IntegerType(), False),
+                StructField(TASK_COL, IntegerType(), False),
+            ]
+        )
+        user = self._struct(output_schema)
+        out_schema = StructType(
+            [StructField(f.name, f.dataType, True, f.metadata) for f in user.fields]
+            + [StructField(ACK_COL, StringType(), True)]
+        )
+        keyed = df.mapInArrow(
+            KeyGroupStage(spec.key_columns, spec.parallelism, spec.max_parallelism),
+            keyed_schema,
+        )
+        staged = keyed.repartitionById(spec.parallelism, TASK_COL).mapInArrow(
+            StateStage(spec), out_schema
+        )
+        # Materialise once: the acks and the sink must see the same, single run of state.
+        return staged.localCheckpoint(eager=True)
+
+    def _check_acks(self, acks: list[str]) -> list[KeyGroupState]:
+        """One handle per task range, exactly the ranges of the current parallelism."""
+        handles = [KeyGroupState.model_validate(json.loads(a)["state"]) for a in acks]
+        got = sorted((h.key_groups.start, h.key_groups.end) for h in handles)
+        want = [(r.start, r.end) for r in all_ranges(self.parallelism, self.max_parallelism)]
+        if got != want:
+            raise RuntimeError(
+                f"tasks reported key-group ranges {got}, expected {want} (a task did not run "
+                "or ran twice in the materialised result)"
+            )
+        return handles
+
+
+def replace_output(path: str, fmt: str = "json") -> Sink:
+    """A sink writing batch N to ``<path>/batch-<N>`` in mode overwrite: a replayed batch
+    replaces its own output (idempotent)."""
+
+    def write(df: DataFrame, batch_id: int) -> None:
+        df.write.mode("overwrite").format(fmt).save(f"{path.rstrip('/')}/batch-{batch_id:08d}")
+
+    return write

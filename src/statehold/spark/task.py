@@ -1,0 +1,293 @@
+"""The executor side: what runs inside a Spark task.
+
+Two Python stages, both `mapInArrow`:
+
+1. `KeyGroupStage` adds each row's state key, key group and owning task index (stable
+   BLAKE2b hash from `backend.keys`, never Python's salted ``hash``), refusing null keys.
+2. After ``repartitionById(parallelism, task)`` partition *i* holds exactly the rows of
+   task *i* (and runs even when empty). `StateStage` opens the task's RocksDB backend for
+   its key-group range (restoring from the previous checkpoint's handles), runs the user
+   function per key, snapshots to the job directory and emits the user's rows plus one
+   acknowledgement row: the `KeyGroupState` handle as JSON, for the driver.
+
+Only plain data crosses into the closure: URIs, option dicts, JSON handles, schemas. State
+itself never leaves the task except as files in the job directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from statehold.backend.keys import key_group_of, task_of, task_range
+from statehold.metadata import KeyGroupState
+from statehold.spark.api import BatchFunction, InputFormat, KeyedState, KeyFunction
+
+KEY_COL = "__statehold_key"
+KG_COL = "__statehold_kg"
+TASK_COL = "__statehold_task"
+ACK_COL = "__statehold_ack"
+INTERNAL_COLS = (KEY_COL, KG_COL, TASK_COL)
+
+
+class MalformedInputError(ValueError):
+    """An input row cannot be keyed (a null key, an unsupported key type)."""
+
+
+def state_key(values: Sequence[Any]) -> str:
+    """The string a row's key is stored and hashed under: a single string key as itself,
+    anything else (numbers, several key columns) as compact canonical JSON."""
+    if len(values) == 1:
+        v = values[0]
+        if isinstance(v, str):
+            return v
+        return json.dumps(v, separators=(",", ":"), ensure_ascii=False, default=str)
+    return json.dumps(list(values), separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _describe_row(batch: pa.RecordBatch, i: int) -> str:
+    row = {name: batch.column(j)[i].as_py() for j, name in enumerate(batch.schema.names)}
+    return json.dumps(row, default=str)[:500]
+
+
+@dataclass(frozen=True)
+class KeyGroupStage:
+    """Stage 1: add key, key group and task index columns."""
+
+    key_columns: tuple[str, ...]
+    parallelism: int
+    max_parallelism: int
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            columns = [batch.column(c) for c in self.key_columns]
+            for name, col in zip(self.key_columns, columns, strict=True):
+                if col.null_count:
+                    first = next(i for i, v in enumerate(col.is_null().to_pylist()) if v)
+                    raise MalformedInputError(
+                        f"null in key column {name!r}; statehold refuses rows without a key "
+                        f"(filter or fill them before the stateful step). Row: "
+                        f"{_describe_row(batch, first)}"
+                    )
+            values = [c.to_pylist() for c in columns]
+            keys = [state_key(vs) for vs in zip(*values, strict=True)]
+            groups = [key_group_of(k, self.max_parallelism) for k in keys]
+            tasks = [task_of(g, self.parallelism, self.max_parallelism) for g in groups]
+            yield (
+                batch.append_column(KEY_COL, pa.array(keys, pa.string()))
+                .append_column(KG_COL, pa.array(groups, pa.int32()))
+                .append_column(TASK_COL, pa.array(tasks, pa.int32()))
+            )
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """Everything a task needs, as plain picklable data (no state, no connections)."""
+
+    storage_uri: str
+    storage_options: Mapping[str, Any]
+    job_id: str
+    operator: str
+    epoch: int
+    checkpoint_id: int
+    max_parallelism: int
+    parallelism: int
+    #: metadata key of the checkpoint to restore from, and its ranges as JSON
+    restore_key: str | None
+    restore_ranges: tuple[str, ...]
+    key_columns: tuple[str, ...]
+    order_by: tuple[str, ...]
+    output_schema: pa.Schema
+    input_format: InputFormat
+    function: KeyFunction | BatchFunction
+    vectorized: bool
+    local_dir: str | None = None
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class _States:
+    """`TaskStates` over one open backend; checks every key belongs to this task."""
+
+    def __init__(self, backend: Any, spec: StateSpec, task: int) -> None:
+        self._backend = backend
+        self._spec = spec
+        self._task = task
+
+    def for_key(self, key: Any) -> KeyedState:
+        values = key if isinstance(key, tuple) else (key,)
+        skey = state_key(values)
+        kg = key_group_of(skey, self._spec.max_parallelism)
+        if task_of(kg, self._spec.parallelism, self._spec.max_parallelism) != self._task:
+            raise KeyError(f"key {key!r} is not in this task's key groups")
+        state: KeyedState = self._backend.for_key(skey)
+        return state
+
+
+def _rows_of(table: pa.Table, fmt: InputFormat) -> Any:
+    if fmt == "arrow":
+        return table
+    if fmt == "pandas":
+        return table.to_pandas()
+    return table.to_pylist()
+
+
+def _to_table(out: Any, schema: pa.Schema) -> pa.Table | None:
+    """Whatever the user returned, as a table of exactly the output schema."""
+    if out is None:
+        return None
+    if isinstance(out, pa.RecordBatch):
+        out = pa.Table.from_batches([out])
+    if isinstance(out, pa.Table):
+        return out.select(schema.names).cast(schema)
+    if hasattr(out, "to_dict") and hasattr(out, "columns"):  # pandas.DataFrame
+        return pa.Table.from_pandas(out[list(schema.names)], schema=schema, preserve_index=False)
+    rows = list(out)
+    if not rows:
+        return None
+    if isinstance(rows[0], Mapping):
+        return pa.Table.from_pylist(rows, schema=schema)
+    columns = list(zip(*rows, strict=True))
+    return pa.Table.from_arrays(
+        [pa.array(list(c), type=f.type) for c, f in zip(columns, schema, strict=True)],
+        schema=schema,
+    )
+
+
+def internal_output_schema(user: pa.Schema) -> pa.Schema:
+    """The user's columns (nullable: the ack row leaves them empty) plus the ack column."""
+    fields = [f.with_nullable(True) for f in user]
+    return pa.schema([*fields, pa.field(ACK_COL, pa.string())])
+
+
+def local_root(spec: StateSpec) -> str:
+    """Where tasks keep RocksDB between micro-batches on this machine: one directory per
+    job directory (named by job id plus a hash of the job directory's URI)."""
+    base = spec.local_dir or os.environ.get("STATEHOLD_LOCAL_DIR") or tempfile.gettempdir()
+    digest = hashlib.blake2b(spec.storage_uri.encode(), digest_size=6).hexdigest()
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", spec.job_id)[:60]
+    return os.path.join(base, "statehold-state", f"{safe}-{digest}")
+
+
+@dataclass(frozen=True)
+class StateStage:
+    """Stage 2: one task's keyed state step for one micro-batch."""
+
+    spec: StateSpec
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        from statehold.backend.rocks import TaskStateBackend
+        from statehold.storage import open_storage
+
+        spec = self.spec
+        ctx = TaskContext.get()
+        task = ctx.partitionId() if ctx is not None else 0
+        key_groups = task_range(task, spec.parallelism, spec.max_parallelism)
+        started = time.time()
+
+        received = list(batches)
+        table = pa.Table.from_batches(received) if received else None
+        if table is not None and table.num_rows:
+            tasks = set(table.column(TASK_COL).unique().to_pylist())
+            if tasks != {task}:
+                raise RuntimeError(
+                    f"partition {task} received rows of tasks {sorted(tasks)}: the rows were "
+                    "not routed by key group (is the parallelism consistent?)"
+                )
+            sort = [(KG_COL, "ascending"), (KEY_COL, "ascending")]
+            sort += [(c, "ascending") for c in spec.order_by]
+            table = table.sort_by(sort)
+
+        storage = open_storage(spec.storage_uri, **dict(spec.storage_options))
+        restore = []
+        if spec.restore_key is not None:
+            for text in spec.restore_ranges:
+                kgs = KeyGroupState.model_validate_json(text)
+                if kgs.key_groups.overlaps(key_groups):
+                    restore.append((storage, spec.restore_key, kgs))
+        backend = TaskStateBackend.open(
+            Path(local_root(spec)),
+            spec.operator,
+            key_groups,
+            spec.max_parallelism,
+            restore,
+            **dict(spec.backend_options),
+        )
+        out_schema = spec.output_schema
+        outputs: list[pa.Table] = []
+        n_keys = 0
+        try:
+            if table is not None and table.num_rows:
+                groups = _split_by_key(table, spec)
+                n_keys = len(groups)
+                states = _States(backend, spec, task)
+                if spec.vectorized:
+                    fn_batch: BatchFunction = spec.function  # type: ignore[assignment]
+                    rows = [(k, _rows_of(t, spec.input_format)) for k, t in groups]
+                    res = _to_table(fn_batch(rows, states), out_schema)
+                    if res is not None:
+                        outputs.append(res)
+                else:
+                    fn_key: KeyFunction = spec.function  # type: ignore[assignment]
+                    for key, part in groups:
+                        res = _to_table(
+                            fn_key(key, _rows_of(part, spec.input_format), states.for_key(key)),
+                            out_schema,
+                        )
+                        if res is not None and res.num_rows:
+                            outputs.append(res)
+            handle: KeyGroupState = backend.snapshot(
+                storage, spec.epoch, spec.checkpoint_id, _metadata_key(spec.checkpoint_id)
+            )
+        finally:
+            backend.close()
+
+        schema = internal_output_schema(out_schema)
+        for res in outputs:
+            for rb in res.to_batches(max_chunksize=10_000):
+                arrays = [*rb.columns, pa.nulls(rb.num_rows, pa.string())]
+                yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        ack = json.dumps(
+            {
+                "task": task,
+                "state": handle.model_dump(mode="json"),
+                "rows_in": 0 if table is None else table.num_rows,
+                "keys": n_keys,
+                "seconds": round(time.time() - started, 3),
+            }
+        )
+        nulls = [pa.nulls(1, f.type) for f in out_schema]
+        yield pa.RecordBatch.from_arrays([*nulls, pa.array([ack], pa.string())], schema=schema)
+
+
+def _metadata_key(checkpoint_id: int) -> str:
+    from statehold.layout import checkpoint_metadata_key
+
+    return checkpoint_metadata_key(checkpoint_id)
+
+
+def _split_by_key(table: pa.Table, spec: StateSpec) -> list[tuple[Any, pa.Table]]:
+    """Consecutive runs of equal keys in a table sorted by key (stable within a key)."""
+    skeys = table.column(KEY_COL).to_pylist()
+    key_cols = [table.column(c).to_pylist() for c in spec.key_columns]
+    user = table.drop_columns(list(INTERNAL_COLS))
+    groups: list[tuple[Any, pa.Table]] = []
+    start = 0
+    for i in range(1, len(skeys) + 1):
+        if i == len(skeys) or skeys[i] != skeys[start]:
+            values = tuple(c[start] for c in key_cols)
+            key = values[0] if len(values) == 1 else values
+            groups.append((key, user.slice(start, i - start)))
+            start = i
+    return groups

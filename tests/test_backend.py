@@ -1,0 +1,507 @@
+"""The executor-side keyed state backend, on real local disk + real RocksDB, against local
+and moto-S3 job directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rocksdict import AccessType, Options, Rdict
+
+from statehold import layout
+from statehold.backend import (
+    StateBackendError,
+    TaskStateBackend,
+    all_ranges,
+    key_group_of,
+    sources_from_metadata,
+    task_of,
+    task_of_key,
+    task_range,
+)
+from statehold.backend.keys import decode_key
+from statehold.backend.rocks import LOCAL_MARKER, RestoreSource
+from statehold.metadata import (
+    CheckpointMetadata,
+    KeyGroupRange,
+    KeyGroupState,
+    OperatorState,
+    read_metadata,
+    referenced_keys,
+    write_metadata,
+)
+from statehold.storage import FileInfo, Storage
+
+MAXP = 64
+OP = "counts"
+
+
+class CountingStorage(Storage):
+    """A real storage that records which keys were downloaded."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.uri = inner.uri
+        self.downloads: list[str] = []
+        self.uploads: list[str] = []
+
+    def child(self, prefix: str) -> Storage:
+        return self.inner.child(prefix)
+
+    def list_pages(self, prefix: str = "", page_size: int = 1000) -> Iterator[list[FileInfo]]:
+        return self.inner.list_pages(prefix, page_size)
+
+    def stat(self, key: str) -> FileInfo | None:
+        return self.inner.stat(key)
+
+    def read(self, key: str) -> bytes:
+        return self.inner.read(key)
+
+    def download(self, key: str, local_path: Path) -> None:
+        self.downloads.append(key)
+        self.inner.download(key, local_path)
+
+    def write(self, key: str, data: bytes) -> None:
+        self.inner.write(key, data)
+
+    def upload(self, local_path: Path, key: str) -> None:
+        self.uploads.append(key)
+        self.inner.upload(local_path, key)
+
+    def create_if_absent(self, key: str, data: bytes) -> None:
+        self.inner.create_if_absent(key, data)
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        self.inner.delete_many(keys)
+
+    def delete_prefix(self, prefix: str) -> int:
+        return self.inner.delete_prefix(prefix)
+
+    def copy(self, src: str, dst: str, *, target: Storage | None = None) -> None:
+        self.inner.copy(src, dst, target=target)
+
+
+def checkpoint(
+    storage: Storage, cid: int, states: list[KeyGroupState], epoch: int = 1
+) -> list[RestoreSource]:
+    """Write chk-<cid>/_metadata for `states` and read it back as restore sources, the way
+    the driver and the next tasks do."""
+    key = layout.checkpoint_metadata_key(cid)
+    meta = CheckpointMetadata(
+        job_id="job",
+        checkpoint_id=cid,
+        epoch=epoch,
+        max_parallelism=MAXP,
+        operators=[OperatorState(operator=OP, ranges=states)],
+    )
+    write_metadata(storage, key, meta)
+    return sources_from_metadata(storage, key, read_metadata(storage, key), OP)
+
+
+def snap(b: TaskStateBackend, storage: Storage, cid: int, epoch: int = 1) -> KeyGroupState:
+    return b.snapshot(storage, epoch, cid, layout.checkpoint_metadata_key(cid))
+
+
+def fill(b: TaskStateBackend, keys: Iterable[str], tag: str = "") -> dict[str, dict[str, Any]]:
+    """Write value, list and map state for `keys`; return the expected reader view."""
+    expected: dict[str, dict[str, Any]] = {}
+    for k in keys:
+        st = b.for_key(k)
+        st.value("count").update(len(k))
+        st.list("events").update([k, tag])
+        st.map("seen").put(1, {"k": k})
+        st.map("seen").put("x", tag)
+        expected[k] = {"count": len(k), "events": [k, tag], "seen": {1: {"k": k}, "x": tag}}
+    return expected
+
+
+def keys_of(task: int, parallelism: int, n: int) -> list[str]:
+    return [f"key-{i}" for i in range(n) if task_of_key(f"key-{i}", parallelism, MAXP) == task]
+
+
+# -- key groups --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("maxp", [1, 7, 64, 128])
+def test_task_ranges_cover_all_key_groups_contiguously(maxp: int) -> None:
+    for parallelism in {1, 2, 3, 5, maxp}:
+        if parallelism > maxp:
+            continue
+        ranges = all_ranges(parallelism, maxp)
+        assert ranges[0].start == 0 and ranges[-1].end == maxp - 1
+        for a, b in zip(ranges, ranges[1:], strict=False):
+            assert b.start == a.end + 1
+        sizes = [r.end - r.start + 1 for r in ranges]
+        assert max(sizes) - min(sizes) <= 1
+        for kg in range(maxp):
+            assert kg in task_range(task_of(kg, parallelism, maxp), parallelism, maxp)
+
+
+def test_key_group_is_stable_across_processes() -> None:
+    keys = [f"user-{i}" for i in range(50)] + ["", "ünïcode"]
+    here = [key_group_of(k, MAXP) for k in keys]
+    assert len(set(here)) > 10  # spreads keys
+    assert key_group_of("abc", MAXP) == key_group_of(b"abc", MAXP)
+    code = (
+        "import json,sys; from statehold.backend import key_group_of;"
+        "print(json.dumps([key_group_of(k, 64) for k in json.loads(sys.argv[1])]))"
+    )
+    for seed in ("1", "2"):
+        out = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(keys)],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            check=True,
+            text=True,
+        )
+        assert json.loads(out.stdout) == here
+
+
+# -- state primitives --------------------------------------------------------------------
+
+
+def test_state_primitives(tmp_path: Path) -> None:
+    with TaskStateBackend.open(tmp_path, OP, task_range(0, 1, MAXP), MAXP) as b:
+        v = b.value_state("v", "a")
+        assert v.get() is None and v.get(7) == 7
+        v.update({"n": [1, 2.5, None, True]})
+        assert b.value_state("v", "a").get() == {"n": [1, 2.5, None, True]}
+        assert b.value_state("v", "b").get() is None  # per key
+        assert b.value_state("w", "a").get() is None  # per state name
+        v.clear()
+        assert v.get() is None
+
+        lst = b.list_state("l", b"raw-key")
+        assert lst.get() == []
+        lst.append(1)
+        lst.extend(["two", 3])
+        assert lst.get() == [1, "two", 3]
+        lst.update([9])
+        assert b.list_state("l", b"raw-key").get() == [9]
+        assert b.list_state("l", "raw-key").get() == []  # str and bytes keys differ
+        lst.clear()
+        assert lst.get() == []
+
+        m = b.map_state("m", "a")
+        assert m.is_empty()
+        m.put("x", 1)
+        m.put(2, [2])
+        m.put_all({"y": None})
+        assert m.get("x") == 1 and m.get(2) == [2] and m.get("2") is None
+        assert m.contains("y") and "x" in m and not m.contains("z")
+        assert dict(m.items()) == {"x": 1, 2: [2], "y": None}
+        assert set(m.keys()) == {"x", 2, "y"} and sorted(map(str, m.values())) == [
+            "1",
+            "None",
+            "[2]",
+        ]
+        m.remove("x")
+        assert not m.contains("x")
+        assert b.map_state("m", "b").is_empty()
+        m.clear()
+        assert m.is_empty() and list(m.items()) == []
+
+        with pytest.raises(TypeError):
+            b.value_state("v", "a").update({1, 2})  # not JSON
+        with pytest.raises(TypeError):
+            m.put((1, 2), 1)  # not a scalar map key
+        with pytest.raises(ValueError):
+            b.value_state("bad\x00name", "a")
+
+
+def test_key_outside_range_is_refused(tmp_path: Path) -> None:
+    r = task_range(0, 2, MAXP)
+    foreign = keys_of(1, 2, 50)[0]
+    with (
+        TaskStateBackend.open(tmp_path, OP, r, MAXP) as b,
+        pytest.raises(ValueError, match="key group"),
+    ):
+        b.for_key(foreign)
+
+
+# -- snapshot and restore ----------------------------------------------------------------
+
+
+def test_snapshot_restore_round_trip(storage: Storage, tmp_path: Path) -> None:
+    r = task_range(0, 1, MAXP)
+    b = TaskStateBackend.open(tmp_path / "a", OP, r, MAXP)
+    expected = fill(b, [f"k{i}" for i in range(300)], "t")
+    expected["k0"]["count"] = "changed"
+    b.value_state("count", "k0").update("changed")
+    kgs = snap(b, storage, 1)
+    b.close()
+    assert not list((tmp_path / "a").glob("*/*/work-*"))  # close removes the work copy
+    sources = checkpoint(storage, 1, [kgs])
+    # Every referenced file is inside the job dir, relative to _metadata, and exists.
+    refs = referenced_keys(read_metadata(storage, "chk-1/_metadata"), "chk-1/_metadata")
+    assert len(refs) == len(kgs.files) > 1
+    for key, f in refs.items():
+        assert key.split("/")[0] == ("shared" if f.scope == "shared" else "exclusive")
+        assert storage.stat(key) is not None and storage.stat(key).size == f.size  # type: ignore[union-attr]
+
+    counting = CountingStorage(storage)
+    fresh = [(counting, m, s) for _, m, s in sources]
+    with TaskStateBackend.open(tmp_path / "fresh", OP, r, MAXP, fresh) as b2:
+        assert dict(b2.items()) == expected
+        assert b2.value_state("count", "k0").get() == "changed"
+        assert len(counting.downloads) == len(kgs.files)
+        assert b2.restore_stats.files_downloaded == len(kgs.files)
+
+
+def test_incremental_snapshot_uploads_only_new_files(storage: Storage, tmp_path: Path) -> None:
+    r = task_range(0, 1, MAXP)
+    rng = random.Random(7)
+    counting = CountingStorage(storage)
+    keys = [f"user-{i}" for i in range(5000)]
+    b = TaskStateBackend.open(tmp_path, OP, r, MAXP)
+    for k in keys:  # ~5 MB of JSON strings that do not compress
+        b.value_state("blob", k).update(rng.randbytes(500).hex())
+    first = snap(b, counting, 1)
+    total = first.info["state_size"]
+    assert total > 4_000_000 and first.info["bytes_uploaded"] == total
+    b.commit_local(1)  # the driver completed checkpoint 1
+
+    changed = rng.sample(keys, len(keys) // 20)
+    for k in changed:
+        b.value_state("blob", k).update("new-" + k)
+    counting.uploads.clear()
+    second = snap(b, counting, 2)
+    assert second.info["bytes_uploaded"] < 0.5 * total
+    assert second.info["files_reused"] >= 1
+    # Unchanged SSTs are referenced (same job-directory key), not uploaded again.
+    k1 = {f.name or "": layout.resolve("chk-1/_metadata", f.path) for f in first.files}
+    k2 = {f.name or "": layout.resolve("chk-2/_metadata", f.path) for f in second.files}
+    reused = [n for n in k2 if n.endswith(".sst") and k1.get(n) == k2[n]]
+    assert len(reused) == second.info["files_reused"]
+    assert not set(counting.uploads) & set(k1.values())
+    assert len(counting.uploads) == second.info["files_uploaded"]
+    b.close()
+
+    # The Spark way: a new task restores checkpoint 2, changes a little, snapshots 3.
+    sources = checkpoint(storage, 2, [second])
+    with TaskStateBackend.open(tmp_path, OP, r, MAXP, sources) as b3:
+        assert b3.restore_stats.files_downloaded == 0  # local snapshot 2 is reused
+        assert b3.value_state("blob", changed[0]).get() == "new-" + changed[0]
+        b3.value_state("blob", keys[0]).update("third")
+        third = snap(b3, storage, 3)
+    assert third.info["bytes_uploaded"] < 0.5 * third.info["state_size"]
+    with TaskStateBackend.open(
+        tmp_path / "other", OP, r, MAXP, checkpoint(storage, 3, [third])
+    ) as b4:
+        assert b4.value_state("blob", keys[0]).get() == "third"
+        assert b4.value_state("blob", changed[1]).get() == "new-" + changed[1]
+        assert len(dict(b4.items())) == len(keys)
+
+
+def test_unconfirmed_snapshot_files_are_not_referenced(storage: Storage, tmp_path: Path) -> None:
+    """Checkpoint 1 may still abort and be discarded: checkpoint 2 must not depend on it."""
+    with TaskStateBackend.open(tmp_path, OP, task_range(0, 1, MAXP), MAXP) as b:
+        fill(b, [f"k{i}" for i in range(100)])
+        first = snap(b, storage, 1)
+        b.value_state("count", "k1").update(0)
+        second = snap(b, storage, 2)
+    assert second.info["files_reused"] == 0
+    assert not {f.path.split("/")[-1] for f in first.files} & {
+        f.path.split("/")[-1] for f in second.files
+    }
+
+
+def test_restore_downloads_only_missing_files(storage: Storage, tmp_path: Path) -> None:
+    r = task_range(0, 1, MAXP)
+    b = TaskStateBackend.open(tmp_path, OP, r, MAXP)
+    expected = fill(b, [f"k{i}" for i in range(2000)], "one")
+    first = snap(b, storage, 1)
+    b.commit_local(1)
+    expected |= fill(b, [f"k{i}" for i in range(100)], "two")
+    second = snap(b, storage, 2)
+    b.close()
+    src1, src2 = checkpoint(storage, 1, [first]), checkpoint(storage, 2, [second])
+
+    # A local dir seeded with checkpoint 1's files only.
+    seeded = tmp_path / "seeded"
+    for snap_dir in tmp_path.glob("*/kg-*/snap-1-*"):
+        dst = seeded / snap_dir.relative_to(tmp_path)
+        dst.mkdir(parents=True)
+        for p in snap_dir.iterdir():
+            (dst / p.name).write_bytes(p.read_bytes())
+    # Exactly this range at this checkpoint locally: nothing is downloaded.
+    counting = CountingStorage(storage)
+    with TaskStateBackend.open(seeded, OP, r, MAXP, [(counting, m, s) for _, m, s in src1]) as b3:
+        assert b3.restore_stats.files_local == len(first.files)
+        assert len(dict(b3.items())) == 2000
+    assert counting.downloads == []
+
+    # A newer checkpoint: only the files checkpoint 1 has not got are downloaded.
+    with TaskStateBackend.open(seeded, OP, r, MAXP, [(counting, m, s) for _, m, s in src2]) as b2:
+        assert dict(b2.items()) == expected
+    have = {(f.name, f.checksum) for f in first.files}
+    missing = [f for f in second.files if (f.name, f.checksum) not in have]
+    assert 0 < len(missing) < len(second.files)
+    assert sorted(counting.downloads) == sorted(
+        layout.resolve("chk-2/_metadata", f.path) for f in missing
+    )
+    # Restoring checkpoint 2 pruned the older local snapshot.
+    assert not list(seeded.glob("*/kg-*/snap-1-*"))
+
+
+def test_damaged_local_snapshot_is_ignored(storage: Storage, tmp_path: Path) -> None:
+    r = task_range(0, 1, MAXP)
+    with TaskStateBackend.open(tmp_path, OP, r, MAXP) as b:
+        expected = fill(b, [f"k{i}" for i in range(500)])
+        sources = checkpoint(storage, 1, [snap(b, storage, 1)])
+    (snap_dir,) = tmp_path.glob("*/kg-*/snap-1-*")
+    sst = next(snap_dir.glob("*.sst"))
+    data = sst.read_bytes()
+    sst.unlink()  # replace, don't modify: other dirs may hard-link the same inode
+    sst.write_bytes(data[: len(data) // 2])
+    counting = CountingStorage(storage)
+    with TaskStateBackend.open(
+        tmp_path, OP, r, MAXP, [(counting, m, s) for _, m, s in sources]
+    ) as b2:
+        assert dict(b2.items()) == expected
+    assert len(counting.downloads) == len(sources[0][2].files)
+
+    (snap_dir / LOCAL_MARKER).write_text("{half a marker")  # a crash mid-write
+    counting.downloads.clear()
+    with TaskStateBackend.open(
+        tmp_path, OP, r, MAXP, [(counting, m, s) for _, m, s in sources]
+    ) as b3:
+        assert dict(b3.items()) == expected
+    assert len(counting.downloads) == len(sources[0][2].files)
+
+
+def test_corrupt_stored_file_is_refused(storage: Storage, tmp_path: Path) -> None:
+    r = task_range(0, 1, MAXP)
+    with TaskStateBackend.open(tmp_path / "a", OP, r, MAXP) as b:
+        fill(b, ["a", "b"])
+        sources = checkpoint(storage, 1, [snap(b, storage, 1)])
+    sst = next(f for f in sources[0][2].files if (f.name or "").endswith(".sst"))
+    key = layout.resolve(sources[0][1], sst.path)
+    storage.write(key, b"x" * sst.size)
+    with pytest.raises(StateBackendError, match="checksum"):
+        TaskStateBackend.open(tmp_path / "b", OP, r, MAXP, sources)
+    assert not list((tmp_path / "b").glob("*/*/work-*"))  # failed open leaves no work dir
+
+
+@pytest.mark.parametrize("new_parallelism", [3, 1])
+def test_rescale(storage: Storage, tmp_path: Path, new_parallelism: int) -> None:
+    expected: dict[str, dict[str, Any]] = {}
+    states = []
+    for task in range(2):
+        with TaskStateBackend.open(tmp_path / f"w{task}", OP, task_range(task, 2, MAXP), MAXP) as b:
+            expected |= fill(b, keys_of(task, 2, 400), f"t{task}")
+            states.append(snap(b, storage, 1))
+    sources = checkpoint(storage, 1, states)
+
+    got: dict[str, dict[str, Any]] = {}
+    rescaled = []
+    for task in range(new_parallelism):
+        r = task_range(task, new_parallelism, MAXP)
+        with TaskStateBackend.open(tmp_path / f"n{task}", OP, r, MAXP, sources) as b:
+            assert b.restore_stats.rescaled
+            # No key of another task's range is left in this task's DB.
+            raw = b._require_kv().range(b"", None)
+            assert all(decode_key(k).key_group in r for k, _ in raw)
+            part = dict(b.items())
+            assert all(task_of_key(k, new_parallelism, MAXP) == task for k in part)
+            assert not set(part) & set(got)
+            got |= part  # type: ignore[arg-type]
+            rescaled.append(snap(b, storage, 2))
+    assert got == expected
+
+    # The rescaled state snapshots and restores like any other (back to 2 tasks).
+    again: dict[str, dict[str, Any]] = {}
+    sources2 = checkpoint(storage, 2, rescaled)
+    for task in range(2):
+        with TaskStateBackend.open(
+            tmp_path / f"z{task}", OP, task_range(task, 2, MAXP), MAXP, sources2
+        ) as b:
+            again |= dict(b.items())  # type: ignore[arg-type]
+    assert again == expected
+
+
+def test_restore_checks_sources(storage: Storage, tmp_path: Path) -> None:
+    with TaskStateBackend.open(tmp_path, OP, task_range(0, 2, MAXP), MAXP) as b:
+        fill(b, keys_of(0, 2, 20))
+        half = checkpoint(storage, 1, [snap(b, storage, 1)])
+    with pytest.raises(StateBackendError, match="no state for key groups"):
+        TaskStateBackend.open(tmp_path, OP, task_range(0, 1, MAXP), MAXP, half)
+    with pytest.raises(StateBackendError, match="max parallelism"):
+        TaskStateBackend.open(tmp_path, OP, KeyGroupRange(start=0, end=31), 32, half)
+
+
+def test_concurrent_opens_of_one_range(storage: Storage, tmp_path: Path) -> None:
+    r = task_range(1, 2, MAXP)
+    keys = keys_of(1, 2, 300)
+    with TaskStateBackend.open(tmp_path, OP, r, MAXP) as b:
+        expected = fill(b, keys)
+        sources = checkpoint(storage, 1, [snap(b, storage, 1)])
+
+    results: dict[int, Any] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2, timeout=60)  # a failing thread must not hang the other
+
+    def attempt(i: int) -> None:
+        try:
+            barrier.wait()
+            with TaskStateBackend.open(tmp_path, OP, r, MAXP, sources) as t:
+                barrier.wait()  # both are open at the same time
+                assert dict(t.items()) == expected
+                t.value_state("count", keys[0]).update(i)
+                results[i] = snap(t, storage, 2)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    paths = [{f.path for f in results[i].files if f.scope == "exclusive"} for i in range(2)]
+    assert not paths[0] & paths[1]  # each attempt wrote its own files
+    for i in range(2):
+        with TaskStateBackend.open(
+            tmp_path / f"check{i}", OP, r, MAXP, checkpoint(storage, 2, [results[i]])
+        ) as c:
+            assert c.value_state("count", keys[0]).get() == i
+
+
+def test_stored_state_is_json_never_pickle(storage: Storage, tmp_path: Path) -> None:
+    r = task_range(0, 1, MAXP)
+    with TaskStateBackend.open(tmp_path, OP, r, MAXP) as b:
+        fill(b, [f"k{i}" for i in range(50)], "x")
+        b.value_state("obj", "k1").update({"nested": [1, "a", None]})
+        kgs = snap(b, storage, 1)
+    # Download the checkpoint's DB files and read them with a plain raw-mode RocksDB.
+    db_dir = tmp_path / "raw"
+    db_dir.mkdir()
+    for f in kgs.files:
+        assert f.name is not None
+        storage.download(layout.resolve("chk-1/_metadata", f.path), db_dir / f.name)
+    db = Rdict(str(db_dir), Options(raw_mode=True), access_type=AccessType.read_only())
+    n = 0
+    try:
+        for raw_key, raw_value in db.items():
+            assert isinstance(raw_key, bytes) and isinstance(raw_value, bytes)
+            d = decode_key(raw_key)
+            assert d.key_group == key_group_of(d.key, MAXP)
+            json.loads(raw_value.decode("utf-8"))  # every value is plain JSON
+            assert not raw_value.startswith(b"\x80")  # no pickle protocol header
+            n += 1
+    finally:
+        db.close()
+    assert n == 50 * 4 + 1
+    src = Path(__file__).parents[1] / "src" / "statehold" / "backend"
+    uses_pickle = re.compile(r"\bimport\s+(c?pickle|dill|cloudpickle)\b|pickle\.(loads?|dumps?)")
+    for py in src.glob("*.py"):
+        assert not uses_pickle.search(py.read_text()), py
