@@ -23,6 +23,11 @@ def make_session() -> SparkSession:
     editable statehold install and the same pyarrow/rocksdict)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # Functions defined in test modules are pickled by reference: workers must import them.
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if here not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])
     from pyspark.sql import SparkSession
 
     return (

@@ -35,6 +35,18 @@ class SimulatedTask:
         self.rng = rng
         self.shared: list[tuple[str, StateFile]] = []  # (job key, handle as of creation)
 
+    def restore(self, coord: CheckpointCoordinator) -> SimulatedTask:
+        """Forget uploads of unfinished checkpoints: a restored task reuses only files of
+        the latest completed checkpoint (like the real state backend)."""
+        latest = coord.latest()
+        self.shared = []
+        if latest is not None:
+            metadata_key, meta = latest
+            for _op, kg, f in meta.state_files():
+                if kg.key_groups == self.key_groups and f.scope is Scope.SHARED:
+                    self.shared.append((layout.resolve(metadata_key, f.path), f))
+        return self
+
     def snapshot(self, epoch: int, checkpoint_id: int) -> KeyGroupState:
         metadata_key = layout.checkpoint_metadata_key(checkpoint_id)
         data = self.rng.randbytes(64)
@@ -124,7 +136,11 @@ def test_second_attempt_fences_the_first(storage: Storage) -> None:
     tasks = [SimulatedTask(storage, r, rng) for r in RANGES]
     for n in range(1, 5):
         run_checkpoint(first, tasks, n)
-    second = start(storage)
+    assert first.wait_reconciled(60)
+    second = CheckpointCoordinator.start(
+        storage, EmbeddedHAStore(storage), job_id="job-1", max_parallelism=MAX_PARALLELISM,
+        reconcile_in_background=False,  # so that any delete below could only be the first's
+    )
     before = listing(storage)
 
     first.begin(5)

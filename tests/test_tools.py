@@ -219,7 +219,8 @@ def test_du_attributes_every_referenced_byte_once(storage: Storage) -> None:
     assert "shared/e1-c1-orphan" in result.unreferenced_sample
     assert "chk-99/_metadata" in result.unreferenced_sample
     unreferenced = {k for k in sizes if k not in referenced
-                    and layout.parse(k).kind not in (layout.Kind.HA, layout.Kind.TASKOWNED)}
+                    and layout.parse(k).kind not in (layout.Kind.HA, layout.Kind.JOB,
+                                                     layout.Kind.SPARK, layout.Kind.TASKOWNED)}
     assert result.unreferenced_bytes == sum(sizes[k] for k in unreferenced)
     # a file referenced by exactly one holder is that holder's exclusive bytes
     c5 = next(c for c in result.by_checkpoint if c.checkpoint_id == 5)

@@ -134,7 +134,15 @@ def parse(key: str) -> PathInfo:
     parts = key.split("/")
     top, name = parts[0], parts[-1]
     if TEMP_MARKER in name:
-        return PathInfo(key, Kind.TEMP)
+        # ".<final name>.tmp-<unique>": the final name still tells epoch and checkpoint
+        final = _DATA_NAME.match(name.lstrip(".").split(TEMP_MARKER, 1)[0])
+        chk_dir = _CHK_DIR.match(top)
+        return PathInfo(
+            key,
+            Kind.TEMP,
+            int(final["epoch"]) if final else None,
+            int(final["ckpt"]) if final else int(chk_dir["ckpt"]) if chk_dir else None,
+        )
     if top in (SHARED_DIR, EXCLUSIVE_DIR, TASKOWNED_DIR):
         kind = Kind(top)
         m = _DATA_NAME.match(name) if len(parts) == 2 else None

@@ -73,7 +73,9 @@ def referenced_by_job(storage: Storage, ha: HAStore) -> set[str]:
     return keys
 
 
-def live_attempt_from_lease(storage: Storage, ha: HAStore) -> LiveAttempt | None:
+def live_attempt_from_lease(
+    storage: Storage, ha: HAStore, now: float | None = None
+) -> LiveAttempt | None:
     """For a reconcile run from outside the job: the current attempt, if its lease is
     fresh and the job has not ended."""
     state = ha.read()
@@ -81,7 +83,7 @@ def live_attempt_from_lease(storage: Storage, ha: HAStore) -> LiveAttempt | None
     if result is not None and result.state == "dirty":
         return None  # the job ended: nothing of it is in flight any more
     lease = read_lease(storage, state.epoch)
-    if lease is None or not lease.alive():
+    if lease is None or not lease.alive(now):
         return None
     latest = state.latest.checkpoint_id if state.latest else -1
     return LiveAttempt(state.epoch, latest)
@@ -135,9 +137,13 @@ def _is_live(
         return False  # a completed savepoint's own unreferenced leftover
     if live is None:
         return False
-    if parsed.kind in (Kind.TEMP, Kind.SAVEPOINT_OTHER):
+    if parsed.kind is Kind.TEMP and parsed.epoch is not None:
+        pass  # an interrupted write of a data file: judged by its epoch like the file
+    elif parsed.kind is Kind.TEMP and parsed.checkpoint_id is None or (
+        parsed.kind is Kind.SAVEPOINT_OTHER
+    ):
         return now - info.mtime < temp_grace
-    if parsed.kind in (Kind.CHECKPOINT_METADATA, Kind.CHECKPOINT_OTHER):
+    if parsed.kind in (Kind.CHECKPOINT_METADATA, Kind.CHECKPOINT_OTHER) or parsed.epoch is None:
         # chk-N/ names no epoch: any folder after the newest retained may be in flight
         return parsed.checkpoint_id is not None and parsed.checkpoint_id > live.after_checkpoint
     return (

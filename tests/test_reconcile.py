@@ -1,0 +1,181 @@
+"""Reconcile after failover, offline gc, and job-end cleanup — proven by listing storage."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from test_coordinator import RANGES, SimulatedTask, listing, referenced_by_retained, run_checkpoint
+
+from statehold import layout
+from statehold.coordinator import CheckpointCoordinator
+from statehold.ha.embedded import EmbeddedHAStore
+from statehold.jobresult import (
+    JobOutcome,
+    RetentionPolicy,
+    read_result,
+    write_result,
+)
+from statehold.layout import Kind
+from statehold.lease import Lease, lease_key
+from statehold.reconcile import live_attempt_from_lease, plan, referenced_by_job
+from statehold.storage import Storage
+
+
+def start(storage: Storage, **kwargs: object) -> CheckpointCoordinator:
+    return CheckpointCoordinator.start(
+        storage, EmbeddedHAStore(storage), job_id="job-1", max_parallelism=8, retain=2,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def leave_in_flight_mess(storage: Storage, coord: CheckpointCoordinator,
+                         tasks: list[SimulatedTask], n: int) -> set[str]:
+    """What a driver crash in the middle of checkpoint `n` leaves behind: uploads,
+    a written-but-unpublished `_metadata`, an interrupted atomic write."""
+    before = listing(storage)
+    coord.begin(n)
+    for task in tasks:
+        coord.acknowledge(n, "agg", task.snapshot(coord.epoch, n))
+    storage.write(layout.checkpoint_metadata_key(n), b"{}")
+    storage.write(f"shared/.e{coord.epoch}-c{n}-x.tmp-0123", b"partial")
+    return listing(storage) - before
+
+
+def ours(files: set[str]) -> set[str]:
+    return {k for k in files if layout.parse(k).kind not in (Kind.HA, Kind.JOB)}
+
+
+def test_new_attempt_reconciles_what_a_crashed_one_left(storage: Storage) -> None:
+    rng = random.Random(1)
+    crashed = start(storage)
+    tasks = [SimulatedTask(storage, r, rng) for r in RANGES]
+    for n in range(1, 5):
+        run_checkpoint(crashed, tasks, n)
+    mess = leave_in_flight_mess(storage, crashed, tasks, 5)
+    assert mess
+    storage.write("notes.txt", b"a file statehold did not make")
+    crashed.cleaner.close()  # the crashed driver does nothing more, maybe not even its discards
+    left_behind = ours(listing(storage)) - referenced_by_retained(storage, crashed)
+
+    second = start(storage)
+    assert second.wait_reconciled(60)
+    assert second.last_reconcile is not None
+    assert mess <= left_behind
+    # chk-5/ names no epoch and the new attempt is about to write its own checkpoint 5:
+    # it stays until that checkpoint replaces it (or a later reconcile finds it stale)
+    unpublished = layout.checkpoint_metadata_key(5)
+    assert {f.key for f in second.last_reconcile.orphans} == left_behind - {
+        "notes.txt", unpublished
+    }
+    assert second.last_reconcile.protected == [unpublished]
+    assert second.last_reconcile.foreign == ["notes.txt"]
+    tasks = [task.restore(second) for task in tasks]
+    for n in (5, 6):
+        run_checkpoint(second, tasks, n)
+    second.close()
+    assert ours(listing(storage)) == referenced_by_retained(storage, second) | {"notes.txt"}
+
+
+def test_reconcile_spares_the_live_attempts_in_flight_files(storage: Storage) -> None:
+    rng = random.Random(2)
+    coord = start(storage)
+    tasks = [SimulatedTask(storage, r, rng) for r in RANGES]
+    for n in range(1, 4):
+        run_checkpoint(coord, tasks, n)
+    coord.wait_reconciled(60)
+    in_flight = leave_in_flight_mess(storage, coord, tasks, 4)
+
+    # an offline `gc` while the job runs: the lease says the attempt is alive
+    live = live_attempt_from_lease(storage, coord.ha)
+    assert live is not None and live.epoch == coord.epoch
+    gc_plan = plan(storage, coord.ha, live)
+    assert in_flight <= set(gc_plan.protected)
+    assert not gc_plan.orphans
+    # and the checkpoint completes afterwards with every file present
+    coord.complete(4)
+    assert referenced_by_retained(storage, coord) <= listing(storage)
+    coord.close()
+
+
+def test_gc_of_a_crashed_job_deletes_its_in_flight_files(storage: Storage) -> None:
+    rng = random.Random(3)
+    coord = start(storage, lease_ttl=60.0)
+    tasks = [SimulatedTask(storage, r, rng) for r in RANGES]
+    for n in range(1, 3):
+        run_checkpoint(coord, tasks, n)
+    coord.wait_reconciled(60)
+    mess = leave_in_flight_mess(storage, coord, tasks, 3)
+    coord.cleaner.close()
+    assert coord.lease is not None
+    coord.lease.stop(release=False)  # the driver died: nobody renews its lease
+    assert live_attempt_from_lease(storage, coord.ha) is not None
+    an_hour_later = time.time() + 3600
+    assert live_attempt_from_lease(storage, coord.ha, now=an_hour_later) is None
+    gc_plan = plan(storage, coord.ha, None)
+    assert {f.key for f in gc_plan.orphans} == mess
+    # never anything a retained checkpoint references
+    assert not {f.key for f in gc_plan.orphans} & referenced_by_job(storage, coord.ha)
+
+
+def test_lease_is_per_epoch_and_released(storage: Storage) -> None:
+    lease = Lease(storage, 7, ttl=60).start()
+    assert lease.is_fresh()
+    assert storage.exists(lease_key(7))
+    newer = Lease(storage, 8, ttl=60).start()  # a new attempt removes older leases
+    assert not storage.exists(lease_key(7))
+    lease.stop(release=False)
+    newer.stop()
+    assert not storage.exists(lease_key(8))
+
+
+def test_job_end_keep_latest_leaves_exactly_the_newest_checkpoint(storage: Storage) -> None:
+    rng = random.Random(4)
+    coord = start(storage)
+    tasks = [SimulatedTask(storage, r, rng) for r in RANGES]
+    for n in range(1, 6):
+        run_checkpoint(coord, tasks, n)
+    leave_in_flight_mess(storage, coord, tasks, 6)
+    assert coord.end(JobOutcome.FINISHED, RetentionPolicy.KEEP_LATEST)
+    coord.close()
+    result = read_result(storage)
+    assert result is not None and result.state == "clean"
+    assert [p.checkpoint_id for p in coord.ha.read().retained] == [5]
+    assert ours(listing(storage)) == referenced_by_retained(storage, coord)
+    assert {k for k in listing(storage) if layout.parse(k).kind is Kind.JOB} == {
+        "_job/result.json"
+    }
+
+
+def test_job_end_delete_all_leaves_only_the_fence_and_the_entry(storage: Storage) -> None:
+    rng = random.Random(5)
+    coord = start(storage)
+    tasks = [SimulatedTask(storage, r, rng) for r in RANGES]
+    for n in range(1, 4):
+        run_checkpoint(coord, tasks, n)
+    storage.write("_spark/offsets/0", b"spark's own")
+    assert coord.end(JobOutcome.CANCELLED, RetentionPolicy.DELETE_ALL)
+    coord.close()
+    left = listing(storage)
+    assert {k for k in left if layout.parse(k).kind is not Kind.HA} == {"_job/result.json"}
+    assert coord.ha.read().retained == ()
+
+
+def test_a_dirty_entry_is_finished_by_the_next_driver(storage: Storage) -> None:
+    rng = random.Random(6)
+    coord = start(storage)
+    tasks = [SimulatedTask(storage, r, rng) for r in RANGES]
+    for n in range(1, 5):
+        run_checkpoint(coord, tasks, n)
+    coord.wait_reconciled(60)
+    # the driver wrote the dirty entry and died before cleaning anything
+    write_result(storage, job_id="job-1", epoch=coord.epoch, outcome=JobOutcome.FAILED,
+                 policy=RetentionPolicy.KEEP_LATEST, state="dirty")
+    coord.cleaner.close()
+
+    again = start(storage)
+    assert [m.checkpoint_id for _, m in again.retained()] == [4]
+    assert again.wait_reconciled(60)
+    assert ours(listing(storage)) == referenced_by_retained(storage, again)
+    assert read_result(storage) is None  # it runs again now
+    again.close()
