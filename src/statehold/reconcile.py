@@ -17,14 +17,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel
+
 from statehold import layout
-from statehold.cleaner import Cleaner, Discard
+from statehold.cleaner import AsyncCleaner, Cleaner, Discard
 from statehold.ha.base import HAStore
 from statehold.jobresult import read_result
 from statehold.layout import Kind
 from statehold.lease import read_lease
 from statehold.metadata import read_metadata, referenced_keys
-from statehold.storage.base import FileInfo, Storage
+from statehold.storage.base import FileInfo, Storage, StorageError
 
 #: Temp files younger than this may be an atomic write still under way.
 TEMP_GRACE_SECONDS = 3600.0
@@ -166,3 +168,45 @@ def reconcile(
     if not dry_run:
         cleaner.discard(result.discard())
     return result
+
+
+class GcReport(BaseModel):
+    """What `statehold gc` found and did."""
+
+    job_uri: str
+    dry_run: bool
+    live_epoch: int | None
+    scanned: int
+    referenced: int
+    orphans: list[str]
+    orphan_bytes: int
+    protected: list[str]
+    foreign: list[str]
+    deleted: int
+
+
+def gc(job: Storage, ha: HAStore, *, dry_run: bool = False, timeout: float = 600.0) -> GcReport:
+    """Reconcile a job directory from outside the job; safe while the job runs (the
+    running attempt's in-flight files are protected while its lease is fresh)."""
+    live = live_attempt_from_lease(job, ha)
+    cleaner = AsyncCleaner(job, max_attempts=20, initial_delay=0.05, max_delay=5.0)
+    try:
+        result = reconcile(job, ha, cleaner, live, dry_run=dry_run)
+        cleaner.wait_idle(timeout)
+        failed = cleaner.status().retrying_count + cleaner.status().gave_up
+    finally:
+        cleaner.close()
+    if failed:
+        raise StorageError(f"{job.uri}: {failed} orphan(s) could not be deleted; run gc again")
+    return GcReport(
+        job_uri=job.uri,
+        dry_run=dry_run,
+        live_epoch=live.epoch if live else None,
+        scanned=result.scanned,
+        referenced=result.referenced,
+        orphans=sorted(f.key for f in result.orphans),
+        orphan_bytes=result.orphan_bytes,
+        protected=sorted(result.protected),
+        foreign=sorted(result.foreign),
+        deleted=0 if dry_run else len(result.orphans),
+    )

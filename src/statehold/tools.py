@@ -377,6 +377,11 @@ def _require_job_dir(job: Storage, files: list[FileInfo]) -> None:
     )
 
 
+def require_job_dir(job: Storage) -> None:
+    """Refuse (NotAJobDirectoryError) a location that is not a statehold job directory."""
+    _require_job_dir(job, _listing(job))
+
+
 def _safe(key: str) -> bool:
     try:
         layout.parse(key)
@@ -1118,6 +1123,7 @@ __all__ = [
     "Inspection",
     "JobListing",
     "NotAJobDirectoryError",
+    "require_job_dir",
     "Problem",
     "Progress",
     "Target",

@@ -1,0 +1,68 @@
+"""`statehold gc`: dry run, real run, a running job's in-flight files, bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from test_coordinator import RANGES, SimulatedTask, listing, referenced_by_retained, run_checkpoint
+from test_reconcile import leave_in_flight_mess, ours, start
+from typer.testing import CliRunner
+
+from statehold.cli import app
+from statehold.storage import LocalStorage
+
+runner = CliRunner()
+
+
+def test_gc_dry_run_then_gc_of_a_crashed_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    storage = LocalStorage(tmp_path / "job")
+    coord = start(storage, lease_ttl=60.0)
+    tasks = [SimulatedTask(storage, r, random.Random(9)) for r in RANGES]
+    for n in range(1, 4):
+        run_checkpoint(coord, tasks, n)
+    coord.wait_reconciled(60)
+    leave_in_flight_mess(storage, coord, tasks, 4)
+    coord.cleaner.close()
+    assert coord.lease is not None
+    coord.lease.stop(release=True)  # a driver that stopped (no fresh lease)
+    before = listing(storage)
+
+    dry = runner.invoke(app, ["gc", str(storage.root), "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    report = json.loads(dry.stdout)
+    assert report["dry_run"] is True and report["live_epoch"] is None
+    assert listing(storage) == before  # a dry run deletes nothing
+    expected = ours(before) - referenced_by_retained(storage, coord)
+    assert set(report["orphans"]) == expected
+
+    real = runner.invoke(app, ["gc", str(storage.root)])
+    assert real.exit_code == 0, real.output
+    assert f"deleted {len(expected)} orphan(s)" in real.stdout
+    assert ours(listing(storage)) == referenced_by_retained(storage, coord)
+
+
+def test_gc_while_the_job_runs_spares_its_in_flight_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    storage = LocalStorage(tmp_path / "job")
+    coord = start(storage)
+    tasks = [SimulatedTask(storage, r, random.Random(10)) for r in RANGES]
+    for n in range(1, 3):
+        run_checkpoint(coord, tasks, n)
+    coord.wait_reconciled(60)
+    in_flight = leave_in_flight_mess(storage, coord, tasks, 3)
+    result = runner.invoke(app, ["gc", str(storage.root), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["live_epoch"] == coord.epoch
+    assert in_flight <= set(report["protected"])
+    assert in_flight <= listing(storage)
+    coord.close()
+
+
+def test_gc_refuses_what_is_not_a_job_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "precious.txt").write_text("keep me")
+    result = runner.invoke(app, ["gc", str(tmp_path / "data"), "--json"])
+    assert result.exit_code == 1
+    assert "not a statehold job directory" in result.stderr
+    assert (tmp_path / "data" / "precious.txt").read_text() == "keep me"
