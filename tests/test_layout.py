@@ -86,8 +86,11 @@ def test_negative_ids_refused() -> None:
         ("_job/result", Kind.JOB, None, None, None),
         ("_spark/offsets/0", Kind.SPARK, None, None, None),
         ("_ha", Kind.UNKNOWN, None, None, None),
-        ("shared/.e1-c2-u.tmp-0123abcd", Kind.TEMP, None, None, None),
-        ("chk-3/._metadata.tmp-ff", Kind.TEMP, None, None, None),
+        # an interrupted atomic write still tells what it was writing
+        ("shared/.e1-c2-u.tmp-0123abcd", Kind.TEMP, 1, 2, None),
+        ("chk-3/._metadata.tmp-ff", Kind.TEMP, None, 3, None),
+        ("exclusive/.junk.tmp-ff", Kind.TEMP, None, None, None),
+        ("_ha/.00000000000000000001.json.tmp-ff", Kind.HA, None, None, None),
         ("random-file", Kind.UNKNOWN, None, None, None),
     ],
 )

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import spark_session
 from pyspark.sql import DataFrame, SparkSession
-from spark_session import spark  # noqa: F401  (the shared session fixture)
 
 from statehold import layout
 from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
@@ -21,6 +21,7 @@ from statehold.spark import BatchResult, KeyedState, MalformedInputError, Statef
 from statehold.storage import Storage, open_storage
 
 pytestmark = pytest.mark.spark
+spark = spark_session.spark  # the shared session fixture
 
 MAXP = 16
 OUT = "key string, count long, sum long, last array<long>"

@@ -66,6 +66,10 @@ class ZooKeeperServer:
                     f"clientPortAddress={self.host}",
                     "admin.enableServer=false",
                     "4lw.commands.whitelist=ruok,srvr",
+                    # Test data: skip fsync and the 64 MB log preallocation (slow on busy
+                    # disks). A stopped process's writes still survive in the page cache.
+                    "forceSync=no",
+                    "preAllocSize=1024",
                     "",
                 ]
             )
@@ -113,6 +117,22 @@ class ZooKeeperServer:
                     f"ZooKeeper did not answer ruok within {START_TIMEOUT}s:\n{self._log_tail()}"
                 )
             time.sleep(0.1)
+        self._wait_for_session(deadline)
+
+    def _wait_for_session(self, deadline: float) -> None:
+        """`ruok` only says the process is up; a real session proves it serves clients."""
+        from kazoo.client import KazooClient
+
+        client = KazooClient(hosts=self.hosts)
+        try:
+            client.start(timeout=max(1.0, deadline - time.monotonic()))
+            client.get("/")
+        except Exception as exc:
+            self.stop()
+            pytest.fail(f"ZooKeeper answers ruok but no session started: {exc}\n{self._log_tail()}")
+        finally:
+            client.stop()
+            client.close()
 
     def stop(self) -> None:
         """Stop the server process (data stays on disk for `start()`)."""

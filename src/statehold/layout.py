@@ -133,6 +133,9 @@ def parse(key: str) -> PathInfo:
     check_key(key)
     parts = key.split("/")
     top, name = parts[0], parts[-1]
+    special = {HA_DIR: Kind.HA, JOB_DIR: Kind.JOB, SPARK_DIR: Kind.SPARK}
+    if top in special and len(parts) >= 2:
+        return PathInfo(key, special[top])  # their owners manage their own temp files
     if TEMP_MARKER in name:
         # ".<final name>.tmp-<unique>": the final name still tells epoch and checkpoint
         final = _DATA_NAME.match(name.lstrip(".").split(TEMP_MARKER, 1)[0])
@@ -163,9 +166,6 @@ def parse(key: str) -> PathInfo:
             Kind.SAVEPOINT_OTHER
         )
         return PathInfo(key, kind, savepoint=sp)
-    special = {HA_DIR: Kind.HA, JOB_DIR: Kind.JOB, SPARK_DIR: Kind.SPARK}
-    if top in special and len(parts) >= 2:
-        return PathInfo(key, special[top])
     return PathInfo(key, Kind.UNKNOWN)
 
 

@@ -40,7 +40,7 @@ from statehold.spark.task import (
     StateSpec,
     StateStage,
 )
-from statehold.storage import LocalStorage, Storage, open_storage
+from statehold.storage import LocalStorage, Storage, check_key, open_storage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -104,7 +104,7 @@ class StatefulJob:
         self.local_dir = local_dir
         self.storage_options = dict(storage_options or {})
         self.backend_options = dict(backend_options or {})
-        layout.check_key(job_id)
+        check_key(job_id)
         if "/" in job_id:
             raise ValueError(f"job id must be one path segment: {job_id!r}")
         root = open_storage(checkpoints, **self.storage_options)
@@ -172,8 +172,8 @@ class StatefulJob:
         to write. `order_by` orders the rows of a key within the batch (else Spark's
         shuffle order, which is not deterministic across runs)."""
         if batch_id is None:
-            latest = self.latest_checkpoint_id()
-            batch_id = 0 if latest is None else latest + 1
+            latest_id = self.latest_checkpoint_id()
+            batch_id = 0 if latest_id is None else latest_id + 1
         started = time.time()
         coord = self.coordinator
         latest = coord.latest()
@@ -192,9 +192,8 @@ class StatefulJob:
         coord.begin(batch_id)
         try:
             staged = self._stage(df, spec, output_schema)
-            acks = [
-                row[0] for row in staged.where(staged[ACK_COL].isNotNull()).select(ACK_COL).collect()
-            ]
+            ack_rows = staged.where(staged[ACK_COL].isNotNull()).select(ACK_COL).collect()
+            acks = [row[0] for row in ack_rows]
             handles = self._check_acks(acks)
             for state in handles:
                 coord.acknowledge(batch_id, self.operator, state)
