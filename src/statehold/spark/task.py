@@ -211,7 +211,7 @@ class StateStage:
 
         storage = open_storage(spec.storage_uri, **dict(spec.storage_options))
         restore = []
-        if spec.restore_key is not None and False:
+        if spec.restore_key is not None:
             for text in spec.restore_ranges:
                 kgs = KeyGroupState.model_validate_json(text)
                 if kgs.key_groups.overlaps(key_groups):
