@@ -108,6 +108,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--restore-from", default=None, help="(not supported yet)")
     p.add_argument("--mode", choices=["resume", "no-claim", "claim"], default="resume")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument(
+        "--ha",
+        default="embedded",
+        help="HA store: embedded (default) or zookeeper://host:port[,host:port]/path",
+    )
     return p.parse_args(argv)
 
 
@@ -133,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         max_parallelism=args.max_parallelism,
         parallelism=args.parallelism,
         retain=args.retain,
+        ha=args.ha,
     )
     sink = replace_output(str(args.output.absolute()), "json")
 

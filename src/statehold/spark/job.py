@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,30 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 log = logging.getLogger("statehold.spark")
+
+#: Test hook: ``"<phase>:<batch id>"`` makes `pause_point` stop there until killed, so
+#: tests/test_spark_crash.py can kill -9 the driver at a known point of a batch.
+PAUSE_ENV = "STATEHOLD_TEST_PAUSE_AT"
+#: With the hook: a file `pause_point` creates when it stops (the test waits for it).
+PAUSE_MARK_ENV = "STATEHOLD_TEST_PAUSE_MARK"
+
+
+def pause_point(phase: str, batch_id: int, limit: float = 600.0) -> None:
+    """A no-op unless ``STATEHOLD_TEST_PAUSE_AT`` names this phase and batch: then say so
+    (stdout, and the ``STATEHOLD_TEST_PAUSE_MARK`` file) and sleep, to be killed. Phases
+    here: ``after-tasks`` (state uploaded, not yet in the sink), ``after-sink`` (output
+    written, checkpoint not completed), ``after-complete`` (checkpoint completed)."""
+    if os.environ.get(PAUSE_ENV) != f"{phase}:{batch_id}":
+        return
+    print(f"statehold: paused at {phase}:{batch_id} (pid {os.getpid()})", flush=True)
+    mark = os.environ.get(PAUSE_MARK_ENV)
+    if mark:
+        with open(mark, "a") as f:
+            f.write(f"{phase}:{batch_id} {os.getpid()}\n")
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+    raise RuntimeError(f"{PAUSE_ENV}: nobody killed the process paused at {phase}:{batch_id}")
 
 
 @dataclass(frozen=True)
@@ -87,7 +112,7 @@ class StatefulJob:
         storage_options: Mapping[str, Any] | None = None,
         operator: str = "state",
         local_dir: str | None = None,
-        ha: HAStore | None = None,
+        ha: HAStore | str | None = None,
         backend_options: Mapping[str, Any] | None = None,
     ) -> None:
         check_max_parallelism(max_parallelism)
@@ -134,9 +159,14 @@ class StatefulJob:
     def coordinator(self) -> CheckpointCoordinator:
         """The attempt's coordinator, started on first use (claims a new epoch)."""
         if self._coordinator is None:
-            from statehold.ha.embedded import EmbeddedHAStore
+            from statehold.ha.open import open_ha_store
 
-            ha = self._ha or EmbeddedHAStore(self.storage)
+            # `ha`: a store, or a URI ("embedded" default, "zookeeper://host:port/path").
+            ha = (
+                self._ha
+                if isinstance(self._ha, HAStore)
+                else open_ha_store(self._ha, self.storage, self.job_id)
+            )
             self._coordinator = CheckpointCoordinator.start(
                 self.storage,
                 ha,
@@ -197,14 +227,17 @@ class StatefulJob:
             handles = self._check_acks(acks)
             for state in handles:
                 coord.acknowledge(batch_id, self.operator, state)
+            pause_point("after-tasks", batch_id)
             output = staged.where(staged[ACK_COL].isNull()).drop(ACK_COL)
             if sink is not None:
                 sink(output, batch_id)
+                pause_point("after-sink", batch_id)
             position = {"spark_batch_id": batch_id, **dict(source_position or {})}
             coord.complete(batch_id, position)
         except BaseException as e:
             coord.abort(batch_id, f"{type(e).__name__}: {e}"[:500])
             raise
+        pause_point("after-complete", batch_id)
         return BatchResult(
             checkpoint_id=batch_id,
             skipped=False,
