@@ -3,47 +3,66 @@
     python -m statehold.examples.running_totals            # demo data under ./statehold-demo/
 
 Reads JSON-lines files (``*.jsonl``; fields ``key``: string, ``value``: integer) from
-``--input`` with Structured Streaming, ``--files-per-batch`` files per micro-batch (in
-file-name order when the files were written in that order: Spark's file source takes them
-oldest first), keeps per key the count, the sum and the last 8 values in RocksDB state,
-and writes for each batch the (key, count, sum) of the keys it touched to
-``<output>/batch-<N>/`` (a replayed batch replaces its own output). Each batch ends in
-checkpoint N in ``<checkpoints>/<job-id>/``, which also holds Spark's own streaming
-checkpoint (``_spark/``), so the job directory alone is a complete restore point. It
-processes all available input and exits (``--keep-running`` keeps polling); a later run
-resumes from the newest checkpoint and picks up files added since.
+``--input`` in file-name order, ``--files-per-batch`` files per micro-batch, keeps per key
+the count, the sum and the last 8 values in RocksDB state, and writes for each batch the
+(key, count, sum) of the keys it touched to ``<output>/batch-<N>/`` (a replayed batch
+replaces its own output). Each batch ends in checkpoint N in ``<checkpoints>/<job-id>/``
+(a local directory or ``s3://bucket/prefix``; S3 settings from the usual ``AWS_*``
+environment variables).
 
-Malformed rows (a missing or null key, a value that is not an integer, a line that is not
-JSON): the batch fails with an error naming the file and the row, before any state is
-touched; nothing is checkpointed. Fix the file in place and run again.
+Where the input stands is part of each checkpoint: its ``source_position`` names the
+files of the batch and the last file read. A run resumes after the last file of the
+newest retained checkpoint, with batch id = that checkpoint's id + 1, so the job
+directory alone is a complete restore point on any storage (this example does not use
+Spark's streaming checkpoint, which on S3 would need the hadoop-aws connector and whose
+file source orders files by modification time, not by name). Files added later with
+names after the last file read are picked up by a later run (or, with
+``--keep-running``, by the next poll); a file added with an earlier name is never read.
+
+Malformed rows (a line that is not a JSON object, a missing or null key, a key that is
+not a string, a value that is not an integer): the batch fails with an error naming the
+file and the line, before any state is touched; nothing is checkpointed. Fix the file in
+place and run again. Blank lines are skipped. Each file is read whole into one task's
+memory (Spark's ``wholetext``), which gives exact line numbers and input order.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
 
-    from statehold.spark import BatchResult, KeyedState
+    from statehold.spark import BatchResult, KeyedState, StatefulJob
 
 LAST_N = 8
 OUTPUT_SCHEMA = "key string, count long, sum long"
-INPUT_SCHEMA = "key string, value long, _corrupt string"
+PARSED_SCHEMA = "key string, value long, _file string, _line long, _error string"
 DEFAULT_DIR = Path("statehold-demo")
+INT64 = (-(2**63), 2**63 - 1)
 
 
 class MalformedRowError(ValueError):
     """An input row the running totals cannot use."""
 
 
-def update_totals(key: str, rows: list[dict[str, Any]], state: KeyedState) -> list[tuple[Any, ...]]:
-    """The stateful step for one key: rows of this batch in input order."""
+def update_totals(
+    key: str, rows: list[dict[str, Any]], state: KeyedState, batch_id: int = -1
+) -> list[tuple[Any, ...]]:
+    """The stateful step for one key: rows of this batch in input order (file, line)."""
+    from statehold.spark.job import pause_point
+
+    pause_point("in-task", batch_id)  # a test hook; a no-op unless asked for
     count, total, last = state.value("count"), state.value("sum"), state.list("last")
     values = [int(r["value"]) for r in rows]
     n = (count.get() or 0) + len(values)
@@ -66,29 +85,126 @@ def generate_demo(input_dir: Path, files: int = 4, rows: int = 250, keys: int = 
         (input_dir / f"part-{i:05d}.jsonl").write_text("\n".join(lines) + "\n")
 
 
-def check_rows(batch: DataFrame) -> None:
-    """Fail the batch, naming the file and row, on any row we would have to guess about."""
+# -- the source: files in name order, position kept in statehold's checkpoints -----------
+def list_inputs(input_dir: Path) -> list[str]:
+    """The input files' names, in name order."""
+    return sorted(p.name for p in input_dir.glob("*.jsonl") if p.is_file())
+
+
+def next_batches(names: list[str], last_file: str | None, per_batch: int) -> list[list[str]]:
+    """The files after `last_file`, in batches of `per_batch` (the last may be smaller)."""
+    todo = [n for n in names if last_file is None or n > last_file]
+    return [todo[i : i + per_batch] for i in range(0, len(todo), per_batch)]
+
+
+def resume_point(job: StatefulJob) -> tuple[int, str | None]:
+    """(next batch id, last file read) from the newest retained checkpoint."""
+    latest = job.coordinator.latest()
+    if latest is None:
+        return 0, None
+    key, meta = latest
+    last_file = meta.source_position.get("last_file")
+    if not isinstance(last_file, str):
+        raise SystemExit(
+            f"error: {job.job_dir}/{key} has no 'last_file' in its source position: it was "
+            "not written by this example (or by an older version that kept Spark's offsets)"
+        )
+    return meta.checkpoint_id + 1, last_file
+
+
+def parse_line(line: str) -> tuple[str, int]:
+    """One input line as (key, value), or ValueError saying what is wrong with it."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e.msg})") from None
+    if not isinstance(row, dict):
+        raise ValueError("not a JSON object")
+    key, value = row.get("key"), row.get("value")
+    if not isinstance(key, str):
+        raise ValueError("'key' must be a non-null string")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("'value' must be an integer")
+    if not INT64[0] <= value <= INT64[1]:
+        raise ValueError("'value' does not fit in 64 bits")
+    return key, value
+
+
+def parse_files(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Spark stage (mapInArrow) over whole files (columns ``value``, ``_path``): one row
+    per non-blank line, or an ``_error`` row naming the line."""
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [
+            ("key", pa.string()),
+            ("value", pa.int64()),
+            ("_file", pa.string()),
+            ("_line", pa.int64()),
+            ("_error", pa.string()),
+        ]
+    )
+    for batch in batches:
+        out: dict[str, list[Any]] = {name: [] for name in schema.names}
+        for text, path in zip(
+            batch.column("value").to_pylist(), batch.column("_path").to_pylist(), strict=True
+        ):
+            name = unquote(str(path).rsplit("/", 1)[-1])
+            for number, line in enumerate((text or "").splitlines(), 1):
+                if not line.strip():
+                    continue
+                key: str | None
+                value: int | None
+                error: str | None = None
+                try:
+                    key, value = parse_line(line)
+                except ValueError as e:
+                    key, value, error = None, None, f"{e}: {line.strip()[:300]!r}"
+                for col, v in zip(schema.names, (key, value, name, number, error), strict=True):
+                    out[col].append(v)
+        yield pa.RecordBatch.from_pydict(out, schema=schema)
+
+
+def read_files(spark: SparkSession, input_dir: Path, names: list[str]) -> DataFrame:
+    """The rows of `names` (key, value, _file, _line, _error), read by Spark."""
     from pyspark.sql import functions as F
 
-    bad = batch.where(
-        F.col("_corrupt").isNotNull() | F.col("key").isNull() | F.col("value").isNull()
-    ).limit(1).collect()
+    whole = spark.read.option("wholetext", True).text([str(input_dir / n) for n in names])
+    return whole.withColumn("_path", F.input_file_name()).mapInArrow(parse_files, PARSED_SCHEMA)
+
+
+def check_rows(rows: DataFrame) -> None:
+    """Fail the batch, naming the file and line, on any row we would have to guess about."""
+    from pyspark.sql import functions as F
+
+    bad = rows.where(F.col("_error").isNotNull()).orderBy("_file", "_line").limit(1).collect()
     if bad:
         row = bad[0]
-        raw = row["_corrupt"] or json.dumps({"key": row["key"], "value": row["value"]})
         raise MalformedRowError(
-            f"malformed input row in {row['_file']}: {raw.strip()[:300]!r} (needs a non-null "
-            "string 'key' and an integer 'value'); nothing was checkpointed: fix the file "
-            "and run again"
+            f"malformed input row in {row['_file']} line {row['_line']}: {row['_error']} "
+            "(needs a non-null string 'key' and an integer 'value'); nothing was "
+            "checkpointed: fix the file and run again"
         )
 
 
+# -- running ---------------------------------------------------------------------------
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+def describe(result: BatchResult, files: list[str]) -> str:
+    """The per-batch line: checkpoint id, bytes uploaded, duration, where it is."""
+    return (
+        f"batch {result.checkpoint_id}: checkpoint {result.checkpoint_id}, "
+        f"{len(files)} file(s) {files[0]}..{files[-1]}, {result.rows_in} rows, "
+        f"{result.keys} keys, uploaded {_human(result.bytes_uploaded)} in "
+        f"{result.files_uploaded} files (state {_human(result.state_size)}), "
+        f"{result.duration:.2f} s, {result.checkpoint_uri}"
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -98,22 +214,67 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--input", type=Path, default=DEFAULT_DIR / "input")
     p.add_argument("--output", type=Path, default=DEFAULT_DIR / "output")
-    p.add_argument("--checkpoints", default=str(DEFAULT_DIR / "checkpoints"))
+    p.add_argument(
+        "--checkpoints",
+        default=str(DEFAULT_DIR / "checkpoints"),
+        help="checkpoint root: a directory or s3://bucket/prefix (S3 settings from AWS_*)",
+    )
     p.add_argument("--job-id", default="running-totals")
     p.add_argument("--retain", type=int, default=3)
     p.add_argument("--max-parallelism", type=int, default=128)
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--files-per-batch", type=int, default=1)
     p.add_argument("--keep-running", action="store_true", help="keep polling for new files")
+    p.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
     p.add_argument("--restore-from", default=None, help="(not supported yet)")
     p.add_argument("--mode", choices=["resume", "no-claim", "claim"], default="resume")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
-    p.add_argument(
-        "--ha",
-        default="embedded",
-        help="HA store: embedded (default) or zookeeper://host:port[,host:port]/path",
-    )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.files_per_batch < 1:
+        p.error("--files-per-batch must be at least 1")
+    return args
+
+
+def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
+    """Process batches until no input is left (or, with --keep-running, until ^C)."""
+    from statehold.spark import replace_output
+    from statehold.spark.job import pause_point
+
+    input_dir: Path = args.input.absolute()
+    sink = replace_output(str(args.output.absolute()), "json")
+    batch_id, last_file = resume_point(job)
+    print(f"checkpoints: {job.job_dir}  (resuming at batch {batch_id}, after "
+          f"{last_file or 'no file yet'})", flush=True)
+    while True:
+        batches = next_batches(list_inputs(input_dir), last_file, args.files_per_batch)
+        if not batches:
+            if not args.keep_running:
+                break
+            time.sleep(args.poll_seconds)
+            continue
+        files = batches[0]
+        rows = read_files(spark, input_dir, files).persist()
+        try:
+            check_rows(rows)
+            result = job.run_batch(
+                rows.drop("_error"),
+                functools.partial(update_totals, batch_id=batch_id),
+                OUTPUT_SCHEMA,
+                key="key",
+                batch_id=batch_id,
+                order_by=["_file", "_line"],
+                sink=lambda df, n: sink(df.coalesce(1), n),
+                source_position={"input": str(input_dir), "files": files, "last_file": files[-1]},
+            )
+        except MalformedRowError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        finally:
+            rows.unpersist()
+        print(describe(result, files), flush=True)
+        batch_id, last_file = batch_id + 1, files[-1]
+    pause_point("job-end", batch_id - 1)  # a test hook; a no-op unless asked for
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,13 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: only --mode resume (the default) is supported so far", file=sys.stderr)
         return 2
     input_dir: Path = args.input.absolute()
-    if not any(input_dir.glob("*.jsonl")):
+    if not list_inputs(input_dir):
         generate_demo(input_dir)
         print(f"no input in {input_dir}: generated a small demo data set there")
 
-    from pyspark.sql import functions as F
-
-    from statehold.spark import StatefulJob, local_session, replace_output
+    from statehold.spark import StatefulJob, local_session
 
     spark = local_session("statehold-running-totals", master=args.master)
     job = StatefulJob(
@@ -138,81 +297,14 @@ def main(argv: list[str] | None = None) -> int:
         max_parallelism=args.max_parallelism,
         parallelism=args.parallelism,
         retain=args.retain,
-        ha=args.ha,
     )
-    sink = replace_output(str(args.output.absolute()), "json")
-
-    def on_batch(result: BatchResult) -> None:
-        if result.skipped:
-            print(f"batch {result.checkpoint_id}: already checkpointed (replay), skipped")
-            return
-        print(
-            f"batch {result.checkpoint_id}: checkpoint {result.checkpoint_id}, "
-            f"{result.rows_in} rows, {result.keys} keys, uploaded "
-            f"{_human(result.bytes_uploaded)} in {result.files_uploaded} files "
-            f"(state {_human(result.state_size)}), {result.duration:.2f} s, "
-            f"{result.checkpoint_uri}",
-            flush=True,
-        )
-
-    def process(batch: DataFrame, batch_id: int) -> None:
-        job.check_replay(batch_id)
-        # File, block and position give the rows of a key their input order.
-        batch = (
-            batch.withColumn("_file", F.input_file_name())
-            .withColumn("_block", F.input_file_block_start())
-            .withColumn("_pos", F.monotonically_increasing_id())
-            .persist()
-        )
-        try:
-            if job.latest_checkpoint_id() != batch_id:
-                check_rows(batch)
-            result = job.run_batch(
-                batch.drop("_corrupt"),
-                update_totals,
-                OUTPUT_SCHEMA,
-                key="key",
-                batch_id=batch_id,
-                order_by=["_file", "_block", "_pos"],
-                sink=lambda df, n: sink(df.coalesce(1), n),
-            )
-        finally:
-            batch.unpersist()
-        on_batch(result)
-
-    stream = (
-        spark.readStream.schema(INPUT_SCHEMA)
-        .option("maxFilesPerTrigger", args.files_per_batch)
-        .option("pathGlobFilter", "*.jsonl")
-        .option("mode", "PERMISSIVE")
-        .option("columnNameOfCorruptRecord", "_corrupt")
-        .json(str(input_dir))
-    )
-    writer = (
-        stream.writeStream.foreachBatch(process)
-        .option("checkpointLocation", job.spark_checkpoint_location)
-    )
-    writer = (
-        writer.trigger(processingTime="2 seconds")
-        if args.keep_running
-        else writer.trigger(availableNow=True)
-    )
-    print(f"checkpoints: {job.job_dir}  (Spark offsets in {job.spark_checkpoint_location})")
-    query = writer.start()
     try:
-        query.awaitTermination()
+        return run(spark, job, args)
     except KeyboardInterrupt:
-        query.stop()
-    except Exception as e:  # a failed batch: say why, without the JVM stack trace
-        message = str(e).strip().splitlines()
-        cause = next((m for m in message if "MalformedRowError" in m), None)
-        print(f"error: {cause or (message[0] if message else type(e).__name__)}",
-              file=sys.stderr)
-        return 1
+        return 130
     finally:
         job.close()
         spark.stop()
-    return 0
 
 
 if __name__ == "__main__":
