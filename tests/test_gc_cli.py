@@ -66,3 +66,23 @@ def test_gc_refuses_what_is_not_a_job_directory(tmp_path) -> None:  # type: igno
     assert result.exit_code == 1
     assert "not a statehold job directory" in result.stderr
     assert (tmp_path / "data" / "precious.txt").read_text() == "keep me"
+
+
+def test_status_shows_the_running_attempt_and_its_cleanup(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    storage = LocalStorage(tmp_path / "job")
+    coord = start(storage)
+    tasks = [SimulatedTask(storage, r, random.Random(11)) for r in RANGES]
+    for n in range(1, 4):
+        run_checkpoint(coord, tasks, n)
+    assert coord.lease is not None
+    coord.lease.renew()  # publish the current status now rather than at the next beat
+    result = runner.invoke(app, ["status", str(storage.root), "--json"])
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.stdout)
+    assert status["running"] is True and status["epoch"] == coord.epoch
+    assert status["retained"] == [2, 3]
+    assert status["attempt"]["latest_checkpoint"] == 3
+    assert "pending_keys" in status["attempt"]["cleaner"]
+    coord.close()
+    after = json.loads(runner.invoke(app, ["status", str(storage.root), "--json"]).stdout)
+    assert after["running"] is False

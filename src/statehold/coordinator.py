@@ -13,6 +13,7 @@ A fenced attempt (FencedError) completes nothing and deletes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -31,7 +32,7 @@ from statehold.jobresult import (
     write_result,
 )
 from statehold.layout import Scope
-from statehold.lease import DEFAULT_TTL, Lease
+from statehold.lease import DEFAULT_TTL, Lease, lease_key
 from statehold.metadata import (
     CheckpointMetadata,
     KeyGroupState,
@@ -167,7 +168,9 @@ class CheckpointCoordinator:
             checkpoint_timeout=checkpoint_timeout,
             lineage=lineage,
         )
-        coordinator.lease = Lease(storage, state.epoch, lease_ttl).start()
+        coordinator.lease = Lease(
+            storage, state.epoch, lease_ttl, status=coordinator.status
+        ).start()
         ended = read_result(storage)
         if ended is not None:
             if ended.state == "dirty":
@@ -188,6 +191,15 @@ class CheckpointCoordinator:
 
     def pending_ids(self) -> list[int]:
         return sorted(self._pending)
+
+    def status(self) -> dict[str, Any]:
+        """What this attempt reports about itself (published with every lease renewal)."""
+        return {
+            "job_id": self.job_id,
+            "latest_checkpoint": self._latest_id(),
+            "pending": self.pending_ids(),
+            "cleaner": dataclasses.asdict(self.cleaner.status()),
+        }
 
     def check_epoch(self) -> None:
         """Raise FencedError if a later attempt has taken over (the cleaner's guard)."""
@@ -386,9 +398,13 @@ class CheckpointCoordinator:
         """Give pending discards a bounded chance to finish; what remains is not lost,
         the next attempt's reconcile deletes it."""
         self.wait_reconciled(drain_timeout)
-        self.cleaner.close()
         if self.lease is not None:
-            self.lease.stop()
+            # Released through the cleaner, so a failed delete is retried like any other
+            # (if it still fails, the lease is stale to the next attempt's reconcile).
+            self.lease.stop(release=False)
+            self._discard(Discard(keys=(lease_key(self.epoch),), reason="lease released"))
+            self.cleaner.wait_idle(drain_timeout)
+        self.cleaner.close()
 
     # -- internals -------------------------------------------------------------------------
     @staticmethod

@@ -1,4 +1,5 @@
-"""``statehold gc JOB_DIR [--dry-run] [--json]``: the reconcile, run from outside the job."""
+"""Maintenance commands: ``statehold gc`` (the reconcile, run from outside the job) and
+``statehold status`` (the running attempt and its cleanup backlog)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import typer
 from statehold import tools
 from statehold.cli import JobArg, JsonOption, console, emit, handle_errors
 from statehold.ha.embedded import EmbeddedHAStore
+from statehold.jobstatus import job_status
 from statehold.reconcile import gc
 
 DryRunOption = Annotated[
@@ -41,5 +43,37 @@ def gc_command(job_dir: JobArg, dry_run: DryRunOption = False, as_json: JsonOpti
     emit(report, as_json, render)
 
 
+def status_command(job_dir: JobArg, as_json: JsonOption = False) -> None:
+    """Epoch, retained checkpoints, whether an attempt runs, its cleanup backlog and
+    failures, and the job result entry."""
+    with handle_errors(as_json):
+        job = tools.locate(job_dir).job
+        tools.require_job_dir(job)
+        status = job_status(job, EmbeddedHAStore(job))
+
+    def render() -> None:
+        console.print(f"{status.job_uri}: epoch {status.epoch}, retained {status.retained}")
+        if status.running:
+            cleaner = status.attempt.get("cleaner", {})
+            console.print(
+                f"running (lease renewed {status.lease_age_seconds:.0f}s ago); cleanup "
+                f"backlog {cleaner.get('pending_keys', 0)} file(s) + "
+                f"{cleaner.get('pending_dirs', 0)} dir(s), {cleaner.get('failures', 0)} "
+                "failed attempt(s)"
+            )
+            for error in cleaner.get("last_errors", [])[-5:]:
+                console.print(f"  {error}")
+        else:
+            console.print("no running attempt")
+        if status.result is not None:
+            console.print(
+                f"ended {status.result.outcome} ({status.result.policy}), "
+                f"cleanup {status.result.state}"
+            )
+
+    emit(status, as_json, render)
+
+
 def register(app: typer.Typer) -> None:
     app.command("gc")(gc_command)
+    app.command("status")(status_command)

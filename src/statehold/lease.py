@@ -16,7 +16,9 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from statehold import layout
 from statehold.storage.base import NotFoundError, Storage, StorageError
@@ -35,6 +37,8 @@ class LeaseRecord:
     epoch: int
     renewed_at: float
     ttl: float
+    #: What the attempt reports about itself (e.g. its cleaner's backlog and failures).
+    status: dict[str, Any] = field(default_factory=dict)
 
     def alive(self, now: float | None = None) -> bool:
         return (now if now is not None else time.time()) - self.renewed_at < self.ttl
@@ -45,18 +49,33 @@ def read_lease(storage: Storage, epoch: int) -> LeaseRecord | None:
     vouches for nothing)."""
     try:
         doc = json.loads(storage.read(lease_key(epoch)))
-        return LeaseRecord(int(doc["epoch"]), float(doc["renewed_at"]), float(doc["ttl"]))
+        status = doc.get("status", {})
+        return LeaseRecord(
+            int(doc["epoch"]),
+            float(doc["renewed_at"]),
+            float(doc["ttl"]),
+            status if isinstance(status, dict) else {},
+        )
     except (NotFoundError, ValueError, KeyError, TypeError):
         return None
 
 
 class Lease:
-    """Renews this attempt's lease in a background thread; removes older epochs' leases."""
+    """Renews this attempt's lease in a background thread; removes older epochs' leases.
+    Each renewal also publishes `status()` (JSON), so `statehold status` can show a
+    running attempt's cleanup backlog and failures from outside."""
 
-    def __init__(self, storage: Storage, epoch: int, ttl: float = DEFAULT_TTL) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        epoch: int,
+        ttl: float = DEFAULT_TTL,
+        status: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.storage = storage
         self.epoch = epoch
         self.ttl = ttl
+        self.status = status
         self._last_renewal = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -80,7 +99,12 @@ class Lease:
 
     def renew(self) -> None:
         now = time.time()
-        record = {"epoch": self.epoch, "renewed_at": now, "ttl": self.ttl}
+        record = {
+            "epoch": self.epoch,
+            "renewed_at": now,
+            "ttl": self.ttl,
+            "status": self.status() if self.status is not None else {},
+        }
         self.storage.write(lease_key(self.epoch), json.dumps(record).encode())
         self._last_renewal = now
 

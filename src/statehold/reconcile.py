@@ -14,6 +14,7 @@ when all of these hold:
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ from statehold.storage.base import FileInfo, Storage, StorageError
 TEMP_GRACE_SECONDS = 3600.0
 
 _NEVER_OURS_TO_DELETE = {Kind.HA, Kind.JOB, Kind.SPARK, Kind.TASKOWNED}
+_LEASE = re.compile(rf"^{re.escape(layout.JOB_DIR)}/lease-e(?P<epoch>\d+)\.json$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,7 @@ def plan(
     """List the job directory and decide, file by file (see the module docstring)."""
     now = time.time() if now is None else now
     referenced = referenced_by_job(storage, ha)
+    epoch = ha.read().epoch
     result = ReconcilePlan(live=live)
     savepoints_with_metadata: set[str] = set()
     listed: list[tuple[FileInfo, layout.PathInfo]] = []
@@ -115,6 +118,8 @@ def plan(
         if info.key in referenced:
             result.referenced += 1
         elif parsed.kind in _NEVER_OURS_TO_DELETE:
+            if _dead_bookkeeping(info.key, parsed.kind, epoch, live):
+                result.orphans.append(info)
             continue
         elif parsed.kind is Kind.UNKNOWN:
             result.foreign.append(info.key)
@@ -123,6 +128,25 @@ def plan(
         else:
             result.orphans.append(info)
     return result
+
+
+def _dead_bookkeeping(key: str, kind: Kind, epoch: int, live: LiveAttempt | None) -> bool:
+    """Leftovers of the HA store's and the job entries' own writes that nobody can use:
+    the lease of an epoch older than the job's (it vouches for nothing; a failed delete
+    in `Lease.start` leaves it), and, when no attempt is live, an interrupted atomic
+    write in ``_ha/`` or ``_job/`` (a driver killed mid-write). The current epoch's
+    lease renewal is never touched: its thread may still be writing at job end."""
+    if kind not in (Kind.HA, Kind.JOB):
+        return False
+    lease = _LEASE.match(key)
+    if lease:
+        return int(lease["epoch"]) < epoch
+    name = key.rsplit("/", 1)[-1]
+    return (
+        live is None
+        and layout.TEMP_MARKER in name
+        and not name.startswith(f".lease-e{epoch}.json")
+    )
 
 
 def _is_live(
