@@ -256,3 +256,47 @@ def test_kill_9_while_30_percent_of_deletes_fail(tmp_path: Path) -> None:
     report("local+faults", out)
     assert sum(out.kills.values()) == 8
     check_final_state(storage, tmp_path, SEED + 2)
+
+
+def test_a_lagging_abort_delete_never_removes_the_retried_checkpoint(storage: Storage) -> None:
+    """Batch 3 fails, is aborted and replayed as checkpoint 3 again, while the cleaner is
+    slow: the abort's discard must not take the replay's ``chk-3/_metadata`` with it."""
+    import threading as th
+
+    from test_coordinator import RANGES, SimulatedTask
+
+    from statehold.coordinator import CheckpointCoordinator
+    from statehold.storage.faulty import FaultyStorage
+
+    go = th.Event()
+    go.set()
+
+    def slow_deletes(method: str, kind: str) -> None:
+        if kind == "delete":
+            go.wait(30)
+
+    st = FaultyStorage(storage, hook=slow_deletes)  # type: ignore[arg-type]
+    coord = CheckpointCoordinator.start(
+        st, EmbeddedHAStore(st), job_id="job-1", max_parallelism=8, retain=2
+    )
+    tasks = [SimulatedTask(st, r, random.Random(1)) for r in RANGES]
+    for n in (1, 2):
+        coord.begin(n)
+        for t in tasks:
+            coord.acknowledge(n, "agg", t.snapshot(coord.epoch, n))
+        coord.complete(n)
+    assert coord.wait_reconciled(30)
+    go.clear()  # from here, deletes lag behind
+    coord.begin(3)
+    coord.acknowledge(3, "agg", tasks[0].snapshot(coord.epoch, 3))
+    coord.abort(3, "task failed")
+    tasks = [t.restore(coord) for t in tasks]
+    coord.begin(3)
+    for t in tasks:
+        coord.acknowledge(3, "agg", t.snapshot(coord.epoch, 3))
+    coord.complete(3)
+    go.set()
+    assert coord.wait_reconciled(30)
+    coord.close()
+    assert [p.checkpoint_id for p in coord.ha.read().retained] == [2, 3]
+    assert not missing_references(storage)

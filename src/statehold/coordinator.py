@@ -46,7 +46,7 @@ from statehold.metadata import (
 )
 from statehold.reconcile import LiveAttempt, ReconcilePlan, plan, reconcile
 from statehold.registry import SharedStateRegistry
-from statehold.storage.base import AlreadyExistsError, Storage
+from statehold.storage.base import AlreadyExistsError, Storage, StorageError
 
 log = logging.getLogger("statehold.coordinator")
 
@@ -60,10 +60,25 @@ class _Pending:
     checkpoint_id: int
     started_at: float
     acks: dict[str, list[KeyGroupState]] = field(default_factory=dict)
+    #: complete() got as far as writing ``chk-N/_metadata``.
+    metadata_written: bool = False
 
 
 def _scopes(files: Mapping[str, Any]) -> dict[str, Scope]:
     return {key: f.scope for key, f in files.items()}
+
+
+def _clear_result(storage: Storage, attempts: int = 6) -> None:
+    """Remove the job result entry, retrying transient failures a few times (a queued
+    asynchronous delete could remove the entry this attempt writes when it ends)."""
+    for attempt in range(attempts):
+        try:
+            clear_result(storage)
+            return
+        except StorageError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * 2**attempt)
 
 
 class CheckpointCoordinator:
@@ -176,7 +191,7 @@ class CheckpointCoordinator:
             if ended.state == "dirty":
                 log.info("job %s ended dirty (%s): finishing its cleanup", job_id, ended.outcome)
                 coordinator.end(ended.outcome, ended.policy)
-            clear_result(storage)  # started again: the job runs once more
+            _clear_result(storage)  # started again: the job runs once more
         if reconcile_in_background:
             coordinator.start_reconcile()
         return coordinator
@@ -269,6 +284,7 @@ class CheckpointCoordinator:
                 f"checkpoint {checkpoint_id}: this attempt's lease lapsed (paused or storage "
                 "unreachable); an offline reconcile may have deleted its in-flight files"
             )
+        pending.metadata_written = True
         self._write_metadata_once(metadata_key, data)
         retained = [*self._retained, (metadata_key, meta)]
         subsumed, retained = retained[: -self.retain], retained[-self.retain :]
@@ -285,11 +301,22 @@ class CheckpointCoordinator:
 
     def abort(self, checkpoint_id: int, reason: str) -> None:
         """Discard what checkpoint N uploaded that no other checkpoint references."""
-        if self._pending.pop(checkpoint_id, None) is None:
+        pending = self._pending.pop(checkpoint_id, None)
+        if pending is None:
             return
         self._aborted.add(checkpoint_id)
         log.warning("job %s: aborting checkpoint %d: %s", self.job_id, checkpoint_id, reason)
-        self._discard(self.registry.release_checkpoint(checkpoint_id))
+        discard = self.registry.release_checkpoint(checkpoint_id)
+        if not pending.metadata_written:
+            # chk-N/ holds nothing of this try, and a retry of N (a replayed batch) writes
+            # its _metadata there: a lagging delete of chk-N/ would remove that document.
+            chk = layout.checkpoint_dir(checkpoint_id)
+            discard = Discard(
+                keys=tuple(k for k in discard.keys if not k.startswith(chk + "/")),
+                dirs=tuple(d for d in discard.dirs if d != chk),
+                reason=discard.reason,
+            )
+        self._discard(discard)
 
     def savepoint(self, name: str) -> CheckpointMetadata:
         """A named, never-subsumed copy of the latest checkpoint: the metadata and the

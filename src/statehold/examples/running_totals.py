@@ -229,6 +229,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--restore-from", default=None, help="(not supported yet)")
     p.add_argument("--mode", choices=["resume", "no-claim", "claim"], default="resume")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument(
+        "--ha",
+        default="embedded",
+        help="HA store: embedded (default) or zookeeper://host:port[,host:port]/path",
+    )
     args = p.parse_args(argv)
     if args.files_per_batch < 1:
         p.error("--files-per-batch must be at least 1")
@@ -297,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         max_parallelism=args.max_parallelism,
         parallelism=args.parallelism,
         retain=args.retain,
+        ha=args.ha,
     )
     try:
         return run(spark, job, args)
