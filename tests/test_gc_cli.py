@@ -86,3 +86,14 @@ def test_status_shows_the_running_attempt_and_its_cleanup(tmp_path) -> None:  # 
     coord.close()
     after = json.loads(runner.invoke(app, ["status", str(storage.root), "--json"]).stdout)
     assert after["running"] is False
+
+
+def test_gc_refuses_an_unknown_ha_store(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    storage = LocalStorage(tmp_path / "job")
+    coord = start(storage)
+    coord.close()
+    before = listing(storage)
+    result = runner.invoke(app, ["gc", str(storage.root), "--ha", "etcd://x"])
+    assert result.exit_code == 1
+    assert "zookeeper://" in result.stderr
+    assert listing(storage) == before

@@ -9,22 +9,48 @@ import typer
 
 from statehold import tools
 from statehold.cli import JobArg, JsonOption, console, emit, handle_errors
-from statehold.ha.embedded import EmbeddedHAStore
+from statehold.ha.base import HAStore
+from statehold.ha.open import open_ha_store
 from statehold.jobstatus import job_status
 from statehold.reconcile import gc
+from statehold.storage import Storage
 
+HaOption = Annotated[
+    str,
+    typer.Option(
+        "--ha",
+        help="The job's HA store: 'embedded' (default) or zookeeper://host:port/path "
+        "(the job id is the job directory's name).",
+    ),
+]
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Report what would be deleted; delete nothing.")
 ]
 
 
-def gc_command(job_dir: JobArg, dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
+def _ha_for(job: Storage, uri: str) -> HAStore:
+    try:
+        return open_ha_store(uri, job, job.uri.rstrip("/").rsplit("/", 1)[-1])
+    except ValueError as e:
+        raise tools.ToolError(str(e)) from e
+
+
+def gc_command(
+    job_dir: JobArg,
+    dry_run: DryRunOption = False,
+    ha: HaOption = "embedded",
+    as_json: JsonOption = False,
+) -> None:
     """Delete every file no retained checkpoint or savepoint references. Safe while the
     job runs: files of its in-flight checkpoints are spared while its lease is fresh."""
     with handle_errors(as_json):
         job = tools.locate(job_dir).job
         tools.require_job_dir(job)
-        report = gc(job, EmbeddedHAStore(job), dry_run=dry_run)
+        store = _ha_for(job, ha)
+        try:
+            report = gc(job, store, dry_run=dry_run)
+        finally:
+            store.close()
 
     def render() -> None:
         verb = "would delete" if dry_run else "deleted"
@@ -43,13 +69,19 @@ def gc_command(job_dir: JobArg, dry_run: DryRunOption = False, as_json: JsonOpti
     emit(report, as_json, render)
 
 
-def status_command(job_dir: JobArg, as_json: JsonOption = False) -> None:
+def status_command(
+    job_dir: JobArg, ha: HaOption = "embedded", as_json: JsonOption = False
+) -> None:
     """Epoch, retained checkpoints, whether an attempt runs, its cleanup backlog and
     failures, and the job result entry."""
     with handle_errors(as_json):
         job = tools.locate(job_dir).job
         tools.require_job_dir(job)
-        status = job_status(job, EmbeddedHAStore(job))
+        store = _ha_for(job, ha)
+        try:
+            status = job_status(job, store)
+        finally:
+            store.close()
 
     def render() -> None:
         console.print(f"{status.job_uri}: epoch {status.epoch}, retained {status.retained}")
