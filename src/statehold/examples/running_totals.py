@@ -169,7 +169,7 @@ def read_files(spark: SparkSession, input_dir: Path, names: list[str]) -> DataFr
     """The rows of `names` (key, value, _file, _line, _error), read by Spark."""
     from pyspark.sql import functions as F
 
-    whole = spark.read.option("wholetext", True).text([str(input_dir / n) for n in names])
+    whole = spark.read.text([str(input_dir / n) for n in names], wholetext=True)
     return whole.withColumn("_path", F.input_file_name()).mapInArrow(parse_files, PARSED_SCHEMA)
 
 
