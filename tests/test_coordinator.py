@@ -8,7 +8,7 @@ import pytest
 
 from statehold import layout
 from statehold.coordinator import CheckpointCoordinator, CheckpointError
-from statehold.ha.base import FencedError
+from statehold.ha.base import FencedError, HAStoreError
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.layout import Kind, Scope
 from statehold.metadata import (
@@ -204,3 +204,77 @@ def test_savepoints_are_never_subsumed(storage: Storage) -> None:
     again = start(storage, retain=1)
     run_checkpoint(again, tasks, 8)
     assert set(referenced_keys(sp, sp_key)) <= listing(storage)
+
+
+class FlakyHA(EmbeddedHAStore):
+    """An HA store whose next publish fails: after landing (`landed`) or before."""
+
+    def __init__(self, storage: Storage) -> None:
+        super().__init__(storage)
+        self.fail_next: str | None = None
+        self.unreadable = False
+
+    def publish(self, epoch, retained):  # type: ignore[no-untyped-def]
+        mode, self.fail_next = self.fail_next, None
+        if mode == "before":
+            raise HAStoreError("connection reset before the write")
+        state = super().publish(epoch, retained)
+        if mode == "landed":
+            raise HAStoreError("timed out waiting for the answer")
+        return state
+
+    def read(self):  # type: ignore[no-untyped-def]
+        if self.unreadable:
+            raise HAStoreError("unreachable")
+        return super().read()
+
+
+def test_an_ambiguous_publish_is_resolved_by_reading_the_ha_store(storage: Storage) -> None:
+    ha = FlakyHA(storage)
+    coord = CheckpointCoordinator.start(storage, ha, job_id="job-1",
+                                        max_parallelism=MAX_PARALLELISM, retain=2)
+    tasks = [SimulatedTask(storage, r, random.Random(21)) for r in RANGES]
+    run_checkpoint(coord, tasks, 1)
+
+    ha.fail_next = "landed"  # the publish went through; only the answer was lost
+    run_checkpoint(coord, tasks, 2)
+    assert [m.checkpoint_id for _, m in coord.retained()] == [1, 2]
+
+    ha.fail_next = "before"  # the publish never happened: N is aborted, then retried
+    coord.begin(3)
+    for task in tasks:
+        coord.acknowledge(3, "agg", task.snapshot(coord.epoch, 3))
+    with pytest.raises(HAStoreError):
+        coord.complete(3)
+    coord.abort(3, "publish failed")
+    assert not storage.exists(layout.checkpoint_metadata_key(3))  # removed at once
+    tasks = [task.restore(coord) for task in tasks]
+    run_checkpoint(coord, tasks, 3)  # the retry writes its own _metadata
+    assert coord.wait_reconciled(60)
+    assert referenced_by_retained(storage, coord) <= listing(storage)
+    assert [p.checkpoint_id for p in ha.read().retained] == [2, 3]
+    coord.close()
+
+
+def test_an_abort_that_cannot_read_the_ha_store_deletes_nothing(storage: Storage) -> None:
+    ha = FlakyHA(storage)
+    coord = CheckpointCoordinator.start(storage, ha, job_id="job-1",
+                                        max_parallelism=MAX_PARALLELISM, retain=2)
+    tasks = [SimulatedTask(storage, r, random.Random(22)) for r in RANGES]
+    run_checkpoint(coord, tasks, 1)
+    assert coord.wait_reconciled(60)
+    coord.begin(2)
+    for task in tasks:
+        coord.acknowledge(2, "agg", task.snapshot(coord.epoch, 2))
+    ha.fail_next = "landed"
+    ha.unreadable = True  # the publish landed, and nobody can tell
+    with pytest.raises(HAStoreError):
+        coord.complete(2)
+    before = listing(storage)
+    coord.abort(2, "publish outcome unknown")
+    assert coord.cleaner.wait_idle(60)
+    assert listing(storage) == before  # N may be retained: nothing of it is deleted
+    ha.unreadable = False
+    assert [p.checkpoint_id for p in ha.read().retained] == [1, 2]
+    assert referenced_by_retained(storage, coord) | {layout.checkpoint_metadata_key(2)} <= before
+    coord.cleaner.close()

@@ -310,9 +310,9 @@ def test_documents_hold_only_pointers(storage: Storage) -> None:
         "checksum",
     }
     assert doc["seq"] == state.version and doc["epoch"] == e
-    assert doc["retained"] == [
-        {"checkpoint_id": 4, "metadata": "chk-4/_metadata", "epoch": e},
-        {"checkpoint_id": 5, "metadata": "chk-5/_metadata", "epoch": e},
+    assert doc["retained"] == [  # each pointer: id, where, who, and the document's checksum
+        {"checkpoint_id": 4, "metadata": "chk-4/_metadata", "epoch": e, "checksum": ""},
+        {"checkpoint_id": 5, "metadata": "chk-5/_metadata", "epoch": e, "checksum": ""},
     ]
     assert len(data) < 1024
 

@@ -190,7 +190,12 @@ class CheckpointCoordinator:
         if ended is not None:
             if ended.state == "dirty":
                 log.info("job %s ended dirty (%s): finishing its cleanup", job_id, ended.outcome)
-                coordinator.end(ended.outcome, ended.policy)
+                if not coordinator.end(ended.outcome, ended.policy):
+                    coordinator.close()
+                    raise CheckpointError(
+                        f"job {job_id}: the cleanup of its earlier end could not finish "
+                        "(see the cleaner's errors); start again once storage is healthy"
+                    )
             _clear_result(storage)  # started again: the job runs once more
         if reconcile_in_background:
             coordinator.start_reconcile()
@@ -289,7 +294,14 @@ class CheckpointCoordinator:
         retained = [*self._retained, (metadata_key, meta)]
         subsumed, retained = retained[: -self.retain], retained[-self.retain :]
         pointers = [self._pointer(key, m) for key, m in retained]
-        self.ha.publish(self.epoch, pointers)  # FencedError: nothing completed or deleted
+        try:
+            self.ha.publish(self.epoch, pointers)  # FencedError: nothing completed or deleted
+        except FencedError:
+            raise
+        except Exception:
+            if not self._listed(checkpoint_id, meta.checksum):
+                raise  # not (known to be) published: the caller aborts N
+            log.warning("job %s: publish of %d failed but landed", self.job_id, checkpoint_id)
         # N is completed from here on.
         del self._pending[checkpoint_id]
         self._retained = retained
@@ -307,16 +319,29 @@ class CheckpointCoordinator:
         self._aborted.add(checkpoint_id)
         log.warning("job %s: aborting checkpoint %d: %s", self.job_id, checkpoint_id, reason)
         discard = self.registry.release_checkpoint(checkpoint_id)
-        if not pending.metadata_written:
-            # chk-N/ holds nothing of this try, and a retry of N (a replayed batch) writes
-            # its _metadata there: a lagging delete of chk-N/ would remove that document.
-            chk = layout.checkpoint_dir(checkpoint_id)
-            discard = Discard(
+        if pending.metadata_written:
+            # complete() got to the HA publish. Unless the HA store says N is not listed
+            # (and this epoch is current), N may be retained: delete nothing of it and
+            # leave it to the reconcile, which trusts only the HA store.
+            try:
+                listed = self._listed(checkpoint_id, None)
+            except Exception:
+                listed = True
+            if listed:
+                log.warning("job %s: checkpoint %d may be published; kept", self.job_id,
+                            checkpoint_id)
+                return
+            # Deleted now, not by the asynchronous cleaner: a retry of N (a replayed batch)
+            # writes its own _metadata there, which a lagging delete would remove.
+            self.storage.delete_many([layout.checkpoint_metadata_key(checkpoint_id)])
+        # chk-N/ never goes to the asynchronous cleaner, for the same reason.
+        chk = layout.checkpoint_dir(checkpoint_id)
+        self._discard(
+            Discard(
                 keys=tuple(k for k in discard.keys if not k.startswith(chk + "/")),
-                dirs=tuple(d for d in discard.dirs if d != chk),
                 reason=discard.reason,
             )
-        self._discard(discard)
+        )
 
     def savepoint(self, name: str) -> CheckpointMetadata:
         """A named, never-subsumed copy of the latest checkpoint: the metadata and the
@@ -364,9 +389,14 @@ class CheckpointCoordinator:
         """Reconcile the job directory with the HA store in a background thread."""
         live = LiveAttempt(self.epoch, self._latest_id())
 
+        # Its own cleaner: a reconcile's backlog (100,000 orphans, say) must never count
+        # against the bound that may delay checkpoints.
+        cleaner = AsyncCleaner(self.storage, guard=self.check_epoch)
+
         def run() -> None:
             try:
-                self.last_reconcile = reconcile(self.storage, self.ha, self.cleaner, live)
+                self.last_reconcile = reconcile(self.storage, self.ha, cleaner, live)
+                cleaner.wait_idle()
                 log.info(
                     "job %s: reconcile found %d orphan(s), %d bytes",
                     self.job_id,
@@ -377,6 +407,8 @@ class CheckpointCoordinator:
                 log.warning("job %s: reconcile stopped: epoch %d fenced", self.job_id, self.epoch)
             except Exception:
                 log.exception("job %s: reconcile failed; the next attempt retries", self.job_id)
+            finally:
+                cleaner.close()
 
         self._reconciler = threading.Thread(target=run, name="statehold-reconcile", daemon=True)
         self._reconciler.start()
@@ -410,11 +442,15 @@ class CheckpointCoordinator:
         for _key, old in dropped:
             self._discard(self.registry.release_checkpoint(old.checkpoint_id))
         self.wait_reconciled(timeout)
-        remaining = plan(self.storage, self.ha, None)
+        # This attempt holds the job's epoch and is ending it: no interrupted HA or job
+        # entry write can be a live one any more, however young.
+        remaining = plan(self.storage, self.ha, None, bookkeeping_grace=0)
         self._discard(remaining.discard())
         if policy is RetentionPolicy.DELETE_ALL:
             self._discard(Discard(dirs=(layout.SPARK_DIR,), reason="job ended: delete-all"))
-        if not self.cleaner.wait_idle(timeout) or plan(self.storage, self.ha, None).orphans:
+        if not self.cleaner.wait_idle(timeout) or plan(
+            self.storage, self.ha, None, bookkeeping_grace=0
+        ).orphans:
             log.warning("job %s: cleanup unfinished; the entry stays dirty", self.job_id)
             return False
         write_result(self.storage, job_id=self.job_id, epoch=self.epoch, outcome=outcome,
@@ -434,6 +470,17 @@ class CheckpointCoordinator:
         self.cleaner.close()
 
     # -- internals -------------------------------------------------------------------------
+    def _listed(self, checkpoint_id: int, checksum: str | None) -> bool:
+        """Does the HA store list checkpoint N (with that document)? FencedError if this
+        epoch is no longer current; the store's own error if it cannot be read."""
+        state = self.ha.read()
+        if state.epoch != self.epoch:
+            raise FencedError(f"epoch {self.epoch} is fenced: current is {state.epoch}")
+        return any(
+            p.checkpoint_id == checkpoint_id and (checksum is None or p.checksum == checksum)
+            for p in state.retained
+        )
+
     @staticmethod
     def _pointer(key: str, meta: CheckpointMetadata) -> CheckpointPointer:
         return CheckpointPointer(meta.checkpoint_id, key, meta.epoch, meta.checksum)
@@ -471,7 +518,7 @@ class CheckpointCoordinator:
                 existing_epoch = read_metadata(self.storage, metadata_key).epoch
             except MetadataError:
                 existing_epoch = -1  # torn or foreign: not a valid document of anyone
-            if existing_epoch >= self.epoch:
+            if existing_epoch > self.epoch:  # ours (an aborted try of N) may be replaced
                 raise CheckpointError(
                     f"{metadata_key} was already written by epoch {existing_epoch}"
                 )

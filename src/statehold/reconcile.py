@@ -29,6 +29,9 @@ from statehold.lease import read_lease
 from statehold.metadata import read_metadata, referenced_keys
 from statehold.storage.base import FileInfo, Storage, StorageError
 
+#: An interrupted write in ``_ha/`` or ``_job/`` younger than this may be a starting
+#: attempt's claim, made before it has a lease to show.
+BOOKKEEPING_TEMP_GRACE_SECONDS = 300.0
 #: Temp files younger than this may be an atomic write still under way.
 TEMP_GRACE_SECONDS = 3600.0
 
@@ -100,6 +103,7 @@ def plan(
     *,
     now: float | None = None,
     temp_grace: float = TEMP_GRACE_SECONDS,
+    bookkeeping_grace: float = BOOKKEEPING_TEMP_GRACE_SECONDS,
 ) -> ReconcilePlan:
     """List the job directory and decide, file by file (see the module docstring)."""
     now = time.time() if now is None else now
@@ -118,7 +122,7 @@ def plan(
         if info.key in referenced:
             result.referenced += 1
         elif parsed.kind in _NEVER_OURS_TO_DELETE:
-            if _dead_bookkeeping(info.key, parsed.kind, epoch, live):
+            if _dead_bookkeeping(info, parsed.kind, epoch, live, now - bookkeeping_grace):
                 result.orphans.append(info)
             continue
         elif parsed.kind is Kind.UNKNOWN:
@@ -130,22 +134,26 @@ def plan(
     return result
 
 
-def _dead_bookkeeping(key: str, kind: Kind, epoch: int, live: LiveAttempt | None) -> bool:
+def _dead_bookkeeping(
+    info: FileInfo, kind: Kind, epoch: int, live: LiveAttempt | None, written_before: float
+) -> bool:
     """Leftovers of the HA store's and the job entries' own writes that nobody can use:
     the lease of an epoch older than the job's (it vouches for nothing; a failed delete
     in `Lease.start` leaves it), and, when no attempt is live, an interrupted atomic
-    write in ``_ha/`` or ``_job/`` (a driver killed mid-write). The current epoch's
-    lease renewal is never touched: its thread may still be writing at job end."""
+    write in ``_ha/`` or ``_job/`` (a driver killed mid-write) once it is old enough
+    not to be a starting attempt's claim. The current epoch's lease renewal is never
+    touched: its thread may still be writing at job end."""
     if kind not in (Kind.HA, Kind.JOB):
         return False
-    lease = _LEASE.match(key)
+    lease = _LEASE.match(info.key)
     if lease:
         return int(lease["epoch"]) < epoch
-    name = key.rsplit("/", 1)[-1]
+    name = info.key.rsplit("/", 1)[-1]
     return (
         live is None
         and layout.TEMP_MARKER in name
         and not name.startswith(f".lease-e{epoch}.json")
+        and info.mtime < written_before
     )
 
 

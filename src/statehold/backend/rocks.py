@@ -16,6 +16,19 @@ stale, foreign or half-written cache can only cost a download, never wrong state
 
 RocksDB runs in raw mode: keys and values are bytes and nothing is ever pickled; values are
 JSON (see state.py).
+
+Why uploads stay near the changed state (see docs/benchmarks.md, "Incremental checkpoints"):
+
+* Universal ("tiered") compaction, not RocksDB's default leveled compaction. With leveled
+  compaction every L0->L1 compaction rewrites every L1 file a flush overlaps; keys are spread
+  by hash, so a batch touching 5% of the keys overlaps all of them and the next checkpoint
+  re-uploads the whole state (every `_RUNS_TRIGGER` flushes, and at the first open after a
+  restore). Universal compaction merges the small recent runs with each other and rewrites
+  the big oldest run only when the others reach `_MAX_SIZE_AMP` percent of it.
+* A snapshot waits for a running compaction to finish, so its result is checkpointed
+  (a task's working DB is thrown away after the batch, so unfinished work would be lost).
+* RocksDB's OPTIONS file and rocksdict's config are the same bytes in every checkpoint: they
+  are shared files, reused by checksum, not uploaded again per checkpoint and task.
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +48,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Checkpoint,
+    DBCompactionStyle,
+    Options,
+    Rdict,
+    UniversalCompactOptions,
+    WriteBatch,
+)
 
 from statehold import layout
 from statehold.backend.keys import (
@@ -62,6 +85,14 @@ _MARKER_FORMAT = "statehold.local-snapshot"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _SNAP_DIR = re.compile(r"^snap-(?P<ckpt>\d+)-[0-9a-f]+$")
 _COPY_BATCH = 2000
+#: Sorted runs (flushes not yet merged) that trigger a universal compaction.
+_RUNS_TRIGGER = 8
+#: The oldest (largest) run is rewritten only when the newer runs reach this % of it.
+_MAX_SIZE_AMP = 200
+#: Non-SST files whose content rarely changes: stored in shared/, reused by checksum.
+_CONTENT_SHARED = re.compile(r"^(OPTIONS-\d+|rocksdict-config\.json)$")
+#: How long a snapshot gives a scheduled compaction to start (it then waits for it).
+_COMPACTION_GRACE = 0.05
 
 #: (job storage, key of the `_metadata` the state belongs to, the task state in it)
 RestoreSource = tuple[Storage, str, KeyGroupState]
@@ -105,12 +136,45 @@ class _Remote:
 class _Pending:
     path: Path
     files: dict[str, _Remote] = field(default_factory=dict)
+    content: dict[tuple[int, str], _Remote] = field(default_factory=dict)
 
 
 def _raw_options() -> Options:
+    """Raw mode, universal compaction (see the module docstring), bloom filters (reads
+    look into up to `_RUNS_TRIGGER` runs)."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
+    opts.set_compaction_style(DBCompactionStyle.universal())
+    universal = UniversalCompactOptions()
+    universal.max_size_amplification_percent = _MAX_SIZE_AMP
+    opts.set_universal_compaction_options(universal)
+    opts.set_level_zero_file_num_compaction_trigger(_RUNS_TRIGGER)
+    opts.set_level_zero_slowdown_writes_trigger(4 * _RUNS_TRIGGER)
+    opts.set_level_zero_stop_writes_trigger(6 * _RUNS_TRIGGER)
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
     return opts
+
+
+def _shared_file(name: str) -> bool:
+    """Stored in shared/ (immutable, may be referenced by later checkpoints)."""
+    return name.endswith(".sst") or bool(_CONTENT_SHARED.match(name))
+
+
+def _settle_compactions(db: Rdict) -> None:
+    """Wait until no compaction runs. One scheduled by the flush just before gets
+    `_COMPACTION_GRACE` seconds to start; one that RocksDB keeps pending without picking
+    (none of its runs qualifies yet) is not waited for."""
+    deadline = time.monotonic() + _COMPACTION_GRACE
+    while True:
+        if db.property_int_value("rocksdb.num-running-compactions"):
+            deadline = time.monotonic() + _COMPACTION_GRACE
+        elif not db.property_int_value("rocksdb.compaction-pending") or (
+            time.monotonic() >= deadline
+        ):
+            return
+        time.sleep(0.005)
 
 
 def operator_dir_name(operator: str) -> str:
@@ -242,6 +306,8 @@ class TaskStateBackend:
         #: Local SST name -> the uploaded file it equals, from completed checkpoints only
         #: (files of a snapshot whose checkpoint may still abort are never referenced).
         self._confirmed: dict[str, _Remote] = {}
+        #: (size, checksum) -> uploaded non-SST shared file (OPTIONS, ...), same rule.
+        self._confirmed_content: dict[tuple[int, str], _Remote] = {}
         self._pending: dict[int, _Pending] = {}
         self._db: Rdict | None = None
         self._kv: _RocksKV | None = None
@@ -296,7 +362,11 @@ class TaskStateBackend:
         for f in kgs.files:
             if f.scope is Scope.SHARED and f.name and not f.external:
                 key = layout.resolve(metadata_key, f.path)
-                self._confirmed[f.name] = _Remote(storage.uri, key, f.size, f.checksum)
+                remote = _Remote(storage.uri, key, f.size, f.checksum)
+                if f.name.endswith(".sst"):
+                    self._confirmed[f.name] = remote
+                else:
+                    self._confirmed_content[(f.size, f.checksum)] = remote
         if kgs.key_groups != self.key_groups:
             self.restore_stats.rescaled = True
             self._drop_outside_range()
@@ -464,6 +534,27 @@ class TaskStateBackend:
                 states[d.state_name] = value
         yield from current.items()
 
+    def state_names(self) -> set[str]:
+        """The names of all states stored in this task's range. Cheap: per key group, one
+        seek per name (a name's entries are contiguous within a key group)."""
+        db = self._require_db()
+        names: set[str] = set()
+        it = db.iter()
+        try:
+            for group in range(self.key_groups.start, self.key_groups.end + 1):
+                prefix = group.to_bytes(2, "big")
+                it.seek(prefix)
+                while it.valid():
+                    raw = bytes(it.key())
+                    if not raw.startswith(prefix):
+                        break
+                    name = decode_key(raw).state_name
+                    names.add(name)
+                    it.seek(prefix + name.encode("utf-8") + b"\x01")
+        finally:
+            del it
+        return names
+
     def keys(self) -> Iterator[Key]:
         return (k for k, _ in self.items())
 
@@ -479,8 +570,9 @@ class TaskStateBackend:
         """Snapshot the state into checkpoint `checkpoint_id` of the job in `storage`.
 
         SSTs already uploaded by a completed checkpoint (restored, or confirmed with
-        `commit_local`) are referenced again; only new SSTs are uploaded, to shared/. The
-        small mutable RocksDB files go to exclusive/. Statistics: `info` of the result
+        `commit_local`) are referenced again; only new SSTs are uploaded, to shared/. So
+        are RocksDB's OPTIONS and rocksdict's config, reused by checksum. The small mutable
+        files (MANIFEST, CURRENT, WAL) go to exclusive/. Statistics: `info` of the result
         and `self.last_snapshot`."""
         db = self._require_db()
         check_key(metadata_key)
@@ -488,18 +580,22 @@ class TaskStateBackend:
         stats = SnapshotStats(checkpoint_id)
         try:
             db.flush(True)
+            _settle_compactions(db)
             Checkpoint(db).create_checkpoint(str(snap))
             names = sorted(p.name for p in snap.iterdir() if p.is_file())
             reuse: dict[str, _Remote] = {}
             new: list[str] = []
             for name in names:
-                old = self._confirmed.get(name)
-                if (
-                    name.endswith(".sst")
-                    and old is not None
-                    and old.storage_uri == storage.uri
-                    and old.size == (snap / name).stat().st_size
-                ):
+                old: _Remote | None = None
+                if name.endswith(".sst"):
+                    old = self._confirmed.get(name)
+                    if old is not None and old.size != (snap / name).stat().st_size:
+                        old = None
+                elif _shared_file(name) and self._confirmed_content:
+                    local = snap / name
+                    content = (local.stat().st_size, file_checksum(local))
+                    old = self._confirmed_content.get(content)
+                if old is not None and old.storage_uri == storage.uri:
                     reuse[name] = old
                 else:
                     new.append(name)
@@ -507,7 +603,7 @@ class TaskStateBackend:
             def upload(name: str) -> _Remote:
                 path = snap / name
                 size, checksum = path.stat().st_size, file_checksum(path)
-                if name.endswith(".sst"):
+                if _shared_file(name):
                     key = layout.shared_key(epoch, checkpoint_id, hint=name)
                 else:
                     key = layout.exclusive_key(epoch, checkpoint_id, hint=name)
@@ -522,7 +618,7 @@ class TaskStateBackend:
             files: list[StateFile] = []
             for name in names:
                 r = reuse.get(name) or uploaded[name]
-                scope = Scope.SHARED if name.endswith(".sst") else Scope.EXCLUSIVE
+                scope = Scope.SHARED if _shared_file(name) else Scope.EXCLUSIVE
                 path = layout.relativize(metadata_key, r.key)
                 files.append(
                     StateFile(path=path, scope=scope, size=r.size, checksum=r.checksum, name=name)
@@ -551,7 +647,13 @@ class TaskStateBackend:
             shutil.rmtree(snap, ignore_errors=True)
             raise
         self._pending[checkpoint_id] = _Pending(
-            snap, {n: r for n, r in everything.items() if n.endswith(".sst")}
+            snap,
+            {n: r for n, r in everything.items() if n.endswith(".sst")},
+            {
+                (r.size, r.checksum): r
+                for n, r in everything.items()
+                if _shared_file(n) and not n.endswith(".sst")
+            },
         )
         self.last_snapshot = stats
         return KeyGroupState(
@@ -581,6 +683,7 @@ class TaskStateBackend:
         if pending is None:
             raise StateBackendError(f"no local snapshot of checkpoint {checkpoint_id}")
         self._confirmed = pending.files
+        self._confirmed_content = pending.content
         for cid in [c for c in self._pending if c < checkpoint_id]:
             shutil.rmtree(self._pending.pop(cid).path, ignore_errors=True)
         self._prune_local(checkpoint_id)

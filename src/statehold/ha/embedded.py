@@ -101,6 +101,8 @@ class PointerModel(_Model):
     checkpoint_id: int = Field(ge=0)
     metadata: str
     epoch: int = Field(ge=0)
+    #: The `_metadata` document's own checksum ("" if unknown).
+    checksum: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")
 
     @field_validator("metadata")
     @classmethod
@@ -130,7 +132,8 @@ class PointerDocument(_Model):
         return HAState(
             epoch=self.epoch,
             retained=tuple(
-                CheckpointPointer(p.checkpoint_id, p.metadata, p.epoch) for p in self.retained
+                CheckpointPointer(p.checkpoint_id, p.metadata, p.epoch, p.checksum)
+                for p in self.retained
             ),
             version=self.seq,
         )
@@ -259,7 +262,12 @@ class EmbeddedHAStore(HAStore):
             nonce=uuid.uuid4().hex,
             parent=head.nonce,
             retained=[
-                PointerModel(checkpoint_id=p.checkpoint_id, metadata=p.metadata, epoch=p.epoch)
+                PointerModel(
+                    checkpoint_id=p.checkpoint_id,
+                    metadata=p.metadata,
+                    epoch=p.epoch,
+                    checksum=p.checksum,
+                )
                 for p in retained
             ],
         )

@@ -48,6 +48,7 @@ class _Pointer(_Model):
     checkpoint_id: int = Field(ge=0)
     metadata: str
     epoch: int = Field(ge=0)
+    checksum: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")
 
 
 class _Document(_Model):
@@ -89,7 +90,12 @@ def encode(epoch: int, retained: Sequence[CheckpointPointer]) -> bytes:
         "version": FORMAT_VERSION,
         "epoch": epoch,
         "retained": [
-            {"checkpoint_id": p.checkpoint_id, "metadata": p.metadata, "epoch": p.epoch}
+            {
+                "checkpoint_id": p.checkpoint_id,
+                "metadata": p.metadata,
+                "epoch": p.epoch,
+                "checksum": p.checksum,
+            }
             for p in retained
         ],
     }
@@ -118,7 +124,7 @@ def decode(data: bytes, version: int, where: str) -> HAState:
         if document.version != FORMAT_VERSION:
             raise ValueError(f"unsupported format version {document.version}")
         retained = tuple(
-            _check_pointer(CheckpointPointer(p.checkpoint_id, p.metadata, p.epoch))
+            _check_pointer(CheckpointPointer(p.checkpoint_id, p.metadata, p.epoch, p.checksum))
             for p in document.retained
         )
     except (ValidationError, ValueError) as exc:
