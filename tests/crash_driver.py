@@ -1,15 +1,15 @@
 """A real driver process for the crash tests (no Spark: it must start fast enough to be
 killed thirty times a minute).
 
-It runs one job the way the Spark driver does: a CheckpointCoordinator with the embedded
-HA store on the job storage, P in-process "tasks" (threads), each owning a key-group range
-and a RocksDB `TaskStateBackend` restored from the latest completed checkpoint. Batch b is
-a pure function of (seed, b); every task keeps, per key, a running count and sum. Batch b
-ends in checkpoint b. Some batches fail on purpose (a task fails after the others
-uploaded: abort, a late upload after the abort, roll the state back, retry the batch);
-some completed checkpoints get a savepoint. After the last batch the job ends
-(`end()`: dirty entry, keep-latest cleanup, clean entry). A restarted driver resumes at
-batch latest + 1 (or just finishes the job-end cleanup).
+It runs one job the way the Spark driver does: a CheckpointCoordinator with the HA store
+named by ``--ha`` (embedded on the job storage by default, or ZooKeeper), P in-process
+"tasks" (threads), each owning a key-group range and a RocksDB `TaskStateBackend` restored
+from the latest completed checkpoint. Batch b is a pure function of (seed, b); every task
+keeps, per key, a running count and sum. Batch b ends in checkpoint b. Some batches fail
+on purpose (a task fails after the others uploaded: abort, a late upload after the abort,
+roll the state back, retry the batch); some completed checkpoints get a savepoint. After
+the last batch the job ends (`end()`: dirty entry, keep-latest cleanup, clean entry). A
+restarted driver resumes at batch latest + 1 (or just finishes the job-end cleanup).
 
 Progress goes to stdout as ``PHASE <name> [n]`` lines, flushed at once, so the test can
 kill the process (SIGKILL) at a chosen point:
@@ -17,7 +17,8 @@ kill the process (SIGKILL) at a chosen point:
     abort <b>, metadata-written <b>, completed <b>, savepoint <b>, end, done.
 
 Usage: python tests/crash_driver.py JOB_URI LOCAL_DIR [--batches N] [--seed S]
-       [--parallelism P] [--delete-fail-rate R]   (S3 settings from AWS_* variables)
+       [--parallelism P] [--delete-fail-rate R] [--ha embedded|zookeeper://host:port/path]
+       (S3 settings from AWS_* variables)
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from pathlib import Path
 from statehold import layout
 from statehold.backend import TaskStateBackend, sources_from_metadata, task_of_key, task_range
 from statehold.coordinator import CheckpointCoordinator
-from statehold.ha.base import CheckpointPointer, HAState
-from statehold.ha.embedded import EmbeddedHAStore
+from statehold.ha.base import CheckpointPointer, HAState, HAStore
+from statehold.ha.open import open_ha_store
 from statehold.jobresult import JobOutcome, RetentionPolicy
 from statehold.metadata import CheckpointMetadata
 from statehold.storage import Storage, StorageError, open_storage
@@ -87,17 +88,35 @@ def read_state(
     return out
 
 
-class MarkedHAStore(EmbeddedHAStore):
-    """Says when `complete()` has written ``chk-N/_metadata`` and is about to publish."""
+class MarkedHAStore(HAStore):
+    """Any HA store, saying when `complete()` has written ``chk-N/_metadata`` and is about
+    to publish (a wrapper, so the marker works over the embedded store and ZooKeeper)."""
+
+    def __init__(self, inner: HAStore) -> None:
+        self.inner = inner
+
+    def read(self) -> HAState:
+        return self.inner.read()
+
+    def claim_epoch(self) -> HAState:
+        return self.inner.claim_epoch()
 
     def publish(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
         if retained:
             phase("metadata-written", retained[-1].checkpoint_id)
-        return super().publish(epoch, retained)
+        return self.inner.publish(epoch, retained)
+
+    def check_epoch(self, epoch: int) -> None:
+        self.inner.check_epoch(epoch)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class Driver:
-    def __init__(self, storage: Storage, local_dir: Path, parallelism: int) -> None:
+    def __init__(
+        self, storage: Storage, local_dir: Path, parallelism: int, ha: str = "embedded"
+    ) -> None:
         self.storage = storage
         self.local_dir = local_dir
         self.parallelism = parallelism
@@ -105,8 +124,8 @@ class Driver:
         self.backends: list[TaskStateBackend] = []
         phase("start")
         self.coord = CheckpointCoordinator.start(
-            storage, MarkedHAStore(storage), job_id=JOB_ID, max_parallelism=MAX_PARALLELISM,
-            retain=RETAIN,
+            storage, MarkedHAStore(open_ha_store(ha, storage, JOB_ID)), job_id=JOB_ID,
+            max_parallelism=MAX_PARALLELISM, retain=RETAIN,
         )
         # Faster retries than the production default, so the suite stays short.
         cleaner = self.coord.cleaner
@@ -212,6 +231,7 @@ class Driver:
         phase("end")
         ok = self.coord.end(JobOutcome.FINISHED, RetentionPolicy.KEEP_LATEST, timeout=60)
         self.coord.close()
+        self.coord.ha.close()
         phase("done" if ok else "end-unfinished")
         return 0 if ok else 3
 
@@ -226,13 +246,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--delete-fail-rate", type=float, default=0.0,
                    help="inject transient delete failures (FaultyStorage)")
     p.add_argument("--fault-seed", type=int, default=None)
+    p.add_argument("--ha", default="embedded",
+                   help="HA store: embedded (default) or zookeeper://host:port/path")
     args = p.parse_args(argv)
     storage: Storage = open_storage(args.job_uri)
     if args.delete_fail_rate:
         storage = FaultyStorage(
             storage, seed=args.fault_seed, delete_fail_rate=args.delete_fail_rate
         )
-    return Driver(storage, args.local_dir, args.parallelism).run(args.batches, args.seed)
+    return Driver(storage, args.local_dir, args.parallelism, args.ha).run(args.batches, args.seed)
 
 
 if __name__ == "__main__":

@@ -306,6 +306,32 @@ def test_incremental_snapshot_uploads_only_new_files(storage: Storage, tmp_path:
         assert len(dict(b4.items())) == len(keys)
 
 
+def test_uploads_stay_near_changed_state_across_restores(storage: Storage, tmp_path: Path) -> None:
+    """The Spark cycle (restore, change 5% of keys, snapshot, close) never re-uploads the
+    whole state: no compaction at open rewrites everything (universal compaction)."""
+    r = task_range(0, 1, MAXP)
+    rng = random.Random(3)
+    keys = [f"user-{i}" for i in range(8000)]
+    sources: list[RestoreSource] | None = None
+    uploaded, total = [], 0
+    for cid in range(13):
+        with TaskStateBackend.open(tmp_path, OP, r, MAXP, sources) as b:
+            for k in keys if cid == 0 else rng.sample(keys, len(keys) // 20):
+                b.value_state("v", k).update(rng.randbytes(100).hex())
+            kgs = snap(b, storage, cid)
+        sources = checkpoint(storage, cid, [kgs])
+        if cid == 0:
+            total = kgs.info["bytes_uploaded"]
+        else:
+            uploaded.append(kgs.info["bytes_uploaded"])
+    assert total > 1_000_000
+    assert max(uploaded) < 0.5 * total
+    assert sorted(uploaded)[len(uploaded) // 2] < 0.08 * total  # median: ~the changed 5%
+    with TaskStateBackend.open(tmp_path / "check", OP, r, MAXP, sources) as b:
+        assert len(dict(b.items())) == len(keys)
+        assert b.state_names() == {"v"}
+
+
 def test_unconfirmed_snapshot_files_are_not_referenced(storage: Storage, tmp_path: Path) -> None:
     """Checkpoint 1 may still abort and be discarded: checkpoint 2 must not depend on it."""
     with TaskStateBackend.open(tmp_path, OP, task_range(0, 1, MAXP), MAXP) as b:

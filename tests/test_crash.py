@@ -7,6 +7,8 @@ listing the storage that
     referenced files, the HA pointer documents and the job result entry — no orphan;
 (c) the final keyed state (and every savepoint's) equals a plain-Python computation.
 
+The HA store is the embedded one, or (the cluster-like configuration) ZooKeeper over S3.
+
 The random seed is printed; set STATEHOLD_CRASH_SEED to replay a run's kill schedule
 (the instants still vary with timing, the phases and delays do not).
 """
@@ -22,6 +24,8 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,13 +34,16 @@ import pytest
 from conftest import S3Server
 
 from statehold import layout
+from statehold.ha.base import HAStore
 from statehold.ha.embedded import EmbeddedHAStore
+from statehold.ha.open import EMBEDDED, open_ha_store
 from statehold.jobresult import read_result
 from statehold.layout import Kind
 from statehold.metadata import read_metadata, referenced_keys
 from statehold.reconcile import referenced_by_job
 from statehold.storage import Storage, open_storage
 from statehold.tools import Target, verify
+from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 pytestmark = pytest.mark.crash
 
@@ -66,12 +73,26 @@ def listing(storage: Storage) -> set[str]:
     return {info.key for info in storage.list()}
 
 
-def missing_references(storage: Storage) -> dict[str, set[str]]:
+@contextmanager
+def open_ha(storage: Storage, ha_uri: str) -> Iterator[HAStore]:
+    """The crash driver's HA store (embedded or ``zookeeper://``), closed afterwards."""
+    ha = open_ha_store(ha_uri, storage, drv.JOB_ID)
+    try:
+        yield ha
+    finally:
+        ha.close()
+
+
+def missing_references(storage: Storage, ha: str | HAStore = EMBEDDED) -> dict[str, set[str]]:
     """Invariant (a): every retained checkpoint's and savepoint's files are present
-    (same size as the metadata says)."""
+    (same size as the metadata says). `ha`: the HA store, or its URI."""
     sizes = {info.key: info.size for info in storage.list()}
-    ha = EmbeddedHAStore(storage)
-    holders = [p.metadata for p in ha.read().retained]
+    if isinstance(ha, str):
+        with open_ha(storage, ha) as store:
+            retained = store.read().retained
+    else:
+        retained = ha.read().retained
+    holders = [p.metadata for p in retained]
     holders += [k for k in sizes if layout.parse(k).kind is Kind.SAVEPOINT_METADATA]
     problems: dict[str, set[str]] = {}
     for metadata_key in holders:
@@ -117,6 +138,7 @@ def run_job(
     seed: int,
     env: dict[str, str] | None = None,
     extra: tuple[str, ...] = (),
+    ha_uri: str = EMBEDDED,
 ) -> Outcome:
     """Run the driver until it finished the job after `kills` SIGKILLs; check invariant
     (a) after each kill."""
@@ -135,7 +157,7 @@ def run_job(
         with open(err_path, "w") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-u", str(DRIVER), job_uri, str(local),
-                 "--batches", str(BATCHES), "--seed", str(seed), *extra],
+                 "--batches", str(BATCHES), "--seed", str(seed), "--ha", ha_uri, *extra],
                 stdout=subprocess.PIPE, stderr=err, text=True,
                 env={**os.environ, **(env or {})},
             )
@@ -170,7 +192,7 @@ def run_job(
         if killed_at and rc == -signal.SIGKILL:
             done = False  # killed after printing "done" still counts as a kill
             out.kills[killed_at] += 1
-            problems = missing_references(storage)
+            problems = missing_references(storage, ha_uri)
             assert not problems, (
                 f"seed {SEED}: after a kill at {killed_at!r} referenced files are missing: "
                 f"{problems}"
@@ -182,8 +204,14 @@ def run_job(
     return out
 
 
-def check_final_state(storage: Storage, work: Path, seed: int) -> None:
-    ha = EmbeddedHAStore(storage)
+def check_final_state(storage: Storage, work: Path, seed: int, ha_uri: str = EMBEDDED) -> None:
+    with open_ha(storage, ha_uri) as ha:
+        _check_final_state(storage, work, seed, ha, embedded=ha_uri == EMBEDDED)
+
+
+def _check_final_state(
+    storage: Storage, work: Path, seed: int, ha: HAStore, embedded: bool
+) -> None:
     state = ha.read()
     # Job ended, keep-latest: exactly the newest checkpoint is retained, entry is clean.
     assert [p.checkpoint_id for p in state.retained] == [BATCHES], f"seed {SEED}"
@@ -191,18 +219,19 @@ def check_final_state(storage: Storage, work: Path, seed: int) -> None:
     assert result is not None and result.state == "clean", f"seed {SEED}: {result}"
 
     # (a) nothing referenced is missing; the retained checkpoint verifies byte for byte.
-    assert not missing_references(storage), f"seed {SEED}"
+    assert not missing_references(storage, ha), f"seed {SEED}"
     files = listing(storage)
     savepoints = sorted(k for k in files if layout.parse(k).kind is Kind.SAVEPOINT_METADATA)
     for key in [state.retained[0].metadata, *savepoints]:
         kind = "savepoint" if key.startswith("savepoints/") else "checkpoint"
-        report = verify(Target(storage, kind, key))
+        report = verify(Target(storage, kind, key), ha=ha)
         assert report.ok, f"seed {SEED}: {key}: {report.problems}"
 
     # (b) no orphan: the listing is exactly what is referenced, plus the HA pointer
     # documents and the job result entry.
     referenced = referenced_by_job(storage, ha)
-    ha_docs = {k for k in files if HA_DOC.match(k)}
+    # (With ZooKeeper the pointers live there: an ``_ha/`` document would be an orphan.)
+    ha_docs = {k for k in files if HA_DOC.match(k)} if embedded else set()
     expected = referenced | ha_docs | {"_job/result.json"}
     assert files - expected == set(), f"seed {SEED}: orphans left: {sorted(files - expected)}"
     assert expected - files == set(), f"seed {SEED}: missing: {sorted(expected - files)}"
@@ -241,6 +270,28 @@ def test_kill_9_on_s3(tmp_path: Path, s3_server: S3Server) -> None:
     report("s3", out)
     assert sum(out.kills.values()) == 12
     check_final_state(storage, tmp_path, SEED + 1)
+
+
+def test_kill_9_on_s3_with_zookeeper(
+    tmp_path: Path,
+    s3_server: S3Server,
+    zk_server: ZooKeeperServer,  # noqa: F811
+) -> None:
+    """The cluster-like configuration: state on S3 (moto), pointers and epoch in a real
+    ZooKeeper. The same kills and the same listing-based checks as above."""
+    print(f"crash suite seed: {SEED} (STATEHOLD_CRASH_SEED={SEED} to replay)")
+    name = f"crash-zk-{os.getpid()}-{SEED}"
+    uri = f"s3://{s3_server.bucket}/{name}"
+    ha_uri = f"zookeeper://{zk_server.hosts}/{name}"
+    storage = open_storage(uri, **s3_server.options)
+    out = run_job(
+        uri, storage, tmp_path, kills=9, seed=SEED + 3, env=s3_server.env, ha_uri=ha_uri
+    )
+    report("s3+zookeeper", out)
+    assert sum(out.kills.values()) == 9
+    # The pointers really are in ZooKeeper: nothing under _ha/ on the storage.
+    assert not any(HA_DOC.match(k) for k in listing(storage)), f"seed {SEED}"
+    check_final_state(storage, tmp_path, SEED + 3, ha_uri)
 
 
 def test_kill_9_while_30_percent_of_deletes_fail(tmp_path: Path) -> None:

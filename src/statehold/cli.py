@@ -34,7 +34,8 @@ from rich.progress import Progress as RichBar
 from rich.table import Table
 
 from statehold import tools
-from statehold.ha.base import FencedError, HAStoreError
+from statehold.ha.base import FencedError, HAStore, HAStoreError
+from statehold.ha.open import EMBEDDED, open_ha_store
 from statehold.metadata import MetadataError
 from statehold.storage import StorageError
 from statehold.tools import Problem, ToolError
@@ -232,11 +233,33 @@ def verify_command(
     no_checksums: Annotated[
         bool, typer.Option("--no-checksums", help="Check presence and size only.")
     ] = False,
+    ha: Annotated[
+        str,
+        typer.Option(
+            "--ha",
+            help="The job's HA store: 'embedded' (default) or zookeeper://host:port/path "
+            "(the job id is the job directory's name).",
+        ),
+    ] = EMBEDDED,
 ) -> None:
     """Every referenced file present, of the right size and checksum, inside the job
     directory. Exits 1 and lists the problems otherwise."""
     with handle_errors(as_json), RichProgress(not as_json) as progress:
-        result = tools.verify(checkpoint, checksums=not no_checksums, progress=progress)
+        target = tools.locate(checkpoint)
+        store: HAStore | None = None
+        if ha.strip() != EMBEDDED:
+            job_id = target.job.uri.rstrip("/").rsplit("/", 1)[-1]
+            try:
+                store = open_ha_store(ha, target.job, job_id)
+            except ValueError as e:
+                raise ToolError(str(e)) from e
+        try:
+            result = tools.verify(
+                target, checksums=not no_checksums, progress=progress, ha=store
+            )
+        finally:
+            if store is not None:
+                store.close()
 
     def render() -> None:
         if result.ok:

@@ -19,6 +19,7 @@ from statehold.spark.api import (
     ValueState,
 )
 from statehold.spark.job import BatchResult, StatefulJob, replace_output
+from statehold.spark.reader import iter_state, read_state
 from statehold.spark.session import local_session, use_this_python
 from statehold.spark.task import MalformedInputError, state_key
 
@@ -35,7 +36,9 @@ __all__ = [
     "StatefulJob",
     "TaskStates",
     "ValueState",
+    "iter_state",
     "local_session",
+    "read_state",
     "replace_output",
     "state_key",
     "use_this_python",
