@@ -33,6 +33,8 @@ from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
 pytestmark = [pytest.mark.spark, pytest.mark.zookeeper]
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+#: The `statehold` console script's entry point, run with this interpreter.
+STATEHOLD = ("-c", "from statehold.cli import main; main()")
 #: Bound on one subprocess (a hang fails the test instead of blocking the suite).
 TIMEOUT = 600
 
@@ -141,8 +143,7 @@ def test_example_on_s3_with_zookeeper(
         assert state.epoch == 2  # one epoch per run
 
         # The job directory on S3 verifies against the ZooKeeper pointers: by the CLI ...
-        cli = run(tmp_path, env, "-m", "statehold.cli", "verify", "--json", "--ha", ha_uri,
-                  job_uri)
+        cli = run(tmp_path, env, *STATEHOLD, "verify", "--json", "--ha", ha_uri, job_uri)
         assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
         doc = json.loads(cli.stdout)
         assert doc["ok"] and doc["metadata_path"] == layout.checkpoint_metadata_key(3)
@@ -153,7 +154,7 @@ def test_example_on_s3_with_zookeeper(
                             **s3_server.options)
             assert report.ok, report.problems
         # Without --ha the CLI reads the (empty) embedded store and finds nothing.
-        embedded = run(tmp_path, env, "-m", "statehold.cli", "verify", "--json", job_uri)
+        embedded = run(tmp_path, env, *STATEHOLD, "verify", "--json", job_uri)
         assert embedded.returncode == 1
         assert "no retained checkpoint" in embedded.stderr
     finally:

@@ -57,6 +57,7 @@ from rocksdict import (
     Rdict,
     UniversalCompactOptions,
     WriteBatch,
+    WriteOptions,
 )
 
 from statehold import layout
@@ -342,6 +343,12 @@ class TaskStateBackend:
         return self
 
     def _attach(self, db: Rdict) -> None:
+        # No write-ahead log: the working DB is a private copy that a crash discards (the
+        # task restores from the last checkpoint), and snapshot() flushes before copying,
+        # so the log would only cost time on every put.
+        no_wal = WriteOptions()
+        no_wal.disable_wal = True  # type: ignore[method-assign,assignment]  # a property
+        db.set_write_options(no_wal)
         self._db = db
         self._kv = _RocksKV(db)
 
