@@ -226,8 +226,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--files-per-batch", type=int, default=1)
     p.add_argument("--keep-running", action="store_true", help="keep polling for new files")
     p.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
-    p.add_argument("--restore-from", default=None, help="(not supported yet)")
-    p.add_argument("--mode", choices=["resume", "no-claim", "claim"], default="resume")
+    p.add_argument(
+        "--restore-from",
+        default=None,
+        help="start a NEW job (--job-id) from another job's checkpoint (chk-N folder), a "
+        "savepoint folder, or a job directory (its newest checkpoint); see --mode",
+    )
+    p.add_argument(
+        "--mode",
+        choices=["resume", "no-claim", "claim"],
+        default=None,
+        help="with --restore-from: no-claim (default; the source is never modified, the new "
+        "job holds its own copies) or claim (the files move into the new job). resume is "
+        "what every run without --restore-from does",
+    )
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument(
         "--ha",
@@ -284,8 +296,10 @@ def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.restore_from is not None or args.mode != "resume":
-        print("error: only --mode resume (the default) is supported so far", file=sys.stderr)
+    mode = args.mode or ("no-claim" if args.restore_from else "resume")
+    if (args.restore_from is None) != (mode == "resume"):
+        print("error: --restore-from needs --mode no-claim or claim, and they need it; "
+              "resume continues the job in --checkpoints/--job-id", file=sys.stderr)
         return 2
     input_dir: Path = args.input.absolute()
     if not list_inputs(input_dir):
@@ -303,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         parallelism=args.parallelism,
         retain=args.retain,
         ha=args.ha,
+        restore_from=args.restore_from,
+        restore_mode=mode,
     )
     try:
         return run(spark, job, args)

@@ -29,7 +29,7 @@ from statehold import layout
 from statehold.backend.keys import all_ranges, check_max_parallelism
 from statehold.coordinator import CheckpointCoordinator
 from statehold.ha.base import HAStore
-from statehold.metadata import KeyGroupState
+from statehold.metadata import KeyGroupState, RestoreMode
 from statehold.spark.api import BatchFunction, InputFormat, KeyFunction, Sink
 from statehold.spark.task import (
     ACK_COL,
@@ -114,6 +114,8 @@ class StatefulJob:
         local_dir: str | None = None,
         ha: HAStore | str | None = None,
         backend_options: Mapping[str, Any] | None = None,
+        restore_from: str | None = None,
+        restore_mode: RestoreMode | str = RestoreMode.NO_CLAIM,
     ) -> None:
         check_max_parallelism(max_parallelism)
         self.spark = spark
@@ -136,6 +138,10 @@ class StatefulJob:
         self.storage: Storage = root.child(job_id)
         self._ha = ha
         self._coordinator: CheckpointCoordinator | None = None
+        #: A checkpoint, savepoint or job directory of another job to start from (used
+        #: only while this job has no checkpoint of its own; see statehold.restore).
+        self.restore_from = restore_from
+        self.restore_mode = RestoreMode(restore_mode)
 
     # -- where things are ----------------------------------------------------------------
     @property
@@ -167,6 +173,14 @@ class StatefulJob:
                 if isinstance(self._ha, HAStore)
                 else open_ha_store(self._ha, self.storage, self.job_id)
             )
+            if self.restore_from is not None and self.restore_mode is not RestoreMode.RESUME:
+                from statehold.restore import restore_into
+                from statehold.tools import locate, resolve_checkpoint
+
+                source = resolve_checkpoint(locate(self.restore_from, **self.storage_options))
+                assert source.metadata_key is not None
+                restore_into(source.job, source.metadata_key, self.storage, ha,
+                             job_id=self.job_id, mode=self.restore_mode)
             self._coordinator = CheckpointCoordinator.start(
                 self.storage,
                 ha,
