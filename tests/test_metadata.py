@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statehold import layout, metadata
+from statehold import layout, metadata, signed
 from statehold.layout import Scope
 from statehold.metadata import (
     FORMAT_VERSION,
@@ -171,7 +171,7 @@ ENCODED = metadata.encode(SAMPLE, KEY)
 def reencode(doc: dict[str, Any]) -> bytes:
     """A document with a correct checksum, so only its content can be the problem."""
     doc = dict(doc)
-    doc["checksum"] = metadata._digest(doc)
+    doc["checksum"] = signed.digest(doc)
     return json.dumps(doc).encode()
 
 
@@ -191,7 +191,7 @@ def set_path(path: str, external: bool = False) -> bytes:
 
 def same(decoded: CheckpointMetadata, original: CheckpointMetadata) -> bool:
     """Equal content; the decoded document also carries the checksum it was verified with."""
-    assert decoded.checksum == metadata._digest(original.model_dump(mode="json"))
+    assert decoded.checksum == signed.digest(original.model_dump(mode="json"))
     return decoded.model_dump(exclude={"checksum"}) == original.model_dump(exclude={"checksum"})
 
 

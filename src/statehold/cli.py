@@ -401,7 +401,8 @@ def _load_extensions() -> None:
         module.register(app)
 
 
-_load_extensions()
+if __name__ != "__main__":  # run as a script, the real module below loads them
+    _load_extensions()
 
 
 def main() -> None:
@@ -409,4 +410,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m statehold.cli`: run the importable module, so the extensions (which
+    # import statehold.cli) see one module, not this __main__ copy of it.
+    from statehold.cli import main as _main
+
+    _main()

@@ -9,16 +9,15 @@ relative to the `_metadata` file, so the job directory can be copied anywhere.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from statehold import layout
+from statehold import layout, signed
 from statehold.layout import Scope
 from statehold.storage.base import NotFoundError, Storage, UnsafePathError
 
@@ -128,15 +127,6 @@ class CheckpointMetadata(_Model):
                     yield op.operator, kg, f
 
 
-def _canonical(doc: dict[str, Any]) -> bytes:
-    body = {k: v for k, v in doc.items() if k != "checksum"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _digest(doc: dict[str, Any]) -> str:
-    return "sha256:" + hashlib.sha256(_canonical(doc)).hexdigest()
-
-
 def check_paths(meta: CheckpointMetadata, metadata_key: str) -> None:
     """Every non-external file must resolve inside the job directory; external files
     (no-claim only) must carry an absolute URI."""
@@ -151,36 +141,21 @@ def check_paths(meta: CheckpointMetadata, metadata_key: str) -> None:
 def encode(meta: CheckpointMetadata, metadata_key: str) -> bytes:
     """Serialize with its checksum; refuses absolute or escaping paths."""
     check_paths(meta, metadata_key)
-    doc = meta.model_dump(mode="json")
-    doc["checksum"] = _digest(doc)
-    return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+    return signed.encode(meta)
 
 
 def decode(data: bytes, metadata_key: str, where: str | None = None) -> CheckpointMetadata:
     """Parse and verify a document; raise MetadataError naming `where` and the problem."""
     where = where or metadata_key
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MetadataError(f"{where}: not valid JSON (corrupt or truncated?): {e}") from e
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise MetadataError(f"{where}: not a statehold checkpoint metadata document")
-    version = doc.get("version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise MetadataError(f"{where}: format version missing or not an integer")
-    if version > FORMAT_VERSION:
-        raise MetadataError(
-            f"{where}: format version {version} is newer than this statehold reads "
-            f"({FORMAT_VERSION}); upgrade statehold"
-        )
-    if version < 1:
-        raise MetadataError(f"{where}: unknown format version {version}")
-    if doc.get("checksum") != _digest(doc):
-        raise MetadataError(f"{where}: checksum mismatch (the document was altered or damaged)")
-    try:
-        meta = CheckpointMetadata.model_validate(doc)
-    except ValidationError as e:
-        raise MetadataError(f"{where}: invalid document: {e}") from e
+    meta = signed.decode(
+        data,
+        CheckpointMetadata,
+        where=where,
+        format_name=FORMAT_NAME,
+        version=FORMAT_VERSION,
+        what="checkpoint metadata",
+        error=MetadataError,
+    )
     try:
         check_paths(meta, metadata_key)
     except UnsafePathError as e:

@@ -48,18 +48,17 @@ Garbage collection
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import random
 import re
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from statehold import signed
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
 from statehold.layout import HA_DIR
 from statehold.storage.base import (
@@ -139,40 +138,21 @@ class PointerDocument(_Model):
         )
 
 
-def _digest(doc: dict[str, Any]) -> str:
-    body = {k: v for k, v in doc.items() if k != "checksum"}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
-
-
 def encode_document(doc: PointerDocument) -> bytes:
-    data = doc.model_dump(mode="json")
-    data["checksum"] = _digest(data)
-    return json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+    return signed.encode(doc)
 
 
 def decode_document(data: bytes, where: str, seq: int | None = None) -> PointerDocument:
     """Parse and verify; HAStoreError naming `where` and the problem."""
-    try:
-        raw = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HAStoreError(f"{where}: not valid JSON (corrupt or truncated?): {e}") from e
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
-        raise HAStoreError(f"{where}: not a statehold HA pointer document")
-    version = raw.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise HAStoreError(f"{where}: format version missing or invalid")
-    if version > FORMAT_VERSION:
-        raise HAStoreError(
-            f"{where}: format version {version} is newer than this statehold reads "
-            f"({FORMAT_VERSION}); upgrade statehold"
-        )
-    if raw.get("checksum") != _digest(raw):
-        raise HAStoreError(f"{where}: checksum mismatch (the document was altered or damaged)")
-    try:
-        doc = PointerDocument.model_validate(raw)
-    except ValidationError as e:
-        raise HAStoreError(f"{where}: invalid document: {e}") from e
+    doc = signed.decode(
+        data,
+        PointerDocument,
+        where=where,
+        format_name=FORMAT_NAME,
+        version=FORMAT_VERSION,
+        what="HA pointer",
+        error=HAStoreError,
+    )
     if seq is not None and doc.seq != seq:
         raise HAStoreError(f"{where}: holds seq {doc.seq}, its name says {seq}")
     return doc
