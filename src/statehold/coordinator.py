@@ -426,12 +426,18 @@ class CheckpointCoordinator:
         outcome: JobOutcome = JobOutcome.FINISHED,
         policy: RetentionPolicy = RetentionPolicy.KEEP_LATEST,
         *,
+        savepoint: str | None = None,
         timeout: float | None = 600.0,
     ) -> bool:
         """The job ended: dirty entry first, cleanup per `policy`, then clean entry.
-        Returns False (entry left dirty, for the next driver to finish) if the cleanup
-        could not finish within `timeout`."""
+        With `savepoint`, the newest checkpoint is first kept as that savepoint (which
+        no policy deletes). Returns False (entry left dirty, for the next driver to
+        finish) if the cleanup could not finish within `timeout`."""
         self.check_epoch()
+        if savepoint is not None and not self.storage.exists(
+            layout.savepoint_metadata_key(savepoint)
+        ):
+            self.savepoint(savepoint)
         write_result(self.storage, job_id=self.job_id, epoch=self.epoch, outcome=outcome,
                      policy=policy, state="dirty")
         for checkpoint_id in self.pending_ids():

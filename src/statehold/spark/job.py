@@ -29,7 +29,8 @@ from statehold import layout
 from statehold.backend.keys import all_ranges, check_max_parallelism
 from statehold.coordinator import CheckpointCoordinator
 from statehold.ha.base import HAStore
-from statehold.metadata import KeyGroupState, RestoreMode
+from statehold.jobresult import JobOutcome, RetentionPolicy
+from statehold.metadata import CheckpointMetadata, KeyGroupState, RestoreMode
 from statehold.spark.api import BatchFunction, InputFormat, KeyFunction, Sink
 from statehold.spark.task import (
     ACK_COL,
@@ -311,6 +312,27 @@ class StatefulJob:
                 f"one these checkpoints were written with (use "
                 f"{self.spark_checkpoint_location})"
             )
+
+    def savepoint(self, name: str) -> CheckpointMetadata:
+        """Keep the newest checkpoint as savepoint `name` (``savepoints/<name>/``): never
+        subsumed, never deleted by any cleanup, only by ``statehold dispose``."""
+        return self.coordinator.savepoint(name)
+
+    def end(
+        self,
+        outcome: JobOutcome | str = JobOutcome.FINISHED,
+        policy: RetentionPolicy | str = RetentionPolicy.KEEP_LATEST,
+        *,
+        savepoint: str | None = None,
+    ) -> bool:
+        """The job is over for good: record it, clean up per `policy` (keep the newest
+        checkpoint, or delete all checkpoints), optionally keeping a savepoint first.
+        False if the cleanup could not finish (the next driver finishes it)."""
+        done = self.coordinator.end(
+            JobOutcome(outcome), RetentionPolicy(policy), savepoint=savepoint
+        )
+        self.close()
+        return done
 
     def close(self) -> None:
         if self._coordinator is not None:
