@@ -284,14 +284,7 @@ class FaultyStorage(Storage):
                 elif self._transient("delete"):
                     failed[key] = InjectedFault(f"injected: transient delete failure: {full!r}")
             self._s.injected["delete_many"] += len(failed)
-        rest = [k for k in keys if k not in failed]
-        if rest:
-            try:
-                self.inner.delete_many(rest)
-            except DeleteError as e:
-                failed.update(e.failed)
-        if failed:
-            raise DeleteError(failed)
+        self._delete_all_but(keys, failed)
 
     def delete_prefix(self, prefix: str) -> int:
         """A transient fault fails the whole call. A denied path inside the prefix is
@@ -316,6 +309,11 @@ class FaultyStorage(Storage):
                 if self._denied(_join(self._base, key), "delete") is not None:
                     failed[key] = PermissionDeniedFault(f"injected: permission denied: {key!r}")
             self._s.injected["delete_prefix"] += len(failed)
+        return len(self._delete_all_but(keys, failed))
+
+    def _delete_all_but(self, keys: list[str], failed: dict[str, BaseException]) -> list[str]:
+        """Delete the keys not in `failed` (like a real bulk delete that partly fails),
+        then raise DeleteError naming every failed key. Returns the keys deleted."""
         rest = [k for k in keys if k not in failed]
         if rest:
             try:
@@ -324,7 +322,7 @@ class FaultyStorage(Storage):
                 failed.update(e.failed)
         if failed:
             raise DeleteError(failed)
-        return len(rest)
+        return rest
 
     def _target(self, method: str, src: str, dst: str, target: Storage | None) -> Storage | None:
         """Check faults for both sides of a copy/move; unwrap a faulty target."""
