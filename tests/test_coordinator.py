@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
 from statehold import layout
+from statehold.cleaner import AsyncCleaner
 from statehold.coordinator import CheckpointCoordinator, CheckpointError
 from statehold.ha.base import FencedError, HAStoreError
 from statehold.ha.embedded import EmbeddedHAStore
@@ -20,6 +22,7 @@ from statehold.metadata import (
     referenced_keys,
 )
 from statehold.storage import Storage
+from statehold.storage.faulty import FaultyStorage
 
 MAX_PARALLELISM = 8
 RANGES = [KeyGroupRange(start=0, end=3), KeyGroupRange(start=4, end=7)]
@@ -278,3 +281,53 @@ def test_an_abort_that_cannot_read_the_ha_store_deletes_nothing(storage: Storage
     assert [p.checkpoint_id for p in ha.read().retained] == [1, 2]
     assert referenced_by_retained(storage, coord) | {layout.checkpoint_metadata_key(2)} <= before
     coord.cleaner.close()
+
+
+def test_a_path_that_always_fails_is_reported_and_deleted_once_fixed(storage: Storage) -> None:
+    """The job keeps checkpointing while one subsumed file cannot be deleted; the failure
+    shows in the attempt's status; once the path is fixed the file goes."""
+    faulty = FaultyStorage(storage)
+    cleaner = AsyncCleaner(faulty, initial_delay=0.01, max_delay=0.05)
+    coord = CheckpointCoordinator.start(faulty, EmbeddedHAStore(faulty), job_id="job-1",
+                                        max_parallelism=MAX_PARALLELISM, retain=1,
+                                        cleaner=cleaner)
+    cleaner.guard = coord.check_epoch
+    tasks = [SimulatedTask(faulty, r, random.Random(31)) for r in RANGES]
+    run_checkpoint(coord, tasks, 1)
+    stuck = next(k for k in listing(storage) if k.startswith("exclusive/e1-c1-"))
+    faulty.fail_permanently(stuck)
+    for n in range(2, 6):  # checkpoint 1 is subsumed at 2: its exclusive file can't go
+        run_checkpoint(coord, tasks, n)
+    assert [m.checkpoint_id for _, m in coord.retained()] == [5]
+    deadline = time.monotonic() + 60
+    while cleaner.status().failures < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)  # waits for retries to happen; asserts nothing about speed
+    assert cleaner.status().failures >= 3  # retried, not dropped
+    status = coord.status()["cleaner"]
+    assert status["retrying_count"] >= 1 and any(stuck in e for e in status["last_errors"])
+    assert stuck in listing(storage)
+
+    faulty.heal(stuck)
+    assert coord.wait_reconciled(60)
+    assert stuck not in listing(storage)
+    assert referenced_by_retained(storage, coord) <= listing(storage)
+    coord.close()
+
+
+def test_a_timed_out_checkpoint_is_aborted_and_leaves_nothing(storage: Storage) -> None:
+    coord = CheckpointCoordinator.start(storage, EmbeddedHAStore(storage), job_id="job-1",
+                                        max_parallelism=MAX_PARALLELISM,
+                                        checkpoint_timeout=0.0)
+    tasks = [SimulatedTask(storage, r, random.Random(32)) for r in RANGES]
+    run_checkpoint(coord, tasks, 1)
+    assert coord.wait_reconciled(60)
+    before = listing(storage)
+    coord.begin(2)
+    coord.acknowledge(2, "agg", tasks[0].snapshot(coord.epoch, 2))  # the other task hangs
+    coord.begin(3)  # checkpoint 2 is older than the timeout: aborted first
+    assert coord.pending_ids() == [3]
+    coord.acknowledge(2, "agg", tasks[1].snapshot(coord.epoch, 2))  # the late task's upload
+    coord.abort(3, "test over")
+    assert coord.wait_reconciled(60)
+    assert listing(storage) == before
+    coord.close()
