@@ -62,6 +62,14 @@ CheckpointArg = Annotated[
     ),
 ]
 JobArg = Annotated[str, typer.Argument(help="A job directory (path, file:// or s3://).")]
+HaOption = Annotated[
+    str,
+    typer.Option(
+        "--ha",
+        help="The job's HA store: 'embedded' (default) or zookeeper://host:port/path "
+        "(the job id is the job directory's name).",
+    ),
+]
 
 console = Console()
 err_console = Console(stderr=True)
@@ -94,6 +102,24 @@ def handle_errors(as_json: bool) -> Iterator[None]:
         fail(str(e), as_json=as_json, problems=e.problems)
     except (MetadataError, HAStoreError, FencedError, StorageError) as e:
         fail(str(e), as_json=as_json)
+
+
+@contextmanager
+def ha_store(location: str, uri: str) -> Iterator[HAStore | None]:
+    """The HA store named by ``--ha`` for the job at `location` (a job directory or a
+    checkpoint in one); None for the embedded store, which the tools open themselves."""
+    if uri.strip() == EMBEDDED:
+        yield None
+        return
+    job = tools.locate(location).job
+    try:
+        store = open_ha_store(uri, job, job.uri.rstrip("/").rsplit("/", 1)[-1])
+    except ValueError as e:
+        raise ToolError(str(e)) from e
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def emit(result: BaseModel, as_json: bool, render: Callable[[], None]) -> None:
@@ -161,10 +187,10 @@ def _problems_table(problems: list[Problem]) -> None:
 
 # -- commands --------------------------------------------------------------------------
 @app.command("list")
-def list_command(job_dir: JobArg, as_json: JsonOption = False) -> None:
+def list_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = EMBEDDED) -> None:
     """Retained checkpoints, chk-N directories not retained (flagged), and savepoints."""
-    with handle_errors(as_json):
-        result = tools.list_checkpoints(job_dir)
+    with handle_errors(as_json), ha_store(job_dir, ha) as store:
+        result = tools.list_checkpoints(job_dir, ha=store)
 
     def render() -> None:
         table = Table("checkpoint", "status", "epoch", "completed", "files", "bytes", "error")
@@ -193,10 +219,12 @@ def list_command(job_dir: JobArg, as_json: JsonOption = False) -> None:
 
 
 @app.command("inspect")
-def inspect_command(checkpoint: CheckpointArg, as_json: JsonOption = False) -> None:
+def inspect_command(
+    checkpoint: CheckpointArg, as_json: JsonOption = False, ha: HaOption = EMBEDDED
+) -> None:
     """Header fields of a checkpoint; with --json also every file it references."""
-    with handle_errors(as_json):
-        result = tools.inspect(checkpoint)
+    with handle_errors(as_json), ha_store(checkpoint, ha) as store:
+        result = tools.inspect(checkpoint, ha=store)
 
     def render() -> None:
         table = Table(show_header=False, box=None)
@@ -233,33 +261,14 @@ def verify_command(
     no_checksums: Annotated[
         bool, typer.Option("--no-checksums", help="Check presence and size only.")
     ] = False,
-    ha: Annotated[
-        str,
-        typer.Option(
-            "--ha",
-            help="The job's HA store: 'embedded' (default) or zookeeper://host:port/path "
-            "(the job id is the job directory's name).",
-        ),
-    ] = EMBEDDED,
+    ha: HaOption = EMBEDDED,
 ) -> None:
     """Every referenced file present, of the right size and checksum, inside the job
     directory. Exits 1 and lists the problems otherwise."""
-    with handle_errors(as_json), RichProgress(not as_json) as progress:
-        target = tools.locate(checkpoint)
-        store: HAStore | None = None
-        if ha.strip() != EMBEDDED:
-            job_id = target.job.uri.rstrip("/").rsplit("/", 1)[-1]
-            try:
-                store = open_ha_store(ha, target.job, job_id)
-            except ValueError as e:
-                raise ToolError(str(e)) from e
-        try:
-            result = tools.verify(
-                target, checksums=not no_checksums, progress=progress, ha=store
-            )
-        finally:
-            if store is not None:
-                store.close()
+    with handle_errors(as_json), RichProgress(not as_json) as progress, ha_store(
+        checkpoint, ha
+    ) as store:
+        result = tools.verify(checkpoint, checksums=not no_checksums, progress=progress, ha=store)
 
     def render() -> None:
         if result.ok:
@@ -308,11 +317,11 @@ def diff_command(
 
 
 @app.command("du")
-def du_command(job_dir: JobArg, as_json: JsonOption = False) -> None:
+def du_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = EMBEDDED) -> None:
     """Bytes by scope and by checkpoint (each shared file's bytes split evenly among the
     retained checkpoints and savepoints referencing it), and unreferenced bytes."""
-    with handle_errors(as_json):
-        result = tools.du(job_dir)
+    with handle_errors(as_json), ha_store(job_dir, ha) as store:
+        result = tools.du(job_dir, ha=store)
 
     def render() -> None:
         scopes = Table("scope", "bytes")
@@ -345,10 +354,15 @@ def export_command(
     no_verify: Annotated[
         bool, typer.Option("--no-verify", help="Skip verifying the exported copy.")
     ] = False,
+    ha: HaOption = EMBEDDED,
 ) -> None:
     """Write a minimal self-contained job directory holding only this checkpoint."""
-    with handle_errors(as_json), RichProgress(not as_json) as progress:
-        result = tools.export(checkpoint, dest, progress=progress, verify_after=not no_verify)
+    with handle_errors(as_json), RichProgress(not as_json) as progress, ha_store(
+        checkpoint, ha
+    ) as store:
+        result = tools.export(
+            checkpoint, dest, progress=progress, verify_after=not no_verify, ha=store
+        )
 
     def render() -> None:
         console.print(
@@ -373,11 +387,12 @@ def dispose_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show what would be deleted; delete nothing.")
     ] = False,
+    ha: HaOption = EMBEDDED,
 ) -> None:
     """Delete a checkpoint, a savepoint or a job directory; files that a retained
     checkpoint or another savepoint references are always kept."""
-    with handle_errors(as_json):
-        result = tools.dispose(target, force=force, dry_run=dry_run)
+    with handle_errors(as_json), ha_store(target, ha) as store:
+        result = tools.dispose(target, force=force, dry_run=dry_run, ha=store)
 
     def render() -> None:
         verb = "would delete" if result.dry_run else "deleted"

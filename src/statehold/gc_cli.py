@@ -8,31 +8,14 @@ from typing import Annotated
 import typer
 
 from statehold import tools
-from statehold.cli import JobArg, JsonOption, console, emit, handle_errors
-from statehold.ha.base import HAStore
-from statehold.ha.open import open_ha_store
+from statehold.cli import HaOption, JobArg, JsonOption, console, emit, ha_store, handle_errors
+from statehold.ha.embedded import EmbeddedHAStore
 from statehold.jobstatus import job_status
 from statehold.reconcile import gc
-from statehold.storage import Storage
 
-HaOption = Annotated[
-    str,
-    typer.Option(
-        "--ha",
-        help="The job's HA store: 'embedded' (default) or zookeeper://host:port/path "
-        "(the job id is the job directory's name).",
-    ),
-]
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Report what would be deleted; delete nothing.")
 ]
-
-
-def _ha_for(job: Storage, uri: str) -> HAStore:
-    try:
-        return open_ha_store(uri, job, job.uri.rstrip("/").rsplit("/", 1)[-1])
-    except ValueError as e:
-        raise tools.ToolError(str(e)) from e
 
 
 def gc_command(
@@ -46,11 +29,8 @@ def gc_command(
     with handle_errors(as_json):
         job = tools.locate(job_dir).job
         tools.require_job_dir(job)
-        store = _ha_for(job, ha)
-        try:
-            report = gc(job, store, dry_run=dry_run)
-        finally:
-            store.close()
+        with ha_store(job_dir, ha) as store:
+            report = gc(job, store or EmbeddedHAStore(job), dry_run=dry_run)
 
     def render() -> None:
         verb = "would delete" if dry_run else "deleted"
@@ -77,11 +57,8 @@ def status_command(
     with handle_errors(as_json):
         job = tools.locate(job_dir).job
         tools.require_job_dir(job)
-        store = _ha_for(job, ha)
-        try:
-            status = job_status(job, store)
-        finally:
-            store.close()
+        with ha_store(job_dir, ha) as store:
+            status = job_status(job, store or EmbeddedHAStore(job))
 
     def render() -> None:
         console.print(f"{status.job_uri}: epoch {status.epoch}, retained {status.retained}")
