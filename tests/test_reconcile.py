@@ -179,3 +179,22 @@ def test_a_dirty_entry_is_finished_by_the_next_driver(storage: Storage) -> None:
     assert ours(listing(storage)) == referenced_by_retained(storage, again)
     assert read_result(storage) is None  # it runs again now
     again.close()
+
+
+def test_a_running_attempt_reconciles_every_few_checkpoints(storage: Storage) -> None:
+    """What no discard names — here the upload of a task attempt that failed after
+    uploading, never acknowledged — is found by the periodic reconcile."""
+    coord = start(storage, reconcile_every=3)
+    tasks = [SimulatedTask(storage, r, random.Random(8)) for r in RANGES]
+    run_checkpoint(coord, tasks, 1)
+    assert coord.wait_reconciled(60)
+    stray = layout.shared_key(coord.epoch, 2, "failed-attempt")
+    storage.write(stray, b"uploaded by a task attempt that then died")
+    run_checkpoint(coord, tasks, 2)
+    assert coord.wait_reconciled(60)
+    assert stray in listing(storage)  # two completions since the start: no reconcile yet
+    run_checkpoint(coord, tasks, 3)  # the third: a reconcile runs
+    assert coord.wait_reconciled(60)
+    assert stray not in listing(storage)
+    assert referenced_by_retained(storage, coord) <= listing(storage)
+    coord.close()

@@ -97,6 +97,7 @@ class CheckpointCoordinator:
         checkpoint_timeout: float = 600.0,
         backlog_wait: float = 60.0,
         lineage: Lineage | None = None,
+        reconcile_every: int = 50,
     ) -> None:
         if retain < 1:
             raise ValueError("retain must be at least 1")
@@ -108,6 +109,11 @@ class CheckpointCoordinator:
         self.retain = retain
         self.registry = registry
         self.checkpoint_timeout = checkpoint_timeout
+        #: Also reconcile in the background after every this many completed checkpoints
+        #: (0: only at start), for what no discard names: uploads of failed or duplicate
+        #: task attempts, checkpoints whose abort could not tell whether they were
+        #: published.
+        self.reconcile_every = reconcile_every
         self.lineage = lineage
         #: Discards run in the background: processing and recovery never wait on them.
         self.cleaner = cleaner or AsyncCleaner(storage, guard=self.check_epoch)
@@ -117,6 +123,7 @@ class CheckpointCoordinator:
         self._aborted: set[int] = set()
         self.lease: Lease | None = None
         self._reconciler: threading.Thread | None = None
+        self._completed_since_reconcile = 0
         self.last_reconcile: ReconcilePlan | None = None
 
     # -- start -----------------------------------------------------------------------------
@@ -133,6 +140,7 @@ class CheckpointCoordinator:
         checkpoint_timeout: float = 600.0,
         lease_ttl: float = DEFAULT_TTL,
         reconcile_in_background: bool = True,
+        reconcile_every: int = 50,
     ) -> CheckpointCoordinator:
         """Begin a new attempt: claim a higher epoch (fencing every older attempt), read
         the retained checkpoints named by the HA store alone, rebuild the registry, finish
@@ -182,6 +190,7 @@ class CheckpointCoordinator:
             cleaner=cleaner,
             checkpoint_timeout=checkpoint_timeout,
             lineage=lineage,
+            reconcile_every=reconcile_every,
         )
         coordinator.lease = Lease(
             storage, state.epoch, lease_ttl, status=coordinator.status
@@ -309,6 +318,9 @@ class CheckpointCoordinator:
         for _key, old in subsumed:
             self._discard(self.registry.release_checkpoint(old.checkpoint_id))
         log.info("job %s: completed checkpoint %d", self.job_id, checkpoint_id)
+        self._completed_since_reconcile += 1
+        if self.reconcile_every and self._completed_since_reconcile >= self.reconcile_every:
+            self.start_reconcile()
         return meta
 
     def abort(self, checkpoint_id: int, reason: str) -> None:
@@ -386,7 +398,11 @@ class CheckpointCoordinator:
         return meta
 
     def start_reconcile(self) -> None:
-        """Reconcile the job directory with the HA store in a background thread."""
+        """Reconcile the job directory with the HA store in a background thread (unless
+        one is still running)."""
+        if self._reconciler is not None and self._reconciler.is_alive():
+            return
+        self._completed_since_reconcile = 0
         live = LiveAttempt(self.epoch, self._latest_id())
 
         # Its own cleaner: a reconcile's backlog (100,000 orphans, say) must never count
