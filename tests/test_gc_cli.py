@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 from test_coordinator import RANGES, SimulatedTask, listing, referenced_by_retained, run_checkpoint
 from test_reconcile import leave_in_flight_mess, ours, start
 from typer.testing import CliRunner
@@ -97,3 +98,56 @@ def test_gc_refuses_an_unknown_ha_store(tmp_path) -> None:  # type: ignore[no-un
     assert result.exit_code == 1
     assert "zookeeper://" in result.stderr
     assert listing(storage) == before
+
+
+def _broken_job(tmp_path, damage: str) -> tuple[LocalStorage, set[str]]:  # type: ignore[no-untyped-def]
+    """A stopped job with orphans, then one kind of damage."""
+    from statehold import layout, metadata
+    from statehold.metadata import read_metadata
+
+    storage = LocalStorage(tmp_path / "job")
+    coord = start(storage)
+    tasks = [SimulatedTask(storage, r, random.Random(12)) for r in RANGES]
+    for n in range(1, 4):
+        run_checkpoint(coord, tasks, n)
+    coord.wait_reconciled(60)
+    leave_in_flight_mess(storage, coord, tasks, 4)  # orphans gc would otherwise delete
+    coord.cleaner.close()
+    assert coord.lease is not None
+    coord.lease.stop(release=True)
+    key = layout.checkpoint_metadata_key(3)
+    if damage == "corrupt":
+        storage.write(key, storage.read(key)[:-40])
+    elif damage == "escaping-path":
+        meta = read_metadata(storage, key)
+        op = meta.operators[0]
+        kg = op.ranges[0]
+        bad = kg.files[0].model_copy(update={"path": "../../elsewhere/x"})
+        meta = meta.model_copy(update={"operators": [op.model_copy(update={"ranges": [
+            kg.model_copy(update={"files": [bad, *kg.files[1:]]}), *op.ranges[1:]]})]})
+        doc = meta.model_dump(mode="json")
+        doc["checksum"] = metadata.signed.digest(doc)  # valid checksum: the path is the problem
+        storage.write(key, json.dumps(doc).encode())
+    elif damage == "missing-file":
+        victim = sorted(k for k in referenced_by_retained(storage, coord) if "shared/" in k)[0]
+        storage.delete_many([victim])
+    return storage, listing(storage)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "escaping-path", "missing-file"])
+def test_gc_of_a_damaged_job_deletes_nothing(tmp_path, damage: str) -> None:  # type: ignore[no-untyped-def]
+    storage, before = _broken_job(tmp_path, damage)
+    result = runner.invoke(app, ["gc", str(storage.root), "--json"])
+    assert result.exit_code == 1, result.output
+    expected = {"corrupt": "not valid JSON", "escaping-path": "leaves the job directory",
+                "missing-file": "missing"}[damage]
+    assert expected in result.stderr
+    assert json.loads(result.stdout)["ok"] is False
+    assert listing(storage) == before
+
+
+def test_status_refuses_what_is_not_a_job_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "data").mkdir()
+    result = runner.invoke(app, ["status", str(tmp_path / "data"), "--json"])
+    assert result.exit_code == 1
+    assert "not a statehold job directory" in result.stderr

@@ -11,7 +11,7 @@ from statehold import tools
 from statehold.cli import HaOption, JobArg, JsonOption, console, emit, ha_store, handle_errors
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.jobstatus import job_status
-from statehold.reconcile import gc
+from statehold.reconcile import ReconcileError, gc
 
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Report what would be deleted; delete nothing.")
@@ -30,7 +30,10 @@ def gc_command(
         job = tools.locate(job_dir).job
         tools.require_job_dir(job)
         with ha_store(job_dir, ha) as store:
-            report = gc(job, store or EmbeddedHAStore(job), dry_run=dry_run)
+            try:
+                report = gc(job, store or EmbeddedHAStore(job), dry_run=dry_run)
+            except ReconcileError as e:
+                raise tools.ToolError(str(e)) from e
 
     def render() -> None:
         verb = "would delete" if dry_run else "deleted"

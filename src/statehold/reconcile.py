@@ -27,7 +27,7 @@ from statehold.jobresult import read_result
 from statehold.layout import Kind
 from statehold.lease import read_lease
 from statehold.metadata import read_metadata, referenced_keys
-from statehold.storage.base import FileInfo, Storage, StorageError
+from statehold.storage.base import FileInfo, Storage, StorageError, UnsafePathError
 
 #: An interrupted write in ``_ha/`` or ``_job/`` younger than this may be a starting
 #: attempt's claim, made before it has a lease to show.
@@ -65,19 +65,37 @@ class ReconcilePlan:
         return Discard(keys=tuple(sorted(f.key for f in self.orphans)), reason="reconcile")
 
 
-def referenced_by_job(storage: Storage, ha: HAStore) -> set[str]:
-    """Every key a retained checkpoint or a savepoint needs, its `_metadata` included."""
-    keys: set[str] = set()
-    metadata_keys = [p.metadata for p in ha.read().retained]
+class ReconcileError(Exception):
+    """The job directory does not match its HA store; nothing was deleted."""
+
+
+def references(storage: Storage, ha: HAStore) -> tuple[int, dict[str, set[str]]]:
+    """The HA store's epoch and, for each retained checkpoint's and savepoint's
+    `_metadata`, every key it needs (itself included). A document that cannot be read
+    raises MetadataError: nothing may be deleted on a guess."""
+    state = ha.read()
+    metadata_keys = [p.metadata for p in state.retained]
     metadata_keys += [
         info.key
         for info in storage.list(layout.SAVEPOINTS_DIR)
-        if layout.parse(info.key).kind is Kind.SAVEPOINT_METADATA
+        if _parse(info.key).kind is Kind.SAVEPOINT_METADATA
     ]
-    for key in metadata_keys:
-        keys.add(key)
-        keys.update(referenced_keys(read_metadata(storage, key), key))
-    return keys
+    return state.epoch, {
+        key: {key, *referenced_keys(read_metadata(storage, key), key)} for key in metadata_keys
+    }
+
+
+def referenced_by_job(storage: Storage, ha: HAStore) -> set[str]:
+    """Every key a retained checkpoint or a savepoint needs, its `_metadata` included."""
+    return set().union(*references(storage, ha)[1].values())
+
+
+def _parse(key: str) -> layout.PathInfo:
+    """A listed key statehold cannot even address is foreign, not an error."""
+    try:
+        return layout.parse(key)
+    except UnsafePathError:
+        return layout.PathInfo(key, Kind.UNKNOWN)
 
 
 def live_attempt_from_lease(
@@ -107,16 +125,26 @@ def plan(
 ) -> ReconcilePlan:
     """List the job directory and decide, file by file (see the module docstring)."""
     now = time.time() if now is None else now
-    referenced = referenced_by_job(storage, ha)
-    epoch = ha.read().epoch
+    epoch, refs = references(storage, ha)
+    referenced: set[str] = set().union(*refs.values())
     result = ReconcilePlan(live=live)
     savepoints_with_metadata: set[str] = set()
     listed: list[tuple[FileInfo, layout.PathInfo]] = []
     for info in storage.list():
-        parsed = layout.parse(info.key)
+        parsed = _parse(info.key)
         listed.append((info, parsed))
         if parsed.kind is Kind.SAVEPOINT_METADATA and parsed.savepoint is not None:
             savepoints_with_metadata.add(parsed.savepoint)
+    # A listing that lacks a file some checkpoint needs (one retained before and after
+    # the listing, so not subsumed meanwhile) is not a listing to delete by.
+    still_retained = {p.metadata for p in ha.read().retained}
+    needed = set().union(*(keys for key, keys in refs.items() if key in still_retained))
+    missing = sorted(needed - {info.key for info, _ in listed})
+    if missing:
+        raise ReconcileError(
+            f"{storage.uri}: {len(missing)} file(s) a retained checkpoint references are "
+            f"missing (first: {missing[0]}); nothing deleted — see `statehold verify`"
+        )
     for info, parsed in listed:
         result.scanned += 1
         if info.key in referenced:
