@@ -10,11 +10,12 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from forwarding import ForwardingStorage
 from rocksdict import AccessType, Options, Rdict
 
 from statehold import layout
@@ -39,55 +40,27 @@ from statehold.metadata import (
     referenced_keys,
     write_metadata,
 )
-from statehold.storage import FileInfo, Storage
+from statehold.storage import Storage
 
 MAXP = 64
 OP = "counts"
 
 
-class CountingStorage(Storage):
-    """A real storage that records which keys were downloaded."""
+class CountingStorage(ForwardingStorage):
+    """A real storage that records which keys were downloaded and uploaded."""
 
     def __init__(self, inner: Storage) -> None:
-        self.inner = inner
-        self.uri = inner.uri
+        super().__init__(inner)
         self.downloads: list[str] = []
         self.uploads: list[str] = []
-
-    def child(self, prefix: str) -> Storage:
-        return self.inner.child(prefix)
-
-    def list_pages(self, prefix: str = "", page_size: int = 1000) -> Iterator[list[FileInfo]]:
-        return self.inner.list_pages(prefix, page_size)
-
-    def stat(self, key: str) -> FileInfo | None:
-        return self.inner.stat(key)
-
-    def read(self, key: str) -> bytes:
-        return self.inner.read(key)
 
     def download(self, key: str, local_path: Path) -> None:
         self.downloads.append(key)
         self.inner.download(key, local_path)
 
-    def write(self, key: str, data: bytes) -> None:
-        self.inner.write(key, data)
-
     def upload(self, local_path: Path, key: str) -> None:
         self.uploads.append(key)
         self.inner.upload(local_path, key)
-
-    def create_if_absent(self, key: str, data: bytes) -> None:
-        self.inner.create_if_absent(key, data)
-
-    def delete_many(self, keys: Iterable[str]) -> None:
-        self.inner.delete_many(keys)
-
-    def delete_prefix(self, prefix: str) -> int:
-        return self.inner.delete_prefix(prefix)
-
-    def copy(self, src: str, dst: str, *, target: Storage | None = None) -> None:
-        self.inner.copy(src, dst, target=target)
 
 
 def checkpoint(

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import pytest
+from forwarding import ForwardingStorage
 from ha_contract import ALL_CHECKS, StoreFactory, check_concurrent_publishers_lose_nothing, ptr
 
 from statehold.ha import CheckpointPointer, EmbeddedHAStore, FencedError, HAState, HAStoreError
@@ -40,13 +40,12 @@ def ha_seqs(storage: Storage) -> list[int]:
     return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
 
-class PausingStorage(Storage):
+class PausingStorage(ForwardingStorage):
     """Delegates to `inner`, but after `arm(method, skip)` the (skip+1)-th call of
     `method` stops until `release()`: a driver that froze (GC pause, lost VM) there."""
 
     def __init__(self, inner: Storage) -> None:
-        self.inner = inner
-        self.uri = inner.uri
+        super().__init__(inner)
         self._armed: tuple[str, int] | None = None
         self.reached = threading.Event()
         self._go = threading.Event()
@@ -76,33 +75,6 @@ class PausingStorage(Storage):
     def list_pages(self, prefix: str = "", page_size: int = 1000) -> Iterator[list[FileInfo]]:
         self._checkpoint("list_pages")
         return self.inner.list_pages(prefix, page_size)
-
-    def child(self, prefix: str) -> Storage:
-        return self.inner.child(prefix)
-
-    def stat(self, key: str) -> FileInfo | None:
-        return self.inner.stat(key)
-
-    def read(self, key: str) -> bytes:
-        return self.inner.read(key)
-
-    def download(self, key: str, local_path: Path) -> None:
-        self.inner.download(key, local_path)
-
-    def write(self, key: str, data: bytes) -> None:
-        self.inner.write(key, data)
-
-    def upload(self, local_path: Path, key: str) -> None:
-        self.inner.upload(local_path, key)
-
-    def delete_many(self, keys: Iterable[str]) -> None:
-        self.inner.delete_many(keys)
-
-    def delete_prefix(self, prefix: str) -> int:
-        return self.inner.delete_prefix(prefix)
-
-    def copy(self, src: str, dst: str, *, target: Storage | None = None) -> None:
-        self.inner.copy(src, dst, target=target)
 
 
 class Zombie:
