@@ -117,6 +117,7 @@ def test_batches_restart_and_rescale_match_reference(spark: SparkSession, tmp_pa
         assert result.checkpoint_id == batch_id and not result.skipped
         assert outputs(result) == ref.apply(rows)
         assert result.files_uploaded > 0 and result.bytes_uploaded > 0
+        assert result.snapshot_seconds > 0 and result.complete_seconds > 0
     assert job is not None
     job.close()
     state = stored_state(open_storage(root).child("totals"))

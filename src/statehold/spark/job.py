@@ -90,6 +90,10 @@ class BatchResult:
     keys: int = 0
     checkpoint_uri: str = ""
     output: DataFrame | None = None
+    #: the tasks' snapshots (flush, RocksDB checkpoint, uploads), summed over tasks
+    snapshot_seconds: float = 0.0
+    #: the driver's part of the checkpoint: `_metadata` and the HA publish
+    complete_seconds: float = 0.0
 
 
 class StatefulJob:
@@ -248,7 +252,9 @@ class StatefulJob:
                 sink(output, batch_id)
                 pause_point("after-sink", batch_id)
             position = {"spark_batch_id": batch_id, **dict(source_position or {})}
+            complete_started = time.perf_counter()
             coord.complete(batch_id, position)
+            complete_seconds = time.perf_counter() - complete_started
         except BaseException as e:
             coord.abort(batch_id, f"{type(e).__name__}: {e}"[:500])
             raise
@@ -264,6 +270,8 @@ class StatefulJob:
             keys=sum(int(json.loads(a).get("keys", 0)) for a in acks),
             checkpoint_uri=f"{self.job_dir}/{layout.checkpoint_metadata_key(batch_id)}",
             output=output,
+            snapshot_seconds=sum(float(json.loads(a).get("snapshot_seconds", 0)) for a in acks),
+            complete_seconds=complete_seconds,
         )
 
     def foreach_batch(

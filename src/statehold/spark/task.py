@@ -133,27 +133,23 @@ class _States:
         return state
 
 
-def _rows_of(table: pa.Table, fmt: InputFormat) -> Any:
-    if fmt == "arrow":
-        return table
-    if fmt == "pandas":
-        return table.to_pandas()
-    return table.to_pylist()
+def _is_frame(out: Any) -> bool:
+    return isinstance(out, pa.RecordBatch | pa.Table) or (
+        hasattr(out, "to_dict") and hasattr(out, "columns")  # pandas.DataFrame
+    )
 
 
-def _to_table(out: Any, schema: pa.Schema) -> pa.Table | None:
-    """Whatever the user returned, as a table of exactly the output schema."""
-    if out is None:
-        return None
+def _to_table(out: Any, schema: pa.Schema) -> pa.Table:
+    """A table, record batch or pandas.DataFrame as a table of exactly the output schema."""
     if isinstance(out, pa.RecordBatch):
         out = pa.Table.from_batches([out])
     if isinstance(out, pa.Table):
         return out.select(schema.names).cast(schema)
-    if hasattr(out, "to_dict") and hasattr(out, "columns"):  # pandas.DataFrame
-        return pa.Table.from_pandas(out[list(schema.names)], schema=schema, preserve_index=False)
-    rows = list(out)
-    if not rows:
-        return None
+    return pa.Table.from_pandas(out[list(schema.names)], schema=schema, preserve_index=False)
+
+
+def _rows_to_table(rows: list[Any], schema: pa.Schema) -> pa.Table:
+    """Rows that are all dicts or all tuples (in output-schema order) as one table."""
     if isinstance(rows[0], Mapping):
         return pa.Table.from_pylist(rows, schema=schema)
     columns = list(zip(*rows, strict=True))
@@ -161,6 +157,43 @@ def _to_table(out: Any, schema: pa.Schema) -> pa.Table | None:
         [pa.array(list(c), type=f.type) for c, f in zip(columns, schema, strict=True)],
         schema=schema,
     )
+
+
+class _Output:
+    """What the user function returns, gathered over all keys of a task: rows (dicts or
+    tuples) are buffered and converted to Arrow once per run of the same kind, not once
+    per key, which costs more than a small key's whole processing."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self._schema = schema
+        self._tables: list[pa.Table] = []
+        self._rows: list[Any] = []
+        self._dicts = False
+
+    def add(self, out: Any) -> None:
+        if out is None:
+            return
+        if _is_frame(out):
+            self._flush()
+            table = _to_table(out, self._schema)
+            if table.num_rows:
+                self._tables.append(table)
+            return
+        for row in out:
+            is_dict = isinstance(row, Mapping)
+            if self._rows and is_dict != self._dicts:
+                self._flush()
+            self._dicts = is_dict
+            self._rows.append(row)
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._tables.append(_rows_to_table(self._rows, self._schema))
+            self._rows = []
+
+    def tables(self) -> list[pa.Table]:
+        self._flush()
+        return self._tables
 
 
 def internal_output_schema(user: pa.Schema) -> pa.Schema:
@@ -225,7 +258,7 @@ class StateStage:
             **dict(spec.backend_options),
         )
         out_schema = spec.output_schema
-        outputs: list[pa.Table] = []
+        output = _Output(out_schema)
         n_keys = 0
         try:
             if table is not None and table.num_rows:
@@ -234,27 +267,21 @@ class StateStage:
                 states = _States(backend, spec, task)
                 if spec.vectorized:
                     fn_batch: BatchFunction = spec.function  # type: ignore[assignment]
-                    rows = [(k, _rows_of(t, spec.input_format)) for k, t in groups]
-                    res = _to_table(fn_batch(rows, states), out_schema)
-                    if res is not None:
-                        outputs.append(res)
+                    output.add(fn_batch(groups, states))
                 else:
                     fn_key: KeyFunction = spec.function  # type: ignore[assignment]
-                    for key, part in groups:
-                        res = _to_table(
-                            fn_key(key, _rows_of(part, spec.input_format), states.for_key(key)),
-                            out_schema,
-                        )
-                        if res is not None and res.num_rows:
-                            outputs.append(res)
+                    for key, rows in groups:
+                        output.add(fn_key(key, rows, states.for_key(key)))
+            snapshot_started = time.perf_counter()
             handle: KeyGroupState = backend.snapshot(
                 storage, spec.epoch, spec.checkpoint_id, _metadata_key(spec.checkpoint_id)
             )
+            snapshot_seconds = time.perf_counter() - snapshot_started
         finally:
             backend.close()
 
         schema = internal_output_schema(out_schema)
-        for res in outputs:
+        for res in output.tables():
             for rb in res.to_batches(max_chunksize=10_000):
                 arrays = [*rb.columns, pa.nulls(rb.num_rows, pa.string())]
                 yield pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -265,6 +292,7 @@ class StateStage:
                 "rows_in": 0 if table is None else table.num_rows,
                 "keys": n_keys,
                 "seconds": round(time.time() - started, 3),
+                "snapshot_seconds": round(snapshot_seconds, 4),
             }
         )
         nulls = [pa.nulls(1, f.type) for f in out_schema]
@@ -277,17 +305,26 @@ def _metadata_key(checkpoint_id: int) -> str:
     return checkpoint_metadata_key(checkpoint_id)
 
 
-def _split_by_key(table: pa.Table, spec: StateSpec) -> list[tuple[Any, pa.Table]]:
-    """Consecutive runs of equal keys in a table sorted by key (stable within a key)."""
+def _split_by_key(table: pa.Table, spec: StateSpec) -> list[tuple[Any, Any]]:
+    """Consecutive runs of equal keys in a table sorted by key (stable within a key), each
+    with its rows in the function's input format. Rows are converted to Python once for
+    the whole table, not once per key."""
     skeys = table.column(KEY_COL).to_pylist()
     key_cols = [table.column(c).to_pylist() for c in spec.key_columns]
     user = table.drop_columns(list(INTERNAL_COLS))
-    groups: list[tuple[Any, pa.Table]] = []
+    as_rows = user.to_pylist() if spec.input_format == "rows" else None
+    groups: list[tuple[Any, Any]] = []
     start = 0
     for i in range(1, len(skeys) + 1):
         if i == len(skeys) or skeys[i] != skeys[start]:
             values = tuple(c[start] for c in key_cols)
             key = values[0] if len(values) == 1 else values
-            groups.append((key, user.slice(start, i - start)))
+            if as_rows is not None:
+                rows: Any = as_rows[start:i]
+            elif spec.input_format == "pandas":
+                rows = user.slice(start, i - start).to_pandas()
+            else:
+                rows = user.slice(start, i - start)
+            groups.append((key, rows))
             start = i
     return groups
