@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-
 from _workload import (
     INPUT_DDL,
     OUTPUT_DDL,
@@ -22,6 +21,7 @@ from _workload import (
     listing,
     new_bytes,
 )
+
 from statehold.spark import StatefulJob
 from statehold.spark.job import BatchResult
 from statehold.spark.reader import iter_state
@@ -109,8 +109,11 @@ def run_statehold(
         return StatefulJob(spark, str(work / "jobs"), JOB_ID, max_parallelism=MAX_PARALLELISM,
                            parallelism=partitions, retain=retain, local_dir=str(work / local))
 
+    def keep(r: BatchResult) -> None:
+        results[r.checkpoint_id] = r
+
     job = make_job("local")
-    query = _start(spark, job, source, vectorized, lambda r: results.__setitem__(r.checkpoint_id, r))
+    query = _start(spark, job, source, vectorized, keep)
     before = listing(job_dir)
 
     def on_batch(i: int, progress: dict[str, Any]) -> None:
@@ -147,7 +150,7 @@ def run_statehold(
     # disk, so they download the state as after losing the machine; same JVM.
     job = make_job("local-recovery")
     started = time.perf_counter()
-    query = _start(spark, job, source, vectorized, lambda r: results.__setitem__(r.checkpoint_id, r))
+    query = _start(spark, job, source, vectorized, keep)
     recovered: list[float] = []
     try:
         feed(query, files[w.batches + 1 :], source,

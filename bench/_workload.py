@@ -13,6 +13,7 @@ per trigger (`feed`), so the source's cost is the same on both sides.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import statistics
@@ -161,10 +162,8 @@ def listing(root: Path) -> dict[str, int]:
     for dirpath, _dirs, names in os.walk(root):
         for n in names:
             p = os.path.join(dirpath, n)
-            try:
+            with contextlib.suppress(FileNotFoundError):  # deleted while we walk
                 out[os.path.relpath(p, root)] = os.stat(p).st_size
-            except FileNotFoundError:  # deleted by a cleaner while we walk
-                pass
     return out
 
 

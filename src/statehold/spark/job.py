@@ -143,6 +143,7 @@ class StatefulJob:
         self.storage: Storage = root.child(job_id)
         self._ha = ha
         self._coordinator: CheckpointCoordinator | None = None
+        self._parsed: dict[str, StructType] = {}
         #: A checkpoint, savepoint or job directory of another job to start from (used
         #: only while this job has no checkpoint of its own; see statehold.restore).
         self.restore_from = restore_from
@@ -360,7 +361,10 @@ class StatefulJob:
 
         if isinstance(schema, StructType):
             return schema
-        parsed = self.spark.createDataFrame([], schema).schema
+        # Parsing a DDL string costs a Spark round trip; a job parses the same few each batch.
+        parsed = self._parsed.get(schema)
+        if parsed is None:
+            parsed = self._parsed[schema] = self.spark.createDataFrame([], schema).schema
         return parsed
 
     def _spec(

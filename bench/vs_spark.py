@@ -1,0 +1,288 @@
+"""statehold vs. Spark's own state store, and the physical limits, in one run.
+
+    python bench/vs_spark.py                                  # 100k keys, 5%, 50 batches
+    python bench/vs_spark.py --keys 1000000 --fraction 0.01 --batches 20
+
+One keyed running aggregation (see _workload.py) runs through each system on the same
+local Spark session, reading the same input files through the same streaming file
+source: statehold (`StatefulJob.foreach_batch`, per-key and vectorized functions) and
+Spark Structured Streaming with `RocksDBStateStoreProvider` via `applyInPandasWithState`
+and `transformWithStateInPandas`, changelog checkpointing off and on,
+`minBatchesToRetain` = statehold's `retain`. Per system: checkpoint duration and bytes
+written per checkpoint (median, p95), storage after the run, recovery (restart to first
+processed batch), steady throughput; then the disk's sequential write bandwidth and the
+lower bound it puts on checkpoint time, and delete rates (local; S3 on a moto server,
+bulk vs. one request per object). Everything is also compared as ratios.
+
+Batch 0 loads every key and is left out of the per-checkpoint figures and throughput.
+Results (JSON) go to ``<work>/results.json``; ``--markdown`` prints the tables as
+Markdown for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _physical import disk_write_bandwidth, local_deletes_per_second, s3_deletes_per_second
+from _workload import RunResult, Workload, expected_totals, make_session, write_inputs
+
+SYSTEMS = {
+    "statehold": "statehold, per-key function",
+    "statehold-vec": "statehold, vectorized function",
+    "aipws": "Spark applyInPandasWithState, RocksDB",
+    "aipws-changelog": "Spark applyInPandasWithState, RocksDB + changelog",
+    "twsip": "Spark transformWithStateInPandas, RocksDB",
+    "twsip-changelog": "Spark transformWithStateInPandas, RocksDB + changelog",
+}
+MIB = float(1 << 20)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import pyspark
+
+    return (f"{os.cpu_count()} cores ({cpu}), "
+            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
+            f"{platform.system()} {platform.machine()}, Python {sys.version.split()[0]}, "
+            f"PySpark {pyspark.__version__}")
+
+
+def run_system(name: str, spark: Any, w: Workload, files: list[Path], work: Path,
+               args: argparse.Namespace) -> RunResult:
+    if name.startswith("statehold"):
+        from _statehold_run import run_statehold
+
+        return run_statehold(spark, w, files, work, retain=args.retain,
+                             partitions=args.partitions, vectorized=name == "statehold-vec")
+    from _spark_native import run_spark_native
+
+    api = "applyInPandasWithState" if name.startswith("aipws") else "transformWithStateInPandas"
+    return run_spark_native(spark, w, files, work, api=api, changelog=name.endswith("changelog"),
+                            retain=args.retain, partitions=args.partitions)
+
+
+def warm_up(spark: Any) -> None:
+    """Start the JVM's code paths and the Python workers before anything is timed."""
+    import pandas as pd
+
+    df = spark.range(0, 20_000, 1, 2).selectExpr("cast(id % 100 as string) as key", "id")
+    df.groupBy("key").applyInPandas(lambda p: pd.DataFrame({"n": [len(p)]}), "n long").count()
+    df.mapInArrow(lambda it: it, df.schema).count()
+
+
+def summarize(r: RunResult, w: Workload, bandwidth: float) -> dict[str, Any]:
+    steady = r.steady()
+    changed = w.changed_bytes(1)
+    up_median = r.median("bytes_uploaded")
+    return {
+        "system": r.system,
+        "ckpt_median_s": r.median("checkpoint_seconds"),
+        "ckpt_p95_s": r.p95("checkpoint_seconds"),
+        "batch_median_s": r.median("seconds"),
+        "up_median_bytes": up_median,
+        "up_p95_bytes": r.p95("bytes_uploaded"),
+        "up_mean_bytes": sum(b.bytes_uploaded for b in steady) / len(steady),
+        "files_median": r.median("files_uploaded"),
+        "up_per_changed": up_median / changed,
+        "up_mean_per_changed": sum(b.bytes_uploaded for b in steady) / len(steady) / changed,
+        "lower_bound_s": up_median / bandwidth,
+        "footprint_bytes": r.footprint_bytes,
+        "footprint_files": r.footprint_files,
+        "footprint_per_live": r.footprint_bytes / w.live_state_bytes(),
+        "recovery_s": r.recovery_seconds,
+        "events_per_s": r.throughput(),
+        "totals_ok": r.totals,
+        "notes": r.notes,
+    }
+
+
+def table(rows: list[dict[str, Any]], markdown: bool) -> str:
+    cols = [
+        ("system", "system", "{}"),
+        ("ckpt_median_s", "ckpt s median", "{:.3f}"),
+        ("ckpt_p95_s", "ckpt s p95", "{:.3f}"),
+        ("lower_bound_s", "bound s", "{:.4f}"),
+        ("up_median_bytes", "MiB/ckpt median", "mib"),
+        ("up_p95_bytes", "MiB/ckpt p95", "mib"),
+        ("up_mean_per_changed", "mean up/changed", "{:.2f}"),
+        ("footprint_bytes", "storage MiB", "mib"),
+        ("footprint_files", "files", "{}"),
+        ("footprint_per_live", "storage/live", "{:.2f}"),
+        ("recovery_s", "recovery s", "{:.2f}"),
+        ("events_per_s", "events/s", "{:,.0f}"),
+    ]
+
+    def fmt(spec: str, v: Any) -> str:
+        return f"{v / MIB:.2f}" if spec == "mib" else spec.format(v)
+
+    head = [c[1] for c in cols]
+    body = [[fmt(c[2], row[c[0]]) for c in cols] for row in rows]
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in body]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(head)]
+    lines = []
+    for r in [head, *body]:
+        cells = zip(r, widths, strict=True)
+        lines.append("  ".join(v.rjust(n) if i else v.ljust(n) for i, (v, n) in enumerate(cells)))
+    return "\n".join(lines)
+
+
+def ratios(rows: list[dict[str, Any]], markdown: bool) -> str:
+    """statehold (per-key) against every Spark variant: < 1 means statehold is lower."""
+    base = next((r for r in rows if r["system"] == SYSTEMS["statehold"]), None)
+    if base is None:
+        return ""
+    out = []
+    keys = [("ckpt_median_s", "ckpt median"), ("ckpt_p95_s", "ckpt p95"),
+            ("up_median_bytes", "bytes/ckpt"), ("footprint_bytes", "storage"),
+            ("footprint_files", "files"), ("recovery_s", "recovery"),
+            ("events_per_s", "throughput")]
+    head = ["statehold / ...", *(k[1] for k in keys)]
+    for r in rows:
+        if r is base:
+            continue
+        out.append([r["system"], *(f"{base[k] / r[k]:.2f}" if r[k] else "-" for k, _ in keys)])
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        return "\n".join(lines + ["| " + " | ".join(o) + " |" for o in out])
+    return "\n".join("  ".join(x) for x in [head, *out])
+
+
+def goals(rows: list[dict[str, Any]], w: Workload) -> list[str]:
+    by = {r["system"]: r for r in rows}
+    sh = by.get(SYSTEMS["statehold"])
+    if sh is None:
+        return []
+    lines = [f"bytes per checkpoint / changed state: median {sh['up_per_changed']:.2f}, "
+             f"mean {sh['up_mean_per_changed']:.2f} (goal <= 1.5)",
+             f"storage after the run / live state: {sh['footprint_per_live']:.2f} "
+             f"(goal <= 1.3; live state = {w.live_state_bytes() / MIB:.1f} MiB of keys and "
+             f"values)"]
+    for name in ("aipws", "aipws-changelog", "twsip", "twsip-changelog"):
+        other = by.get(SYSTEMS[name])
+        if other is None:
+            continue
+        ratio = sh["ckpt_median_s"] / other["ckpt_median_s"]
+        lines.append(f"checkpoint duration vs {name}: {ratio:.2f} (goal <= 0.5)")
+        if name.startswith("aipws"):
+            for label in ("statehold", "statehold-vec"):
+                s = by.get(SYSTEMS[label])
+                if s is not None:
+                    lines.append(f"throughput {label} / {name}: "
+                                 f"{s['events_per_s'] / other['events_per_s']:.2f} (goal >= 1)")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--keys", type=int, default=100_000)
+    p.add_argument("--fraction", type=float, default=0.05, help="keys updated per batch")
+    p.add_argument("--batches", type=int, default=50, help="batches after the initial load")
+    p.add_argument("--value-size", type=int, default=100, help="payload bytes per key")
+    p.add_argument("--retain", type=int, default=3)
+    p.add_argument("--partitions", type=int, default=2, help="tasks holding state")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--s3-deletes", type=int, default=5000, help="objects; 0 skips S3")
+    p.add_argument("--local-deletes", type=int, default=20000)
+    p.add_argument("--disk-bytes", type=int, default=1 << 30)
+    p.add_argument("--work", type=Path, default=None, help="default: a new temp directory")
+    p.add_argument("--driver-memory", default="8g")
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args()
+    work: Path = args.work or Path(tempfile.mkdtemp(prefix="statehold-vs-spark-"))
+    work.mkdir(parents=True, exist_ok=True)
+    w = Workload(args.keys, args.fraction, args.batches, args.value_size)
+    names = [n for n in args.systems.split(",") if n]
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown:
+        p.error(f"unknown systems {unknown}; choose from {list(SYSTEMS)}")
+
+    started = time.time()
+    print(f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {machine()}")
+    print(f"# command: python bench/vs_spark.py {' '.join(sys.argv[1:])}")
+    print(f"# workload: {w.keys:,} keys, {w.fraction:.0%} updated per batch, 1 load + "
+          f"{w.batches} batches, {w.value_size}-byte values; retain {args.retain}, "
+          f"{args.partitions} state partitions; work dir {work}", flush=True)
+    files = write_inputs(w, work / "inputs")
+    expected = expected_totals(files, w.batches + 1)
+
+    bandwidth = disk_write_bandwidth(work, args.disk_bytes)
+    print(f"disk sequential write: {bandwidth / MIB:,.0f} MiB/s (best of 3, fsync'd)", flush=True)
+
+    spark = make_session(args.partitions, args.driver_memory)
+    spark.sparkContext.setLogLevel("ERROR")
+    warm_up(spark)
+    results: list[RunResult] = []
+    failed: dict[str, str] = {}
+    for name in names:
+        print(f"== {SYSTEMS[name]}", flush=True)
+        t0 = time.time()
+        try:
+            r = run_system(name, spark, w, files, work / "runs" / name, args)
+        except Exception as e:  # report and go on with the other systems
+            traceback.print_exc()
+            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            continue
+        r.system = SYSTEMS[name]
+        if r.totals is not None and r.totals != expected:
+            r.notes.append(f"WRONG STATE: totals {r.totals}, expected {expected}")
+        elif r.totals is not None:
+            r.notes.append("state checked: keys, counts and sums as expected")
+        results.append(r)
+        print(f"   ({time.time() - t0:.0f} s) {'; '.join(r.notes)}", flush=True)
+        shutil.rmtree(work / "runs" / name / "source", ignore_errors=True)
+    spark.stop()
+
+    local_rate = local_deletes_per_second(work, args.local_deletes)
+    s3_rates = s3_deletes_per_second(args.s3_deletes) if args.s3_deletes else {}
+
+    rows = [summarize(r, w, bandwidth) for r in results]
+    print()
+    print(table(rows, args.markdown))
+    print()
+    print(ratios(rows, args.markdown))
+    print()
+    for line in goals(rows, w):
+        print(f"- {line}")
+    print(f"- changed state per batch: {w.changed_bytes(1) / MIB:.2f} MiB; "
+          f"disk bound = median bytes per checkpoint / {bandwidth / MIB:,.0f} MiB/s")
+    print(f"- deletes/s: local {local_rate:,.0f}"
+          + "".join(f"; S3 (moto) {k} {v:,.0f}" for k, v in s3_rates.items())
+          + (f"; bulk / single = {s3_rates['bulk'] / s3_rates['single']:.0f}x"
+             if s3_rates else ""))
+    for name, why in failed.items():
+        print(f"- {SYSTEMS[name]}: did not run: {why}")
+    print(f"- total time {time.time() - started:.0f} s")
+    (work / "results.json").write_text(json.dumps({
+        "workload": asdict(w), "args": {k: str(v) for k, v in vars(args).items()},
+        "machine": machine(), "disk_bytes_per_s": bandwidth, "local_deletes_per_s": local_rate,
+        "s3_deletes_per_s": s3_rates, "summary": rows, "failed": failed,
+        "runs": [asdict(r) for r in results],
+    }, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
