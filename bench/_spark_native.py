@@ -27,10 +27,10 @@ from _workload import (
     BatchStats,
     RunResult,
     Workload,
-    _wait_for_batch,
     feed,
     listing,
     new_bytes,
+    wait_for_batch,
 )
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.streaming.stateful_processor import (
@@ -193,7 +193,7 @@ def run_spark_native(
     t0 = time.monotonic()
     query = _start(session, api, source, checkpoint)
     try:
-        progress = _wait_for_batch(query, w.batches + 1, time.monotonic() + 3600.0)
+        progress = wait_for_batch(query, w.batches + 1, time.monotonic() + 3600.0)
         result.recovery_seconds = time.monotonic() - t0
         stats = _stats(w.batches + 1, progress, {}, {})
         log(

@@ -196,10 +196,10 @@ def feed(
         tmp = source_dir / f".{f.name}.tmp"
         shutil.copyfile(f, tmp)
         os.replace(tmp, source_dir / f.name)
-        on_batch(i, _wait_for_batch(query, first_batch_id + i, time.monotonic() + timeout))
+        on_batch(i, wait_for_batch(query, first_batch_id + i, time.monotonic() + timeout))
 
 
-def _wait_for_batch(query: Any, batch_id: int, deadline: float) -> dict[str, Any]:
+def wait_for_batch(query: Any, batch_id: int, deadline: float) -> dict[str, Any]:
     """The progress of trigger `batch_id`."""
     while time.monotonic() < deadline:
         query.processAllAvailable()
