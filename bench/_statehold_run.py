@@ -97,6 +97,7 @@ def run_statehold(
     retain: int,
     partitions: int,
     vectorized: bool = False,
+    backend_options: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
 ) -> RunResult:
     name = "statehold" + (" (vectorized)" if vectorized else "")
@@ -109,7 +110,8 @@ def run_statehold(
 
     def make_job(local: str) -> StatefulJob:
         return StatefulJob(spark, str(work / "jobs"), JOB_ID, max_parallelism=MAX_PARALLELISM,
-                           parallelism=partitions, retain=retain, local_dir=str(work / local))
+                           parallelism=partitions, retain=retain, local_dir=str(work / local),
+                           backend_options=backend_options)
 
     def keep(r: BatchResult) -> None:
         results[r.checkpoint_id] = r

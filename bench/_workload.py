@@ -142,10 +142,10 @@ class RunResult:
         return [b for b in self.batches if b.batch > 0]
 
     def median(self, attr: str) -> float:
-        return statistics.median(getattr(b, attr) for b in self.steady())
+        return float(statistics.median(float(getattr(b, attr)) for b in self.steady()))
 
     def p95(self, attr: str) -> float:
-        values = sorted(getattr(b, attr) for b in self.steady())
+        values = sorted(float(getattr(b, attr)) for b in self.steady())
         return values[min(len(values) - 1, round(0.95 * (len(values) - 1)))]
 
     def throughput(self) -> float:

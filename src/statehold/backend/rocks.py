@@ -53,6 +53,7 @@ from rocksdict import (
     BlockBasedOptions,
     Checkpoint,
     DBCompactionStyle,
+    DBCompressionType,
     Options,
     Rdict,
     UniversalCompactOptions,
@@ -140,14 +141,16 @@ class _Pending:
     content: dict[tuple[int, str], _Remote] = field(default_factory=dict)
 
 
-def _raw_options() -> Options:
+def _raw_options(size_amplification: int = _MAX_SIZE_AMP) -> Options:
     """Raw mode, universal compaction (see the module docstring), bloom filters (reads
-    look into up to `_RUNS_TRIGGER` runs)."""
+    look into up to `_RUNS_TRIGGER` runs), ZSTD blocks (state is uploaded and stored, so
+    its bytes cost more than the CPU to shrink them)."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
+    opts.set_compression_type(DBCompressionType.zstd())
     opts.set_compaction_style(DBCompactionStyle.universal())
     universal = UniversalCompactOptions()
-    universal.max_size_amplification_percent = _MAX_SIZE_AMP
+    universal.max_size_amplification_percent = size_amplification
     opts.set_universal_compaction_options(universal)
     opts.set_level_zero_file_num_compaction_trigger(_RUNS_TRIGGER)
     opts.set_level_zero_slowdown_writes_trigger(4 * _RUNS_TRIGGER)
@@ -312,6 +315,7 @@ class TaskStateBackend:
         self._pending: dict[int, _Pending] = {}
         self._db: Rdict | None = None
         self._kv: _RocksKV | None = None
+        self._options = _raw_options()
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
@@ -324,19 +328,28 @@ class TaskStateBackend:
         restore: Sequence[RestoreSource] | None = None,
         *,
         transfer_threads: int = 4,
+        size_amplification: int = _MAX_SIZE_AMP,
     ) -> TaskStateBackend:
         """Open the state of `operator` for `key_groups`: empty if `restore` is None or
         empty, else rebuilt from the overlapping ranges of the checkpoint in `restore`
-        (the same parallelism, or rescaled from any other)."""
+        (the same parallelism, or rescaled from any other).
+
+        `size_amplification` (percent) trades storage for upload: the oldest, largest run
+        is rewritten (and uploaded again) when the newer runs reach this share of it. Lower
+        keeps the stored state closer to the live data; higher uploads less on average
+        (docs/benchmarks.md measures both)."""
+        if size_amplification < 1:
+            raise ValueError("size_amplification must be a positive percentage")
         self = cls(
             local_dir, operator, key_groups, max_parallelism, transfer_threads=transfer_threads
         )
+        self._options = _raw_options(size_amplification)
         self.work_dir.mkdir(parents=True)
         try:
             if restore:
                 self._restore(restore)
             else:
-                self._attach(Rdict(str(self.db_dir), _raw_options()))
+                self._attach(Rdict(str(self.db_dir), self._options))
         except BaseException:
             self._discard_work()
             raise
@@ -364,7 +377,7 @@ class TaskStateBackend:
         base = max(sources, key=overlap)
         others = [s for s in sources if s is not base]
         self._fetch(base, self.db_dir, pool)
-        self._attach(Rdict(str(self.db_dir), _raw_options()))
+        self._attach(Rdict(str(self.db_dir), self._options))
         storage, metadata_key, kgs = base
         for f in kgs.files:
             if f.scope is Scope.SHARED and f.name and not f.external:
