@@ -217,6 +217,7 @@ def test_snapshot_restore_round_trip(storage: Storage, tmp_path: Path) -> None:
     # Every referenced file is inside the job dir, relative to _metadata, and exists.
     refs = referenced_keys(read_metadata(storage, "chk-1/_metadata"), "chk-1/_metadata")
     assert len(refs) == len(kgs.files) > 1
+    assert not [f.name for f in kgs.files if (f.name or "").endswith(".log")]  # empty WAL
     for key, f in refs.items():
         assert key.split("/")[0] == ("shared" if f.scope == "shared" else "exclusive")
         assert storage.stat(key) is not None and storage.stat(key).size == f.size  # type: ignore[union-attr]

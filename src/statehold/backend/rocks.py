@@ -602,6 +602,11 @@ class TaskStateBackend:
             db.flush(True)
             _settle_compactions(db)
             Checkpoint(db).create_checkpoint(str(snap))
+            for wal in snap.glob("*.log"):
+                # Writes skip the WAL and the flush above emptied it: RocksDB opens the
+                # checkpoint without it, so it would only cost a file per task and checkpoint.
+                if wal.stat().st_size == 0:
+                    wal.unlink()
             names = sorted(p.name for p in snap.iterdir() if p.is_file())
             reuse: dict[str, _Remote] = {}
             new: list[str] = []
