@@ -218,6 +218,9 @@ def test_snapshot_restore_round_trip(storage: Storage, tmp_path: Path) -> None:
     refs = referenced_keys(read_metadata(storage, "chk-1/_metadata"), "chk-1/_metadata")
     assert len(refs) == len(kgs.files) > 1
     assert not [f.name for f in kgs.files if (f.name or "").endswith(".log")]  # empty WAL
+    # RocksDB's small bookkeeping files travel inside _metadata, not as files of their own.
+    assert {i.name.split("-")[0] for i in kgs.inline} == {"CURRENT", "MANIFEST"}
+    assert all(f.scope == "shared" for f in kgs.files)
     for key, f in refs.items():
         assert key.split("/")[0] == ("shared" if f.scope == "shared" else "exclusive")
         assert storage.stat(key) is not None and storage.stat(key).size == f.size  # type: ignore[union-attr]
@@ -383,6 +386,28 @@ def test_damaged_local_snapshot_is_ignored(storage: Storage, tmp_path: Path) -> 
     assert len(counting.downloads) == len(sources[0][2].files)
 
 
+@pytest.mark.parametrize(
+    "bad", [{"name": "../CURRENT"}, {"name": "x/y"}, {"data": "not base64!"}]
+)
+def test_bad_inline_file_is_refused(
+    storage: Storage, tmp_path: Path, bad: dict[str, str]
+) -> None:
+    r = task_range(0, 1, MAXP)
+    with TaskStateBackend.open(tmp_path / "a", OP, r, MAXP) as b:
+        fill(b, ["k1", "k2"])
+        kgs = snap(b, storage, 1)
+    broken = kgs.model_copy(
+        update={"inline": [kgs.inline[0].model_copy(update=bad), *kgs.inline[1:]]}
+    )
+    before = sorted(p for p in tmp_path.rglob("*"))
+    with pytest.raises(StateBackendError, match="inline"):
+        TaskStateBackend.open(tmp_path / "b", OP, r, MAXP, [(storage, "chk-1/_metadata", broken)])
+    # Nothing was written outside the new task's local directory, which holds no DB.
+    new = [p for p in tmp_path.rglob("*") if p not in before]
+    assert all(p == tmp_path / "b" or tmp_path / "b" in p.parents for p in new)
+    assert not list(tmp_path.rglob("b/**/CURRENT")) and not (tmp_path / "CURRENT").exists()
+
+
 def test_corrupt_stored_file_is_refused(storage: Storage, tmp_path: Path) -> None:
     r = task_range(0, 1, MAXP)
     with TaskStateBackend.open(tmp_path / "a", OP, r, MAXP) as b:
@@ -492,6 +517,8 @@ def test_stored_state_is_json_never_pickle(storage: Storage, tmp_path: Path) -> 
     for f in kgs.files:
         assert f.name is not None
         storage.download(layout.resolve("chk-1/_metadata", f.path), db_dir / f.name)
+    for small in kgs.inline:
+        (db_dir / small.name).write_bytes(small.content())
     db = Rdict(str(db_dir), Options(raw_mode=True), access_type=AccessType.read_only())
     n = 0
     try:

@@ -73,6 +73,7 @@ from statehold.backend.state import KeyedState, ListState, MapState, ValueState,
 from statehold.layout import Scope
 from statehold.metadata import (
     CheckpointMetadata,
+    InlineFile,
     KeyGroupRange,
     KeyGroupState,
     StateFile,
@@ -87,6 +88,8 @@ _MARKER_FORMAT = "statehold.local-snapshot"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _SNAP_DIR = re.compile(r"^snap-(?P<ckpt>\d+)-[0-9a-f]+$")
 _COPY_BATCH = 2000
+#: Task files up to this size (RocksDB's MANIFEST and CURRENT) go inside `_metadata`.
+INLINE_MAX_BYTES = 16 * 1024
 #: Sorted runs (flushes not yet merged) that trigger a universal compaction.
 _RUNS_TRIGGER = 8
 #: The oldest (largest) run is rewritten only when the newer runs reach this % of it.
@@ -451,6 +454,16 @@ class TaskStateBackend:
                 except FileNotFoundError:
                     pass  # pruned meanwhile by another task: download instead
             todo.append((f, layout.resolve(metadata_key, f.path)))
+        stored = {f.name for f in kgs.files}
+        for small in kgs.inline:
+            if not _SAFE_NAME.match(small.name) or small.name == LOCAL_MARKER or (
+                small.name in stored
+            ):
+                raise StateBackendError(f"{metadata_key}: bad inline file name {small.name!r}")
+            try:
+                (target / small.name).write_bytes(small.content())
+            except ValueError as e:
+                raise StateBackendError(f"{metadata_key}: {e}") from e
 
         def download(item: tuple[StateFile, str]) -> None:
             f, key = item
@@ -608,6 +621,11 @@ class TaskStateBackend:
                 if wal.stat().st_size == 0:
                     wal.unlink()
             names = sorted(p.name for p in snap.iterdir() if p.is_file())
+            inline = [
+                n for n in names
+                if not _shared_file(n) and (snap / n).stat().st_size <= INLINE_MAX_BYTES
+            ]
+            names = [n for n in names if n not in inline]
             reuse: dict[str, _Remote] = {}
             new: list[str] = []
             for name in names:
@@ -652,6 +670,7 @@ class TaskStateBackend:
             stats.bytes_reused = sum(r.size for r in reuse.values())
             stats.files_uploaded = len(uploaded)
             stats.bytes_uploaded = sum(r.size for r in uploaded.values())
+            inline_files = [InlineFile.of(n, (snap / n).read_bytes()) for n in inline]
             stats.state_size = stats.bytes_reused + stats.bytes_uploaded
             everything = reuse | uploaded
             _write_json_atomic(
@@ -684,6 +703,7 @@ class TaskStateBackend:
         return KeyGroupState(
             key_groups=self.key_groups,
             files=files,
+            inline=inline_files,
             info={
                 "backend": BACKEND_NAME,
                 "format": BACKEND_FORMAT,
