@@ -147,6 +147,7 @@ def run_spark_native(
             after = listing(checkpoint)
             stats = _stats(i, progress, before, after)
             before = after
+            stats.footprint_bytes, stats.footprint_files = sum(after.values()), len(after)
             result.batches.append(stats)
             log(
                 f"{name} batch {i}: {stats.events} rows, {stats.seconds:.2f}s, "

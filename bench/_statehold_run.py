@@ -134,6 +134,7 @@ def run_statehold(
             bytes_uploaded=up,
             files_uploaded=nfiles,
         )
+        stats.footprint_bytes, stats.footprint_files = sum(after.values()), len(after)
         result.batches.append(stats)
         log(f"  {name} batch {i}: {stats.events} events in {stats.seconds:.2f}s, checkpoint "
             f"{stats.checkpoint_seconds:.3f}s (tasks' snapshots {r.snapshot_seconds:.3f}s + "

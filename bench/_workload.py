@@ -122,6 +122,9 @@ class BatchStats:
     #: bytes and files new in the checkpoint location after this batch (by listing)
     bytes_uploaded: int
     files_uploaded: int
+    #: the whole checkpoint location right after this batch (cleanup may lag behind)
+    footprint_bytes: int = 0
+    footprint_files: int = 0
     #: system-specific numbers for cross-checks (e.g. Spark's RocksDB custom metrics)
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -147,6 +150,9 @@ class RunResult:
     def p95(self, attr: str) -> float:
         values = sorted(float(getattr(b, attr)) for b in self.steady())
         return values[min(len(values) - 1, round(0.95 * (len(values) - 1)))]
+
+    def mean(self, attr: str) -> float:
+        return float(statistics.mean(float(getattr(b, attr)) for b in self.steady()))
 
     def throughput(self) -> float:
         steady = self.steady()
@@ -239,5 +245,8 @@ def make_session(partitions: int, driver_memory: str = "8g") -> Any:
         # Spark deletes old state versions in a background maintenance task; run it often
         # enough that retention shows within a bench run (default 60 s).
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "5s")
+        # Spark keeps 100 batches of its offset and commit logs by default; keep what
+        # statehold keeps (the Spark runs set the same per query, with their state).
+        .config("spark.sql.streaming.minBatchesToRetain", "3")
         .getOrCreate()
     )
