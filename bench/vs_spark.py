@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,7 +76,7 @@ def machine() -> str:
 
 
 def run_system(name: str, spark: Any, w: Workload, files: list[Path], work: Path,
-               args: argparse.Namespace) -> RunResult:
+               args: argparse.Namespace, log: Callable[[str], None] = print) -> RunResult:
     if name.startswith("statehold"):
         from _statehold_run import run_statehold
 
@@ -83,21 +84,25 @@ def run_system(name: str, spark: Any, w: Workload, files: list[Path], work: Path
         options = {"size_amplification": int(amp)} if amp else None
         return run_statehold(spark, w, files, work, retain=args.retain,
                              partitions=args.partitions, vectorized=base == "statehold-vec",
-                             backend_options=options)
+                             backend_options=options, log=log)
     from _spark_native import run_spark_native
 
     api = "applyInPandasWithState" if name.startswith("aipws") else "transformWithStateInPandas"
     return run_spark_native(spark, w, files, work, api=api, changelog=name.endswith("changelog"),
-                            retain=args.retain, partitions=args.partitions)
+                            retain=args.retain, partitions=args.partitions, log=log)
 
 
-def warm_up(spark: Any) -> None:
-    """Start the JVM's code paths and the Python workers before anything is timed."""
-    import pandas as pd
-
-    df = spark.range(0, 20_000, 1, 2).selectExpr("cast(id % 100 as string) as key", "id")
-    df.groupBy("key").applyInPandas(lambda p: pd.DataFrame({"n": [len(p)]}), "n long").count()
-    df.mapInArrow(lambda it: it, df.schema).count()
+def warm_up(spark: Any, names: list[str], work: Path, args: argparse.Namespace) -> None:
+    """Run every system once on a tiny workload first, so no system's measured run pays
+    for the JVM's and the Python workers' first use of its code paths."""
+    tiny = Workload(keys=2000, fraction=0.05, batches=3, value_size=args.value_size, seed=1)
+    files = write_inputs(tiny, work / "inputs")
+    for name in names:
+        try:
+            run_system(name, spark, tiny, files, work / name, args, log=lambda _line: None)
+        except Exception as e:  # the measured run reports it
+            print(f"   warm-up of {name} failed: {type(e).__name__}", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def summarize(r: RunResult, w: Workload, bandwidth: float) -> dict[str, Any]:
@@ -249,7 +254,8 @@ def main() -> None:
 
     spark = make_session(args.partitions, args.driver_memory)
     spark.sparkContext.setLogLevel("ERROR")
-    warm_up(spark)
+    print("warming up every system on a tiny workload", flush=True)
+    warm_up(spark, names, work / "warmup", args)
     results: list[RunResult] = []
     failed: dict[str, str] = {}
     for name in names:
