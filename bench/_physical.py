@@ -59,6 +59,25 @@ def disk_write_bandwidth(directory: Path, size_bytes: int = 1 << 30, block: int 
     return best
 
 
+def fsync_latency(directory: Path, n: int = 50) -> float:
+    """Median seconds to create, write 4 KiB to and fsync one new file in `directory`:
+    what making one more file durable costs, whatever its size. A checkpoint of a small
+    change is bound by this more than by bandwidth."""
+    data = os.urandom(4096)
+    times = []
+    for _ in range(n):
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".bench-fsync-")
+        try:
+            t0 = time.perf_counter()
+            os.write(fd, data)
+            os.fsync(fd)
+            times.append(time.perf_counter() - t0)
+        finally:
+            os.close(fd)
+            os.unlink(name)
+    return sorted(times)[len(times) // 2]
+
+
 def local_deletes_per_second(directory: Path, n: int = 20000) -> float:
     """Files deleted per second by `LocalStorage.delete_many` (creating them is not timed).
 
