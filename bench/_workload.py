@@ -222,10 +222,9 @@ def make_session(partitions: int, driver_memory: str = "8g") -> Any:
     """One local Spark session for every system of a run: local[cores], `partitions`
     shuffle partitions (= statehold's parallelism), Python workers on this interpreter
     with bench/ importable (functions defined here are pickled by reference)."""
-    import sys
+    from statehold.spark.session import use_this_python
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    use_this_python()
     here = os.path.dirname(os.path.abspath(__file__))
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if here not in paths:
