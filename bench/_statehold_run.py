@@ -33,9 +33,8 @@ MAX_PARALLELISM = 128
 OUTPUT_SCHEMA = pa.schema([("key", pa.string()), ("count", pa.int64()), ("sum", pa.int64())])
 
 
-def running_total(key: str, rows: list[dict[str, Any]], state: Any) -> list[tuple[str, int, int]]:
-    """Per key: (count, sum, last payload) in one ValueState; emits the new totals."""
-    agg = state.value("agg")
+def _fold(agg: Any, rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """Fold a key's rows into its ``[count, sum, last payload]`` ValueState."""
     current = agg.get()
     count, total, last = current if current is not None else (0, 0, "")
     for row in rows:
@@ -43,6 +42,12 @@ def running_total(key: str, rows: list[dict[str, Any]], state: Any) -> list[tupl
         total += row["value"]
         last = row["payload"]
     agg.update([count, total, last])
+    return count, total
+
+
+def running_total(key: str, rows: list[dict[str, Any]], state: Any) -> list[tuple[str, int, int]]:
+    """Per key: (count, sum, last payload) in one ValueState; emits the new totals."""
+    count, total = _fold(state.value("agg"), rows)
     return [(key, count, total)]
 
 
@@ -52,14 +57,7 @@ def running_totals_vectorized(groups: list[tuple[str, Any]], states: Any) -> pa.
     counts: list[int] = []
     sums: list[int] = []
     for key, rows in groups:
-        agg = states.for_key(key).value("agg")
-        current = agg.get()
-        count, total, last = current if current is not None else (0, 0, "")
-        for row in rows:
-            count += 1
-            total += row["value"]
-            last = row["payload"]
-        agg.update([count, total, last])
+        count, total = _fold(states.for_key(key).value("agg"), rows)
         keys.append(key)
         counts.append(count)
         sums.append(total)
