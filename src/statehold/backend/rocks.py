@@ -297,6 +297,7 @@ class TaskStateBackend:
         max_parallelism: int,
         *,
         transfer_threads: int = 4,
+        size_amplification: int = _MAX_SIZE_AMP,
     ) -> None:
         if not operator:
             raise ValueError("operator name must not be empty")
@@ -321,7 +322,9 @@ class TaskStateBackend:
         self._pending: dict[int, _Pending] = {}
         self._db: Rdict | None = None
         self._kv: _RocksKV | None = None
-        self._options = _raw_options()
+        if size_amplification < 1:
+            raise ValueError("size_amplification must be a positive percentage")
+        self._options = _raw_options(size_amplification)
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
@@ -344,12 +347,14 @@ class TaskStateBackend:
         is rewritten (and uploaded again) when the newer runs reach this share of it. Lower
         keeps the stored state closer to the live data; higher uploads less on average
         (docs/benchmarks.md measures both)."""
-        if size_amplification < 1:
-            raise ValueError("size_amplification must be a positive percentage")
         self = cls(
-            local_dir, operator, key_groups, max_parallelism, transfer_threads=transfer_threads
+            local_dir,
+            operator,
+            key_groups,
+            max_parallelism,
+            transfer_threads=transfer_threads,
+            size_amplification=size_amplification,
         )
-        self._options = _raw_options(size_amplification)
         self.work_dir.mkdir(parents=True)
         try:
             if restore:
