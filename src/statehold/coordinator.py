@@ -23,6 +23,7 @@ from typing import Any
 
 from statehold import layout
 from statehold.cleaner import AsyncCleaner, Cleaner, Discard
+from statehold.errors import StateholdError
 from statehold.ha.base import CheckpointPointer, FencedError, HAStore
 from statehold.jobresult import (
     JobOutcome,
@@ -51,7 +52,7 @@ from statehold.storage.base import AlreadyExistsError, Storage, StorageError
 log = logging.getLogger("statehold.coordinator")
 
 
-class CheckpointError(Exception):
+class CheckpointError(StateholdError):
     """A checkpoint cannot be begun or completed as asked."""
 
 

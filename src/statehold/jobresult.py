@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from statehold import layout
+from statehold.errors import StateholdError
 from statehold.storage.base import NotFoundError, Storage
 
 RESULT_KEY = f"{layout.JOB_DIR}/result.json"
@@ -37,7 +38,7 @@ class RetentionPolicy(StrEnum):
     DELETE_ALL = "delete-all"
 
 
-class JobResultError(Exception):
+class JobResultError(StateholdError):
     """The job result entry is unreadable."""
 
 

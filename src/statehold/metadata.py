@@ -19,6 +19,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from statehold import layout, signed
+from statehold.errors import StateholdError
 from statehold.layout import Scope
 from statehold.storage.base import NotFoundError, Storage, UnsafePathError
 
@@ -29,7 +30,7 @@ FORMAT_VERSION = 1
 Checksum = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 
-class MetadataError(Exception):
+class MetadataError(StateholdError):
     """A `_metadata` document cannot be used; the message names the file and the problem."""
 
 

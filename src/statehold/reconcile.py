@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from statehold import layout
 from statehold.cleaner import AsyncCleaner, Cleaner, Discard
+from statehold.errors import StateholdError
 from statehold.ha.base import HAStore
 from statehold.jobresult import read_result
 from statehold.layout import Kind
@@ -65,7 +66,7 @@ class ReconcilePlan:
         return Discard(keys=tuple(sorted(f.key for f in self.orphans)), reason="reconcile")
 
 
-class ReconcileError(Exception):
+class ReconcileError(StateholdError):
     """The job directory does not match its HA store; nothing was deleted."""
 
 

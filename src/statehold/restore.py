@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from statehold import layout
+from statehold.errors import StateholdError
 from statehold.ha.base import CheckpointPointer, HAStore
 from statehold.layout import Scope
 from statehold.metadata import (
@@ -36,7 +37,7 @@ from statehold.storage.base import AlreadyExistsError, NotFoundError, Storage
 log = logging.getLogger("statehold.restore")
 
 
-class RestoreError(Exception):
+class RestoreError(StateholdError):
     """The source cannot be restored as asked."""
 
 

@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from statehold import layout
+from statehold.errors import StateholdError
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
 from statehold.layout import Kind, Scope
 from statehold.metadata import (
@@ -47,7 +48,7 @@ _CHK = re.compile(r"^chk-(\d+)$")
 _IN_MEMORY = 16 << 20
 
 
-class ToolError(Exception):
+class ToolError(StateholdError):
     """The operation cannot be done as asked; the message says why in one line.
     `problems` lists details (e.g. each missing file) when there are several."""
 

@@ -73,6 +73,7 @@ from statehold.backend.keys import (
     range_bounds,
 )
 from statehold.backend.state import KeyedState, ListState, MapState, ValueState, decode_value
+from statehold.errors import StateholdError
 from statehold.layout import Scope
 from statehold.metadata import (
     CheckpointMetadata,
@@ -106,7 +107,7 @@ _COMPACTION_GRACE = 0.05
 RestoreSource = tuple[Storage, str, KeyGroupState]
 
 
-class StateBackendError(Exception):
+class StateBackendError(StateholdError):
     """State cannot be restored or snapshotted (bad metadata, checksum mismatch, ...)."""
 
 

@@ -13,13 +13,15 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from statehold.errors import StateholdError
 
-class FencedError(Exception):
+
+class FencedError(StateholdError):
     """This attempt's epoch is no longer the job's current epoch: another attempt took
     over. The fenced attempt must stop writing and must delete nothing."""
 
 
-class HAStoreError(Exception):
+class HAStoreError(StateholdError):
     """The HA store is unreadable or unreachable."""
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from statehold.backend.keys import key_group_of, task_of, task_range
+from statehold.errors import StateholdError
 from statehold.metadata import KeyGroupState
 from statehold.spark.api import BatchFunction, InputFormat, KeyedState, KeyFunction
 
@@ -40,7 +41,7 @@ ACK_COL = "__statehold_ack"
 INTERNAL_COLS = (KEY_COL, KG_COL, TASK_COL)
 
 
-class MalformedInputError(ValueError):
+class MalformedInputError(StateholdError, ValueError):
     """An input row cannot be keyed (a null key, an unsupported key type)."""
 
 

@@ -13,8 +13,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from statehold.errors import StateholdError
 
-class StorageError(Exception):
+
+class StorageError(StateholdError):
     """A storage operation failed."""
 
 
