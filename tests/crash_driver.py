@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from faulty import FaultyStorage
+
 from statehold import layout
 from statehold.backend import TaskStateBackend, sources_from_metadata, task_of_key, task_range
 from statehold.coordinator import CheckpointCoordinator
@@ -39,7 +41,6 @@ from statehold.ha.open import open_ha_store
 from statehold.jobresult import JobOutcome, RetentionPolicy
 from statehold.metadata import CheckpointMetadata
 from statehold.storage import Storage, StorageError, open_storage
-from statehold.storage.faulty import FaultyStorage
 
 JOB_ID = "crash-job"
 OPERATOR = "agg"

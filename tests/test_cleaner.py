@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from faulty import FaultyStorage
 
 from statehold.cleaner import AsyncCleaner, Discard, SyncCleaner
 from statehold.ha.base import FencedError, HAStoreError
 from statehold.storage import LocalStorage, Storage
-from statehold.storage.faulty import FaultyStorage
 
 FAST: dict[str, Any] = {"initial_delay": 0.001, "max_delay": 0.02, "jitter": 0.5, "seed": 3}
 

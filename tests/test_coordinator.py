@@ -6,6 +6,7 @@ import random
 import time
 
 import pytest
+from faulty import FaultyStorage
 
 from statehold import layout
 from statehold.cleaner import AsyncCleaner
@@ -22,7 +23,6 @@ from statehold.metadata import (
     referenced_keys,
 )
 from statehold.storage import Storage
-from statehold.storage.faulty import FaultyStorage
 
 MAX_PARALLELISM = 8
 RANGES = [KeyGroupRange(start=0, end=3), KeyGroupRange(start=4, end=7)]

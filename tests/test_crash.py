@@ -314,10 +314,10 @@ def test_a_lagging_abort_delete_never_removes_the_retried_checkpoint(storage: St
     slow: the abort's discard must not take the replay's ``chk-3/_metadata`` with it."""
     import threading as th
 
+    from faulty import FaultyStorage
     from test_coordinator import RANGES, SimulatedTask
 
     from statehold.coordinator import CheckpointCoordinator
-    from statehold.storage.faulty import FaultyStorage
 
     go = th.Event()
     go.set()
