@@ -21,7 +21,8 @@ class StorageError(StateholdError):
 
 
 class UnsafePathError(StorageError, ValueError):
-    """A key is absolute, escapes its root with '..', or is otherwise malformed."""
+    """A key is absolute, escapes its root with '..', goes through a symlink under a
+    local root, or is otherwise malformed."""
 
 
 class NotFoundError(StorageError, FileNotFoundError):
@@ -43,11 +44,17 @@ class DeleteError(StorageError):
 
 @dataclass(frozen=True, slots=True)
 class FileInfo:
-    """One listed file: its key under the storage root, size in bytes, mtime (epoch secs)."""
+    """One listed file: its key under the storage root, size in bytes, mtime (epoch secs).
+
+    `symlink` marks a symbolic link found under a local root (to a file or a directory):
+    it is listed, with the link's own size and mtime, so tools can report it, but no
+    operation follows it. Object stores have no links, so it is always False there.
+    """
 
     key: str
     size: int
     mtime: float
+    symlink: bool = False
 
 
 def check_key(key: str, *, allow_empty: bool = False) -> str:

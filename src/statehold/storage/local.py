@@ -1,13 +1,22 @@
 """Local filesystem backend: atomic rename for writes, hard links for create-if-absent and
-for copies within one filesystem."""
+for copies within one filesystem.
+
+Symlinks: the root may be reached through links (it is resolved once, at construction),
+but nothing below it is ever followed. A key any of whose segments is a symlink is
+refused with UnsafePathError, so a link planted in a job directory cannot make statehold
+read, write, move or delete outside it. Listing reports links as entries (marked
+`symlink`) without descending into them. The check is made just before each operation:
+it stops links that are there, not an adversary swapping them in at the same moment.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
 import shutil
+import stat
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from statehold.storage.base import (
@@ -17,6 +26,7 @@ from statehold.storage.base import (
     NotFoundError,
     Storage,
     StorageError,
+    UnsafePathError,
     check_key,
     check_prefix,
 )
@@ -25,51 +35,115 @@ from statehold.storage.base import (
 #: inside the job directory the reconcile finds and deletes them like any orphan.
 TEMP_MARKER = ".tmp-"
 
+#: Attempts at creating a file in a directory that a concurrent `delete_many` may remove
+#: (as empty) between our mkdir and the file's creation.
+_DIR_ATTEMPTS = 5
+
 
 class LocalStorage(Storage):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).absolute()
         self.uri = self.root.as_uri()
+        #: The root with its links resolved once: every path is built on this, and only
+        #: the segments below it are checked for links.
+        self._real = Path(os.path.realpath(self.root))
 
     def __repr__(self) -> str:
         return f"LocalStorage({str(self.root)!r})"
 
     def child(self, prefix: str) -> LocalStorage:
-        return LocalStorage(self.root / check_key(prefix.rstrip("/")))
+        key = prefix.rstrip("/")
+        self._path(key)  # refuse a prefix through a link: the child's root would escape
+        return LocalStorage(self.root / key)
 
-    def _path(self, key: str) -> Path:
-        return self.root / check_key(key)
+    def _path(self, key: str, *, last_link_ok: bool = False) -> Path:
+        """The path of `key` under the resolved root; UnsafePathError if a segment of it
+        is a symlink. With `last_link_ok` the last segment may be one (to unlink the link
+        itself, which never touches its target)."""
+        parts = check_key(key).split("/")
+        path = str(self._real)
+        for i, part in enumerate(parts):
+            path = os.path.join(path, part)
+            try:
+                mode = os.lstat(path).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                break  # nothing below exists, so nothing below is a link
+            if stat.S_ISLNK(mode) and not (last_link_ok and i == len(parts) - 1):
+                link = "/".join(parts[: i + 1])
+                raise UnsafePathError(
+                    f"key {key!r}: {link!r} under {self.uri} is a symlink; "
+                    "statehold does not follow links below its root"
+                )
+        return self._real.joinpath(*parts)
+
+    def _dir(self, prefix: str) -> Path:
+        """The directory of a checked, '/'-stripped prefix ('' = the root)."""
+        return self._path(prefix) if prefix else self._real
 
     def _temp_for(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         return path.with_name(f".{path.name}{TEMP_MARKER}{uuid.uuid4().hex}")
 
+    def _new_temp(self, path: Path, fill: Callable[[Path], None]) -> Path:
+        """A temp file next to `path`, created by `fill`. Retried on FileNotFoundError:
+        `delete_many` removes directories it leaves empty, possibly ours between the
+        mkdir and the file's creation (a genuinely missing source fails every time)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            tmp: Path | None = None
+            try:
+                tmp = self._temp_for(path)
+                fill(tmp)
+                return tmp
+            except FileNotFoundError:
+                if tmp is not None:
+                    tmp.unlink(missing_ok=True)
+                if attempt >= _DIR_ATTEMPTS:
+                    raise
+            except BaseException:
+                if tmp is not None:
+                    tmp.unlink(missing_ok=True)
+                raise
+
+    def _entries(self, base: Path) -> Iterator[str]:
+        """Paths of the files and links under `base`, never descending into a link."""
+        for dirpath, dirnames, filenames in os.walk(base):  # followlinks=False
+            links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+            if links:
+                dirnames[:] = [d for d in dirnames if d not in links]
+            for name in (*filenames, *links):
+                yield os.path.join(dirpath, name)
+
     # -- reading -----------------------------------------------------------------------
     def list_pages(self, prefix: str = "", page_size: int = 1000) -> Iterator[list[FileInfo]]:
-        prefix = check_prefix(prefix).rstrip("/")
-        base = self.root / prefix if prefix else self.root
+        """See Storage. Symlinks under the prefix (to files or directories) are listed as
+        entries with ``symlink=True`` and the link's own lstat size/mtime; what they
+        point to is not. A prefix that is or goes through a link: UnsafePathError."""
+        base = self._dir(check_prefix(prefix).rstrip("/"))
         page: list[FileInfo] = []
-        for dirpath, _dirnames, filenames in os.walk(base):
-            for name in filenames:
-                full = os.path.join(dirpath, name)
-                try:
-                    st = os.stat(full)
-                except FileNotFoundError:
-                    continue  # deleted while listing
-                key = os.path.relpath(full, self.root).replace(os.sep, "/")
-                page.append(FileInfo(key, st.st_size, st.st_mtime))
-                if len(page) >= page_size:
-                    yield page
-                    page = []
+        for full in self._entries(base):
+            try:
+                st = os.lstat(full)
+            except FileNotFoundError:
+                continue  # deleted while listing
+            key = os.path.relpath(full, self._real).replace(os.sep, "/")
+            page.append(FileInfo(key, st.st_size, st.st_mtime, stat.S_ISLNK(st.st_mode)))
+            if len(page) >= page_size:
+                yield page
+                page = []
         if page:
             yield page
 
     def stat(self, key: str) -> FileInfo | None:
+        """See Storage. A key through a symlink raises UnsafePathError rather than
+        returning None: "missing" would mislead verify and restore, and a caller that
+        probes before writing would only fail later, less clearly."""
         try:
-            st = self._path(key).stat()
+            st = os.lstat(self._path(key))
         except (FileNotFoundError, NotADirectoryError):
             return None
-        if not os.path.isfile(self._path(key)):
+        if not stat.S_ISREG(st.st_mode):
             return None
         return FileInfo(key, st.st_size, st.st_mtime)
 
@@ -80,16 +154,13 @@ class LocalStorage(Storage):
             raise NotFoundError(f"{self.uri}/{key}: no such file") from e
 
     def download(self, key: str, local_path: Path) -> None:
-        src = self._path(key)
-        if not src.is_file():
-            raise NotFoundError(f"{self.uri}/{key}: no such file")
+        src = self._existing(key)
         local_path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, local_path)
 
     # -- writing -----------------------------------------------------------------------
     def _write_temp(self, path: Path, data: bytes | None, source: Path | None) -> Path:
-        tmp = self._temp_for(path)
-        try:
+        def fill(tmp: Path) -> None:
             if source is not None:
                 shutil.copyfile(source, tmp)
             with open(tmp, "r+b" if source is not None else "wb") as f:
@@ -97,10 +168,8 @@ class LocalStorage(Storage):
                     f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return tmp
+
+        return self._new_temp(path, fill)
 
     def write(self, key: str, data: bytes) -> None:
         path = self._path(key)
@@ -123,24 +192,51 @@ class LocalStorage(Storage):
             tmp.unlink(missing_ok=True)
 
     def delete_many(self, keys: Iterable[str]) -> None:
-        paths = [(key, self._path(key)) for key in keys]  # check every key before deleting
+        """See Storage. A key that *is* a symlink deletes the link itself (unlink never
+        follows it; the link is inside the root, its target is untouched), so links that
+        listing reports can be cleaned up. A key *under* a symlinked directory raises
+        UnsafePathError before anything is deleted: unlinking it would delete outside the
+        root. Directories left empty are then removed, up to but not including the root,
+        so an aborted checkpoint leaves no empty ``chk-N/``."""
+        # check every key before deleting
+        paths = [(key, self._path(key, last_link_ok=True)) for key in keys]
         failed: dict[str, BaseException] = {}
         for key, path in paths:
             try:
-                path.unlink()
+                os.unlink(path)
             except FileNotFoundError:
                 pass
             except OSError as e:
                 failed[key] = e
+        self._remove_empty_dirs({path.parent for _, path in paths})
         if failed:
             raise DeleteError(failed)
 
+    def _remove_empty_dirs(self, dirs: Iterable[Path]) -> None:
+        """Best effort: rmdir each directory and then its parents until one is not empty
+        (or cannot be removed) or the root is reached. rmdir never removes a non-empty
+        directory, nor follows a link, so a concurrent writer loses nothing (it retries
+        its mkdir)."""
+        for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+            while d != self._real and d.is_relative_to(self._real):
+                try:
+                    os.rmdir(d)
+                except FileNotFoundError:
+                    pass  # already gone: its parent may be empty now
+                except OSError:
+                    break  # not empty (ENOTEMPTY/EEXIST) or not removable: stop here
+                d = d.parent
+
     def delete_prefix(self, prefix: str) -> int:
+        """See Storage. Links inside the prefix are removed themselves (rmtree unlinks
+        them, never following), and count as deleted entries. A prefix that is or goes
+        through a link raises UnsafePathError, deleting nothing: rmtree would empty the
+        link's target through an intermediate link, and refuses a link as its top."""
         prefix = check_prefix(prefix).rstrip("/")
-        base = self.root / prefix if prefix else self.root
+        base = self._dir(prefix)
         if not base.exists():
             return 0
-        count = sum(len(files) for _, _, files in os.walk(base))
+        count = sum(1 for _ in self._entries(base))
         errors: list[str] = []
 
         def on_error(
@@ -154,41 +250,58 @@ class LocalStorage(Storage):
             raise DeleteError({prefix: StorageError("; ".join(errors[:5]))})
         return count
 
+    def _existing(self, key: str) -> Path:
+        path = self._path(key)
+        if not path.is_file():
+            raise NotFoundError(f"{self.uri}/{key}: no such file")
+        return path
+
     def copy(self, src: str, dst: str, *, target: Storage | None = None) -> None:
-        src_path = self._path(src)
-        check_key(dst)
-        if not src_path.is_file():
-            raise NotFoundError(f"{self.uri}/{src}: no such file")
         target = target or self
-        if isinstance(target, LocalStorage):
-            dst_path = target._path(dst)
-            dst_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target._temp_for(dst_path)
+        if not isinstance(target, LocalStorage):
+            check_key(dst)
+            target.upload(self._existing(src), dst)
+            return
+        dst_path = target._path(dst)
+        src_path = self._existing(src)
+
+        def link_or_copy(tmp: Path) -> None:
             try:
                 os.link(src_path, tmp)
             except OSError as e:
                 if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
                     raise
                 shutil.copyfile(src_path, tmp)
-            os.replace(tmp, dst_path)
-        else:
-            target.upload(src_path, dst)
+
+        try:
+            tmp = target._new_temp(dst_path, link_or_copy)
+        except FileNotFoundError as e:
+            if not os.path.lexists(src_path):
+                raise NotFoundError(f"{self.uri}/{src}: no such file") from e
+            raise
+        os.replace(tmp, dst_path)
 
     def move(self, src: str, dst: str, *, target: Storage | None = None) -> None:
         target = target or self
-        src_path = self._path(src)
-        check_key(dst)
-        if not src_path.is_file():
-            raise NotFoundError(f"{self.uri}/{src}: no such file")
-        if isinstance(target, LocalStorage):
-            dst_path = target._path(dst)
-            dst_path.parent.mkdir(parents=True, exist_ok=True)
+        if not isinstance(target, LocalStorage):
+            super().move(src, dst, target=target)  # copy checks both keys first
+            return
+        dst_path = target._path(dst)
+        src_path = self._existing(src)
+        attempt = 0
+        while True:
+            attempt += 1
             try:
+                dst_path.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(src_path, dst_path)
                 return
             except FileNotFoundError as e:
-                raise NotFoundError(f"{self.uri}/{src}: no such file") from e
+                if not os.path.lexists(src_path):
+                    raise NotFoundError(f"{self.uri}/{src}: no such file") from e
+                if attempt >= _DIR_ATTEMPTS:
+                    raise  # else the destination directory was removed under us: retry
             except OSError as e:
                 if e.errno != errno.EXDEV:
                     raise
-        super().move(src, dst, target=target)
+                break
+        super().move(src, dst, target=target)  # across filesystems: copy, then delete
