@@ -97,6 +97,17 @@ class Cleaner(abc.ABC):
         return deleted
 
 
+def _checked(discard: Discard) -> tuple[list[str], list[str]]:
+    """The discard's paths, each one the deletion policy may have chosen (else raises in
+    the caller, before anything is deleted)."""
+    from statehold.policy import check_discardable
+
+    return (
+        [check_discardable(check_key(k)) for k in discard.keys],
+        [check_discardable(check_key(d.rstrip("/")), is_dir=True) for d in discard.dirs],
+    )
+
+
 class SyncCleaner(Cleaner):
     """Deletes in the caller's thread; for tools and tests. Errors propagate."""
 
@@ -106,7 +117,7 @@ class SyncCleaner(Cleaner):
 
     def discard(self, discard: Discard) -> None:
         if discard:
-            self._status.deleted += self._delete_now(discard.keys, discard.dirs)
+            self._status.deleted += self._delete_now(*_checked(discard))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         return True
@@ -222,8 +233,7 @@ class AsyncCleaner(Cleaner):
         """Enqueue and return. Paths are validated here, so a bad one raises in the
         caller. After fencing or close() the discard is dropped (the reconcile of the
         attempt that owns the job will find the files)."""
-        keys = [check_key(k) for k in discard.keys]
-        dirs = [check_key(d.rstrip("/")) for d in discard.dirs]
+        keys, dirs = _checked(discard)
         with self._cond:
             if self._fenced or self._stopping:
                 logger.debug("dropping discard (%s): cleaner is fenced or closed", discard.reason)

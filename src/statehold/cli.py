@@ -34,11 +34,10 @@ from rich.progress import Progress as RichBar
 from rich.table import Table
 
 from statehold import tools
-from statehold.ha.base import FencedError, HAStore, HAStoreError
-from statehold.ha.open import EMBEDDED, open_ha_store
-from statehold.metadata import MetadataError
-from statehold.storage import StorageError
+from statehold.errors import StateholdError
+from statehold.jobdir import JobDirectory, change_ha_store, open_job
 from statehold.tools import Problem, ToolError
+from statehold.tools.locate import split_location
 
 #: Modules that add commands, if installed: each defines ``register(app)``.
 EXTENSIONS = ("statehold.gc_cli", "statehold.state_cli")
@@ -63,11 +62,11 @@ CheckpointArg = Annotated[
 ]
 JobArg = Annotated[str, typer.Argument(help="A job directory (path, file:// or s3://).")]
 HaOption = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--ha",
-        help="The job's HA store: 'embedded' (default) or zookeeper://host:port/path "
-        "(the job id is the job directory's name).",
+        help="The job's HA store: 'embedded' or zookeeper://host:port/path. Default: the "
+        "store the job directory records; a different one is refused.",
     ),
 ]
 
@@ -95,31 +94,22 @@ def fail(message: str, *, as_json: bool = False, problems: list[Problem] | None 
 
 @contextmanager
 def handle_errors(as_json: bool) -> Iterator[None]:
-    """Turn every expected failure into `fail` (one line, exit 1)."""
+    """Turn every statehold error into `fail` (one line, exit 1)."""
     try:
         yield
     except ToolError as e:
         fail(str(e), as_json=as_json, problems=e.problems)
-    except (MetadataError, HAStoreError, FencedError, StorageError) as e:
+    except StateholdError as e:
         fail(str(e), as_json=as_json)
 
 
 @contextmanager
-def ha_store(location: str, uri: str) -> Iterator[HAStore | None]:
-    """The HA store named by ``--ha`` for the job at `location` (a job directory or a
-    checkpoint in one); None for the embedded store, which the tools open themselves."""
-    if uri.strip() == EMBEDDED:
-        yield None
-        return
-    job = tools.locate(location).job
-    try:
-        store = open_ha_store(uri, job, job.uri.rstrip("/").rsplit("/", 1)[-1])
-    except ValueError as e:
-        raise ToolError(str(e)) from e
-    try:
-        yield store
-    finally:
-        store.close()
+def open_job_for(location: str, ha: str | None) -> Iterator[JobDirectory]:
+    """The job directory at `location` (a job directory, or a checkpoint in one), opened
+    with the HA store `--ha` names (None: the one it records), closed afterwards."""
+    job_uri, _ref = split_location(location)
+    with open_job(job_uri, ha) as job:
+        yield job
 
 
 def emit(result: BaseModel, as_json: bool, render: Callable[[], None]) -> None:
@@ -187,10 +177,10 @@ def _problems_table(problems: list[Problem]) -> None:
 
 # -- commands --------------------------------------------------------------------------
 @app.command("list")
-def list_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = EMBEDDED) -> None:
+def list_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None) -> None:
     """Retained checkpoints, chk-N directories not retained (flagged), and savepoints."""
-    with handle_errors(as_json), ha_store(job_dir, ha) as store:
-        result = tools.list_checkpoints(job_dir, ha=store)
+    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
+        result = tools.list_checkpoints(job)
 
     def render() -> None:
         table = Table("checkpoint", "status", "epoch", "completed", "files", "bytes", "error")
@@ -220,11 +210,11 @@ def list_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = EM
 
 @app.command("inspect")
 def inspect_command(
-    checkpoint: CheckpointArg, as_json: JsonOption = False, ha: HaOption = EMBEDDED
+    checkpoint: CheckpointArg, as_json: JsonOption = False, ha: HaOption = None
 ) -> None:
     """Header fields of a checkpoint; with --json also every file it references."""
-    with handle_errors(as_json), ha_store(checkpoint, ha) as store:
-        result = tools.inspect(checkpoint, ha=store)
+    with handle_errors(as_json), open_job_for(checkpoint, ha) as job:
+        result = tools.inspect(tools.locate(job, split_location(checkpoint)[1]))
 
     def render() -> None:
         table = Table(show_header=False, box=None)
@@ -261,14 +251,15 @@ def verify_command(
     no_checksums: Annotated[
         bool, typer.Option("--no-checksums", help="Check presence and size only.")
     ] = False,
-    ha: HaOption = EMBEDDED,
+    ha: HaOption = None,
 ) -> None:
     """Every referenced file present, of the right size and checksum, inside the job
     directory. Exits 1 and lists the problems otherwise."""
-    with handle_errors(as_json), RichProgress(not as_json) as progress, ha_store(
+    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
         checkpoint, ha
-    ) as store:
-        result = tools.verify(checkpoint, checksums=not no_checksums, progress=progress, ha=store)
+    ) as job:
+        target = tools.locate(job, split_location(checkpoint)[1])
+        result = tools.verify(target, checksums=not no_checksums, progress=progress)
 
     def render() -> None:
         if result.ok:
@@ -289,11 +280,14 @@ def verify_command(
 
 @app.command("diff")
 def diff_command(
-    checkpoint_a: CheckpointArg, checkpoint_b: CheckpointArg, as_json: JsonOption = False
+    checkpoint_a: CheckpointArg,
+    checkpoint_b: CheckpointArg,
+    as_json: JsonOption = False,
+    ha: HaOption = None,
 ) -> None:
     """Files added and removed from checkpoint A to checkpoint B, and their bytes."""
     with handle_errors(as_json):
-        result = tools.diff(checkpoint_a, checkpoint_b)
+        result = tools.diff(checkpoint_a, checkpoint_b, ha=ha)
 
     def render() -> None:
         table = Table("", "path", "scope", "size")
@@ -317,11 +311,11 @@ def diff_command(
 
 
 @app.command("du")
-def du_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = EMBEDDED) -> None:
+def du_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None) -> None:
     """Bytes by scope and by checkpoint (each shared file's bytes split evenly among the
     retained checkpoints and savepoints referencing it), and unreferenced bytes."""
-    with handle_errors(as_json), ha_store(job_dir, ha) as store:
-        result = tools.du(job_dir, ha=store)
+    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
+        result = tools.du(job)
 
     def render() -> None:
         scopes = Table("scope", "bytes")
@@ -354,15 +348,14 @@ def export_command(
     no_verify: Annotated[
         bool, typer.Option("--no-verify", help="Skip verifying the exported copy.")
     ] = False,
-    ha: HaOption = EMBEDDED,
+    ha: HaOption = None,
 ) -> None:
     """Write a minimal self-contained job directory holding only this checkpoint."""
-    with handle_errors(as_json), RichProgress(not as_json) as progress, ha_store(
+    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
         checkpoint, ha
-    ) as store:
-        result = tools.export(
-            checkpoint, dest, progress=progress, verify_after=not no_verify, ha=store
-        )
+    ) as job:
+        source = tools.locate(job, split_location(checkpoint)[1])
+        result = tools.export(source, dest, progress=progress, verify_after=not no_verify)
 
     def render() -> None:
         console.print(
@@ -387,12 +380,13 @@ def dispose_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show what would be deleted; delete nothing.")
     ] = False,
-    ha: HaOption = EMBEDDED,
+    ha: HaOption = None,
 ) -> None:
     """Delete a checkpoint, a savepoint or a job directory; files that a retained
     checkpoint or another savepoint references are always kept."""
-    with handle_errors(as_json), ha_store(target, ha) as store:
-        result = tools.dispose(target, force=force, dry_run=dry_run, ha=store)
+    with handle_errors(as_json), open_job_for(target, ha) as job:
+        located = tools.locate(job, split_location(target)[1])
+        result = tools.dispose(located, force=force, dry_run=dry_run)
 
     def render() -> None:
         verb = "would delete" if result.dry_run else "deleted"
@@ -403,6 +397,44 @@ def dispose_command(
         )
 
     emit(result, as_json, render)
+
+
+@app.command("set-ha")
+def set_ha_command(
+    job_dir: JobArg,
+    new_ha: Annotated[
+        str, typer.Argument(help="The new HA store: embedded or zookeeper://host:port/path.")
+    ],
+    as_json: JsonOption = False,
+    ha: HaOption = None,
+) -> None:
+    """Move a stopped job to another HA store: fences the old one (a new epoch there),
+    seeds the new one with that epoch and the retained checkpoints, then records it."""
+    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
+        state = change_ha_store(job, new_ha)
+        result = SetHaReport(
+            job_uri=job.uri,
+            old_ha=job.ha_uri,
+            new_ha=new_ha,
+            epoch=state.epoch,
+            retained=[p.checkpoint_id for p in state.retained],
+        )
+
+    def render() -> None:
+        console.print(
+            f"{result.job_uri}: HA store {result.old_ha} -> {result.new_ha} (epoch "
+            f"{result.epoch}, retained {result.retained})"
+        )
+
+    emit(result, as_json, render)
+
+
+class SetHaReport(BaseModel):
+    job_uri: str
+    old_ha: str
+    new_ha: str
+    epoch: int
+    retained: list[int]
 
 
 def _load_extensions() -> None:

@@ -25,6 +25,7 @@ from statehold import layout
 from statehold.cleaner import AsyncCleaner, Cleaner, Discard
 from statehold.errors import StateholdError
 from statehold.ha.base import CheckpointPointer, FencedError, HAStore
+from statehold.jobdir import JobDirectory, open_job
 from statehold.jobresult import (
     JobOutcome,
     RetentionPolicy,
@@ -45,7 +46,8 @@ from statehold.metadata import (
     read_metadata,
     referenced_keys,
 )
-from statehold.reconcile import LiveAttempt, ReconcilePlan, plan, reconcile
+from statehold.policy import LiveAttempt
+from statehold.reconcile import ReconcilePlan, plan, reconcile
 from statehold.registry import SharedStateRegistry
 from statehold.storage.base import AlreadyExistsError, Storage, StorageError
 
@@ -85,8 +87,7 @@ def _clear_result(storage: Storage, attempts: int = 6) -> None:
 class CheckpointCoordinator:
     def __init__(
         self,
-        storage: Storage,
-        ha: HAStore,
+        job: JobDirectory,
         *,
         job_id: str,
         max_parallelism: int,
@@ -102,8 +103,9 @@ class CheckpointCoordinator:
     ) -> None:
         if retain < 1:
             raise ValueError("retain must be at least 1")
-        self.storage = storage
-        self.ha = ha
+        self.job = job
+        self.storage = job.storage
+        self.ha = job.ha
         self.job_id = job_id
         self.max_parallelism = max_parallelism
         self.epoch = epoch
@@ -117,7 +119,7 @@ class CheckpointCoordinator:
         self.reconcile_every = reconcile_every
         self.lineage = lineage
         #: Discards run in the background: processing and recovery never wait on them.
-        self.cleaner = cleaner or AsyncCleaner(storage, guard=self.check_epoch)
+        self.cleaner = cleaner or AsyncCleaner(job.storage, guard=self.check_epoch)
         self.backlog_wait = backlog_wait
         self._retained = list(retained)
         self._pending: dict[int, _Pending] = {}
@@ -126,15 +128,17 @@ class CheckpointCoordinator:
         self._reconciler: threading.Thread | None = None
         self._completed_since_reconcile = 0
         self.last_reconcile: ReconcilePlan | None = None
+        #: A quarantined document named no readable path: no data file is discarded.
+        self.spare_all_data = False
 
     # -- start -----------------------------------------------------------------------------
     @classmethod
     def start(
         cls,
-        storage: Storage,
-        ha: HAStore,
+        job: JobDirectory | Storage,
+        ha: HAStore | None = None,
         *,
-        job_id: str,
+        job_id: str | None = None,
         max_parallelism: int,
         retain: int = 3,
         cleaner: Cleaner | None = None,
@@ -143,22 +147,31 @@ class CheckpointCoordinator:
         reconcile_in_background: bool = True,
         reconcile_every: int = 50,
     ) -> CheckpointCoordinator:
-        """Begin a new attempt: claim a higher epoch (fencing every older attempt), read
-        the retained checkpoints named by the HA store alone, rebuild the registry, finish
-        the cleanup of a job that ended dirty, then reconcile the job directory in the
-        background while the caller starts processing."""
-        state = ha.claim_epoch()
+        """Begin a new attempt of the job (a JobDirectory, or a Storage and HA store to
+        open one with): claim a higher epoch (fencing every older attempt), read the
+        retained checkpoints named by the HA store alone, build the registry from their
+        documents and the savepoints' (a damaged savepoint is quarantined, not fatal),
+        finish the cleanup of a job that ended dirty, then reconcile the job directory
+        in the background while the caller starts processing."""
+        if not isinstance(job, JobDirectory):
+            job = open_job(job, ha, job_id=job_id, create=True)
+        job_id = job.job_id
+        state = job.ha.claim_epoch()
+        holders = job.holders(state)
         retained: list[tuple[str, CheckpointMetadata]] = []
         for ptr in state.retained:
-            meta = read_metadata(storage, ptr.metadata)
+            meta = holders.documents.get(ptr.metadata)
+            if meta is None:
+                why = holders.quarantined.get(ptr.metadata, "unreadable")
+                raise MetadataError(f"retained checkpoint {ptr.metadata}: {why}")
             if ptr.checksum and meta.checksum != ptr.checksum:
                 raise MetadataError(
-                    f"{storage.uri}/{ptr.metadata}: does not match the HA store's pointer "
+                    f"{job.uri}/{ptr.metadata}: does not match the HA store's pointer "
                     "(the document was replaced after it was published)"
                 )
             if meta.job_id != job_id:
                 raise CheckpointError(
-                    f"{storage.uri}/{ptr.metadata} belongs to job {meta.job_id!r}, not {job_id!r}"
+                    f"{job.uri}/{ptr.metadata} belongs to job {meta.job_id!r}, not {job_id!r}"
                 )
             if meta.max_parallelism != max_parallelism:
                 raise CheckpointError(
@@ -166,12 +179,8 @@ class CheckpointCoordinator:
                     f"it cannot change (asked for {max_parallelism})"
                 )
             retained.append((ptr.metadata, meta))
-        savepoints = [
-            info.key
-            for info in storage.list(layout.SAVEPOINTS_DIR)
-            if layout.parse(info.key).kind is layout.Kind.SAVEPOINT_METADATA
-        ]
-        registry = SharedStateRegistry.rebuild(storage, [k for k, _ in retained] + savepoints)
+        for key, why in holders.quarantined.items():
+            log.error("job %s: %s quarantined (its files are spared): %s", job_id, key, why)
         lineage = retained[-1][1].lineage if retained else None
         log.info(
             "job %s: attempt with epoch %d restores from %s",
@@ -180,23 +189,23 @@ class CheckpointCoordinator:
             retained[-1][0] if retained else "nothing (new job)",
         )
         coordinator = cls(
-            storage,
-            ha,
+            job,
             job_id=job_id,
             max_parallelism=max_parallelism,
             epoch=state.epoch,
             retained=retained,
-            registry=registry,
+            registry=holders.registry(),
             retain=retain,
             cleaner=cleaner,
             checkpoint_timeout=checkpoint_timeout,
             lineage=lineage,
             reconcile_every=reconcile_every,
         )
+        coordinator.spare_all_data = holders.spare_all_data
         coordinator.lease = Lease(
-            storage, state.epoch, lease_ttl, status=coordinator.status
+            job.storage, state.epoch, lease_ttl, status=coordinator.status
         ).start()
-        ended = read_result(storage)
+        ended = read_result(job.storage)
         if ended is not None:
             if ended.state == "dirty":
                 log.info("job %s ended dirty (%s): finishing its cleanup", job_id, ended.outcome)
@@ -206,7 +215,7 @@ class CheckpointCoordinator:
                         f"job {job_id}: the cleanup of its earlier end could not finish "
                         "(see the cleaner's errors); start again once storage is healthy"
                     )
-            _clear_result(storage)  # started again: the job runs once more
+            _clear_result(job.storage)  # started again: the job runs once more
         if reconcile_in_background:
             coordinator.start_reconcile()
         return coordinator
@@ -294,10 +303,10 @@ class CheckpointCoordinator:
         )
         data = encode(meta, metadata_key)
         meta = decode(data, metadata_key)  # carries the checksum now
-        if self.lease is not None and not self.lease.is_fresh():
+        if self.lease is not None and not self.lease.unbroken_since(pending.started_at):
             raise CheckpointError(
-                f"checkpoint {checkpoint_id}: this attempt's lease lapsed (paused or storage "
-                "unreachable); an offline reconcile may have deleted its in-flight files"
+                f"checkpoint {checkpoint_id}: this attempt's lease lapsed since it began "
+                "(paused or storage unreachable); an outside gc may have deleted its files"
             )
         pending.metadata_written = True
         self._write_metadata_once(metadata_key, data)
@@ -412,7 +421,7 @@ class CheckpointCoordinator:
 
         def run() -> None:
             try:
-                self.last_reconcile = reconcile(self.storage, self.ha, cleaner, live)
+                self.last_reconcile = reconcile(self.job, cleaner, live)
                 cleaner.wait_idle()
                 log.info(
                     "job %s: reconcile found %d orphan(s), %d bytes",
@@ -467,12 +476,12 @@ class CheckpointCoordinator:
         self.wait_reconciled(timeout)
         # This attempt holds the job's epoch and is ending it: no interrupted HA or job
         # entry write can be a live one any more, however young.
-        remaining = plan(self.storage, self.ha, None, bookkeeping_grace=0)
+        remaining = plan(self.job, None, bookkeeping_grace=0)
         self._discard(remaining.discard())
         if policy is RetentionPolicy.DELETE_ALL:
             self._discard(Discard(dirs=(layout.SPARK_DIR,), reason="job ended: delete-all"))
         if not self.cleaner.wait_idle(timeout) or plan(
-            self.storage, self.ha, None, bookkeeping_grace=0
+            self.job, None, bookkeeping_grace=0
         ).orphans:
             log.warning("job %s: cleanup unfinished; the entry stays dirty", self.job_id)
             return False
@@ -529,8 +538,12 @@ class CheckpointCoordinator:
             )
 
     def _write_metadata_once(self, metadata_key: str, data: bytes) -> None:
-        """Create ``chk-N/_metadata``; replace only a leftover of an *older* attempt that
-        the HA store does not list. A newer attempt's document is never overwritten."""
+        """Create ``chk-N/_metadata``. An existing document is replaced only if this or an
+        older epoch wrote it (an aborted try of N, or a crashed attempt's leftover) and
+        the HA store does not list N; a newer attempt's document, or a published one, is
+        never overwritten."""
+        checkpoint_id = layout.parse(metadata_key).checkpoint_id
+        assert checkpoint_id is not None
         for _ in range(10):
             try:
                 self.storage.create_if_absent(metadata_key, data)
@@ -541,11 +554,12 @@ class CheckpointCoordinator:
                 existing_epoch = read_metadata(self.storage, metadata_key).epoch
             except MetadataError:
                 existing_epoch = -1  # torn or foreign: not a valid document of anyone
-            if existing_epoch > self.epoch:  # ours (an aborted try of N) may be replaced
+            if existing_epoch > self.epoch:
                 raise CheckpointError(
                     f"{metadata_key} was already written by epoch {existing_epoch}"
                 )
-            self.check_epoch()
+            if self._listed(checkpoint_id, None):  # also FencedError if no longer current
+                raise CheckpointError(f"{metadata_key} is published already; not replaced")
             self.storage.delete_many([metadata_key])
         raise CheckpointError(f"could not write {metadata_key}: contention")
 
@@ -575,6 +589,12 @@ class CheckpointCoordinator:
         self._discard(Discard(keys=keys, reason=reason))
 
     def _discard(self, discard: Discard) -> None:
+        if self.spare_all_data:
+            # A quarantined document may name any data file: spare them all until a person
+            # disposes of it; folders of released checkpoints still go.
+            kept = (layout.Kind.SHARED, layout.Kind.EXCLUSIVE, layout.Kind.TASKOWNED)
+            keys = tuple(k for k in discard.keys if layout.parse(k).kind not in kept)
+            discard = Discard(keys, discard.dirs, discard.reason)
         if discard:
             self.cleaner.discard(discard)
 

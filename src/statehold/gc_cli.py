@@ -7,11 +7,17 @@ from typing import Annotated
 
 import typer
 
-from statehold import tools
-from statehold.cli import HaOption, JobArg, JsonOption, console, emit, ha_store, handle_errors
-from statehold.ha.embedded import EmbeddedHAStore
+from statehold.cli import (
+    HaOption,
+    JobArg,
+    JsonOption,
+    console,
+    emit,
+    handle_errors,
+    open_job_for,
+)
 from statehold.jobstatus import job_status
-from statehold.reconcile import ReconcileError, gc
+from statehold.reconcile import gc
 
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Report what would be deleted; delete nothing.")
@@ -21,19 +27,13 @@ DryRunOption = Annotated[
 def gc_command(
     job_dir: JobArg,
     dry_run: DryRunOption = False,
-    ha: HaOption = "embedded",
+    ha: HaOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Delete every file no retained checkpoint or savepoint references. Safe while the
     job runs: files of its in-flight checkpoints are spared while its lease is fresh."""
-    with handle_errors(as_json):
-        job = tools.locate(job_dir).job
-        tools.require_job_dir(job)
-        with ha_store(job_dir, ha) as store:
-            try:
-                report = gc(job, store or EmbeddedHAStore(job), dry_run=dry_run)
-            except ReconcileError as e:
-                raise tools.ToolError(str(e)) from e
+    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
+        report = gc(job, dry_run=dry_run)
 
     def render() -> None:
         verb = "would delete" if dry_run else "deleted"
@@ -48,20 +48,19 @@ def gc_command(
             )
         for key in report.foreign:
             console.print(f"left alone (not made by statehold): {key}")
+        for key, why in report.quarantined.items():
+            console.print(f"quarantined (its files are spared): {key}: {why}")
 
     emit(report, as_json, render)
 
 
 def status_command(
-    job_dir: JobArg, ha: HaOption = "embedded", as_json: JsonOption = False
+    job_dir: JobArg, ha: HaOption = None, as_json: JsonOption = False
 ) -> None:
     """Epoch, retained checkpoints, whether an attempt runs, its cleanup backlog and
     failures, and the job result entry."""
-    with handle_errors(as_json):
-        job = tools.locate(job_dir).job
-        tools.require_job_dir(job)
-        with ha_store(job_dir, ha) as store:
-            status = job_status(job, store or EmbeddedHAStore(job))
+    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
+        status = job_status(job.storage, job.ha)
 
     def render() -> None:
         console.print(f"{status.job_uri}: epoch {status.epoch}, retained {status.retained}")

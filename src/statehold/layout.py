@@ -186,6 +186,24 @@ def resolve(metadata_key: str, relative_path: str) -> str:
     return check_key(joined)
 
 
+def check_data_key(metadata_key: str, key: str) -> str:
+    """Return `key` if a document at `metadata_key` may name it: a data file in
+    ``shared/`` or ``exclusive/`` (a name statehold made), anything in ``taskowned/``, or
+    a file in the document's own directory other than itself. Everything else (``_ha/``,
+    ``_job/``, ``_spark/``, other checkpoints' and savepoints' folders) is bookkeeping a
+    document can never name, so it can never be deleted through one."""
+    info = parse(key)
+    own_dir = metadata_key.rsplit("/", 1)[0] + "/"
+    if info.kind in (Kind.SHARED, Kind.EXCLUSIVE, Kind.TASKOWNED) or (
+        key.startswith(own_dir) and key != metadata_key and info.kind is not Kind.TEMP
+    ):
+        return key
+    raise UnsafePathError(
+        f"{metadata_key} may only name files in shared/, exclusive/, taskowned/ or its own "
+        f"directory, not {key!r}"
+    )
+
+
 def relativize(metadata_key: str, key: str) -> str:
     """The path of job-directory `key` relative to the `_metadata` file at `metadata_key`."""
     check_key(metadata_key)

@@ -4,9 +4,11 @@ The attempt with epoch E keeps ``_job/lease-e<E>.json`` fresh (a heartbeat threa
 it every `ttl / 4`). A reconcile run from outside treats the current epoch's in-flight
 files as live while that lease is younger than its `ttl`. In return the attempt refuses
 to complete a checkpoint when its own last renewal is older than `ttl / 2` (`is_fresh`),
-so a driver that was paused long enough for its lease to lapse cannot publish a
-checkpoint whose files a reconcile may have deleted meanwhile. The assumption, stated
-once: a driver pause between that check and its HA publish is shorter than `ttl / 2`.
+and refuses one begun before its lease last lapsed (`unbroken_since`), so a driver that
+was paused long enough for its lease to lapse cannot publish a checkpoint whose files an
+outside gc may have deleted meanwhile. The assumptions, stated once: a driver pause
+between that check and its HA publish is shorter than `ttl / 2`, and the clocks of the
+driver and of a machine running gc differ by less than `ttl / 2`.
 One file per epoch, so a zombie renewing its own lease never vouches for another attempt.
 """
 
@@ -18,9 +20,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from statehold import layout
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
+
+from statehold import layout, signed
+from statehold.errors import StateholdError
 from statehold.storage.base import NotFoundError, Storage, StorageError
 
 log = logging.getLogger("statehold.lease")
@@ -44,20 +49,40 @@ class LeaseRecord:
         return (now if now is not None else time.time()) - self.renewed_at < self.ttl
 
 
+class _LeaseDocument(BaseModel):
+    """What `Lease.renew` writes; unknown fields are ignored (a newer writer may add some)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    epoch: signed.Id
+    renewed_at: signed.Timestamp
+    ttl: Annotated[float, Strict(), Field(gt=0, le=signed.MAX_LEASE_TTL, allow_inf_nan=False)]
+    status: Any = None
+
+
 def read_lease(storage: Storage, epoch: int) -> LeaseRecord | None:
-    """The lease of attempt `epoch`, or None if absent or unreadable (an unreadable lease
-    vouches for nothing)."""
+    """The lease of attempt `epoch`, or None if absent or malformed: a lease that is not
+    JSON, too large or deep (see `signed`), of another epoch, or with a number that is not a
+    plausible one (NaN, a bool, a ttl over `signed.MAX_LEASE_TTL`) vouches for nothing.
+    Only a failure to read it at all (StorageError) is raised: that is not an answer."""
     try:
-        doc = json.loads(storage.read(lease_key(epoch)))
-        status = doc.get("status", {})
-        return LeaseRecord(
-            int(doc["epoch"]),
-            float(doc["renewed_at"]),
-            float(doc["ttl"]),
-            status if isinstance(status, dict) else {},
-        )
-    except (NotFoundError, ValueError, KeyError, TypeError):
+        data = storage.read(lease_key(epoch))
+    except NotFoundError:
         return None
+    try:
+        raw = signed.load_json(
+            data,
+            where=lease_key(epoch),
+            error=StateholdError,
+            max_bytes=signed.MAX_SMALL_DOCUMENT_BYTES,
+        )
+        doc = _LeaseDocument.model_validate(raw)
+    except (StateholdError, ValidationError):
+        return None
+    if doc.epoch != epoch:
+        return None
+    status = doc.status if isinstance(doc.status, dict) else {}
+    return LeaseRecord(doc.epoch, doc.renewed_at, doc.ttl, status)
 
 
 class Lease:
@@ -77,6 +102,8 @@ class Lease:
         self.ttl = ttl
         self.status = status
         self._last_renewal = 0.0
+        #: Since when renewals have followed each other within ttl/2 (see unbroken_since).
+        self._unbroken_since = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -106,11 +133,20 @@ class Lease:
             "status": self.status() if self.status is not None else {},
         }
         self.storage.write(lease_key(self.epoch), json.dumps(record).encode())
+        if now - self._last_renewal >= self.ttl / 2:
+            self._unbroken_since = now  # a lapse: whoever looked meanwhile saw no attempt
         self._last_renewal = now
 
     def is_fresh(self) -> bool:
         """True while the last successful renewal is younger than half the ttl."""
         return time.time() - self._last_renewal < self.ttl / 2
+
+    def unbroken_since(self, since: float) -> bool:
+        """True if the lease is fresh and never lapsed since `since`: no two renewals
+        since then were ttl/2 or more apart. A checkpoint begun before a lapse may have
+        lost in-flight files to an outside gc that saw no running attempt, so it must
+        not complete; one begun after it was written after the gc's listing."""
+        return self.is_fresh() and self._unbroken_since <= since
 
     def _run(self) -> None:
         while not self._stop.wait(self.ttl / 4):

@@ -7,8 +7,9 @@ is counted once, and every holder that references it is known by name, not just 
 count: a retained checkpoint, a pending checkpoint (protected until it completes or
 aborts) or a savepoint (protected until it is explicitly disposed).
 
-Pure in-memory bookkeeping; the only storage access is `rebuild`, which restores the
-registry from the retained checkpoints' and savepoints' `_metadata` after a restart.
+Pure in-memory bookkeeping that reads no storage: after a restart it is built from the
+retained checkpoints' and savepoints' documents the caller already read
+(`from_metadata`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ from statehold.layout import Kind, Scope
 from statehold.metadata import (
     CheckpointMetadata,
     MetadataError,
-    read_metadata,
     referenced_keys,
 )
-from statehold.storage.base import Storage
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -43,7 +42,15 @@ class SavepointHolder:
     name: str
 
 
-Holder = CheckpointHolder | SavepointHolder
+@dataclass(frozen=True, slots=True, order=True)
+class QuarantineHolder:
+    """A damaged document (`metadata_key`) may still name the file: kept until a person
+    disposes of the document."""
+
+    metadata_key: str
+
+
+Holder = CheckpointHolder | SavepointHolder | QuarantineHolder
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +147,13 @@ class SharedStateRegistry:
             for key, scope in files.items():
                 self._add(key, scope, infos[key], holder, fallback_creator=None)
                 held.add(key)
+
+    def register_quarantined(self, metadata_key: str, files: Iterable[str]) -> None:
+        """A document that cannot be verified may still name `files`: hold them."""
+        holder = QuarantineHolder(metadata_key)
+        with self._lock:
+            for key in files:
+                self._add(key, Scope.SHARED, layout.parse(key), holder, fallback_creator=None)
 
     def _add(
         self,
@@ -247,7 +261,7 @@ class SharedStateRegistry:
         with self._lock:
             return sorted(self._savepoints)
 
-    def files_of(self, holder: Holder) -> frozenset[str]:
+    def files_of(self, holder: CheckpointHolder | SavepointHolder) -> frozenset[str]:
         """The keys one checkpoint or savepoint references (empty if unknown)."""
         with self._lock:
             if isinstance(holder, CheckpointHolder):
@@ -278,17 +292,6 @@ class SharedStateRegistry:
             elif info.kind is Kind.SAVEPOINT_METADATA and info.savepoint is not None:
                 registry.register_savepoint(info.savepoint, files)
         return registry
-
-    @classmethod
-    def rebuild(cls, storage: Storage, metadata_keys: Iterable[str]) -> SharedStateRegistry:
-        """Read and verify each `_metadata` (retained checkpoints and savepoints, as the
-        HA store and a listing of ``savepoints/`` name them) and register its files.
-        Raises MetadataError if any document is missing or cannot be verified: a
-        registry missing a holder would let files it needs be deleted."""
-        keys = list(metadata_keys)
-        for key in keys:
-            _check_metadata_key(key)  # read nothing that is not a `_metadata`
-        return cls.from_metadata((k, read_metadata(storage, k)) for k in keys)
 
 
 def _check_metadata_key(metadata_key: str) -> layout.PathInfo:

@@ -28,6 +28,7 @@ from statehold.metadata import (
     Lineage,
     RestoreMode,
     StateFile,
+    check_stored,
     decode,
     encode,
     read_metadata,
@@ -110,6 +111,14 @@ def restore_into(
     with ThreadPoolExecutor(max_workers=threads) as pool:
         moved_bytes = sum(pool.map(bring, moves))
 
+    # Nothing is published until every file is here and is what the metadata says.
+    damaged = check_stored(target, {dst: f for _src, dst, f in moves})
+    if damaged:
+        key, why = damaged[0]
+        raise RestoreError(
+            f"{target.uri}: {len(damaged)} restored file(s) do not match the source "
+            f"checkpoint, first: {key}: {why}; nothing published"
+        )
     epoch = ha.claim_epoch().epoch
     metadata_key = layout.checkpoint_metadata_key(meta.checkpoint_id)
     relocated = _relocate(meta, source_metadata_key, metadata_key, moves)

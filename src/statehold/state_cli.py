@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import typer
 from pydantic import BaseModel
 
-from statehold.cli import CheckpointArg, JsonOption, console, emit, fail, handle_errors
+from statehold.cli import CheckpointArg, HaOption, JsonOption, console, emit, fail, handle_errors
 from statehold.spark.reader import KEY_COLUMN, StateReadError, key_text, locate_state, open_all
 
 _ROWS_PER_GROUP = 50_000
@@ -45,12 +45,17 @@ def _json(value: Any) -> str:
 
 
 def dump_state(
-    checkpoint: str, out: Path, fmt: Format, operator: str | None = None
+    checkpoint: str,
+    out: Path,
+    fmt: Format,
+    operator: str | None = None,
+    *,
+    ha: str | None = None,
 ) -> StateDump:
     """Write the state of `checkpoint` to `out` (created; must be empty if it exists)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise StateReadError(f"{out}: exists and is not an empty directory")
-    src = locate_state(checkpoint, operator)
+    src = locate_state(checkpoint, operator, ha=ha)
     with open_all(src) as backends:
         names = sorted(set().union(*(b.state_names() for b in backends)))
         if KEY_COLUMN in names:
@@ -117,11 +122,12 @@ def state_command(
         str | None, typer.Option("--operator", help="Operator to read (if several).")
     ] = None,
     as_json: JsonOption = False,
+    ha: HaOption = None,
 ) -> None:
     """Write the keyed state of a checkpoint, one row per key (key + one column per state)."""
     with handle_errors(as_json):
         try:
-            result = dump_state(checkpoint, out, fmt, operator)
+            result = dump_state(checkpoint, out, fmt, operator, ha=ha)
         except OSError as e:
             fail(f"{out}: {e}", as_json=as_json)
 

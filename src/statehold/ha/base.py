@@ -66,6 +66,12 @@ class HAStore(abc.ABC):
         """Replace the retained pointers, only if `epoch` is still current; else raise
         FencedError and change nothing."""
 
+    def seed(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
+        """Give a store that was never used its first state: `epoch` and `retained`.
+        HAStoreError if it holds any state already (a seed never overwrites). For moving
+        a job from one store to another and for exported job directories."""
+        raise HAStoreError(f"{type(self).__name__} cannot be seeded")
+
     def check_epoch(self, epoch: int) -> None:
         """Raise FencedError unless `epoch` is current (called before discards)."""
         current = self.read().epoch

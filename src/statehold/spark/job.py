@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,9 +28,10 @@ from statehold import layout
 from statehold.backend.keys import all_ranges, check_max_parallelism
 from statehold.coordinator import CheckpointCoordinator
 from statehold.ha.base import HAStore
+from statehold.jobdir import open_job
 from statehold.jobresult import JobOutcome, RetentionPolicy
 from statehold.metadata import CheckpointMetadata, KeyGroupState, RestoreMode
-from statehold.spark.api import BatchFunction, InputFormat, KeyFunction, Sink
+from statehold.spark.api import BatchFunction, InputFormat, KeyFunction, PhaseHook, Sink
 from statehold.spark.task import (
     ACK_COL,
     INTERNAL_COLS,
@@ -49,31 +49,6 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 log = logging.getLogger("statehold.spark")
-
-#: Test hook: ``"<phase>:<batch id>"`` makes `pause_point` stop there until killed, so
-#: tests/test_spark_crash.py can kill -9 the driver at a known point of a batch.
-PAUSE_ENV = "STATEHOLD_TEST_PAUSE_AT"
-#: With the hook: a file `pause_point` creates when it stops (the test waits for it).
-PAUSE_MARK_ENV = "STATEHOLD_TEST_PAUSE_MARK"
-
-
-def pause_point(phase: str, batch_id: int, limit: float = 600.0) -> None:
-    """A no-op unless ``STATEHOLD_TEST_PAUSE_AT`` names this phase and batch: then say so
-    (stdout, and the ``STATEHOLD_TEST_PAUSE_MARK`` file) and sleep, to be killed. Phases
-    here: ``after-tasks`` (state uploaded, not yet in the sink), ``after-sink`` (output
-    written, checkpoint not completed), ``after-complete`` (checkpoint completed)."""
-    if os.environ.get(PAUSE_ENV) != f"{phase}:{batch_id}":
-        return
-    print(f"statehold: paused at {phase}:{batch_id} (pid {os.getpid()})", flush=True)
-    mark = os.environ.get(PAUSE_MARK_ENV)
-    if mark:
-        with open(mark, "a") as f:
-            f.write(f"{phase}:{batch_id} {os.getpid()}\n")
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
-    raise RuntimeError(f"{PAUSE_ENV}: nobody killed the process paused at {phase}:{batch_id}")
-
 
 @dataclass(frozen=True)
 class BatchResult:
@@ -103,6 +78,7 @@ class StatefulJob:
     the job directory is ``<checkpoints>/<job_id>``. ``max_parallelism`` (the number of key
     groups) is fixed when the job is created; ``parallelism`` (the number of Spark tasks
     owning state) may change between runs. ``retain`` completed checkpoints are kept.
+    ``on_phase`` is told each batch's progress (see `PhaseHook`).
     """
 
     def __init__(
@@ -121,6 +97,7 @@ class StatefulJob:
         backend_options: Mapping[str, Any] | None = None,
         restore_from: str | None = None,
         restore_mode: RestoreMode | str = RestoreMode.NO_CLAIM,
+        on_phase: PhaseHook | None = None,
     ) -> None:
         check_max_parallelism(max_parallelism)
         self.spark = spark
@@ -148,6 +125,7 @@ class StatefulJob:
         #: only while this job has no checkpoint of its own; see statehold.restore).
         self.restore_from = restore_from
         self.restore_mode = RestoreMode(restore_mode)
+        self.on_phase = on_phase
 
     # -- where things are ----------------------------------------------------------------
     @property
@@ -171,26 +149,21 @@ class StatefulJob:
     def coordinator(self) -> CheckpointCoordinator:
         """The attempt's coordinator, started on first use (claims a new epoch)."""
         if self._coordinator is None:
-            from statehold.ha.open import open_ha_store
-
-            # `ha`: a store, or a URI ("embedded" default, "zookeeper://host:port/path").
-            ha = (
-                self._ha
-                if isinstance(self._ha, HAStore)
-                else open_ha_store(self._ha, self.storage, self.job_id)
-            )
+            # `ha`: a store, a URI ("embedded", "zookeeper://host:port/path"), or None: the
+            # one the job directory records (embedded for a new job).
+            job = open_job(self.storage, self._ha, job_id=self.job_id, create=True)
             if self.restore_from is not None and self.restore_mode is not RestoreMode.RESUME:
                 from statehold.restore import restore_into
-                from statehold.tools import locate, resolve_checkpoint
+                from statehold.tools import opened
 
-                source = resolve_checkpoint(locate(self.restore_from, **self.storage_options))
-                assert source.metadata_key is not None
-                restore_into(source.job, source.metadata_key, self.storage, ha,
-                             job_id=self.job_id, mode=self.restore_mode)
+                with opened(
+                    self.restore_from, checkpoint=True, **self.storage_options
+                ) as source:
+                    assert source.metadata_key is not None
+                    restore_into(source.storage, source.metadata_key, job.storage, job.ha,
+                                 job_id=self.job_id, mode=self.restore_mode)
             self._coordinator = CheckpointCoordinator.start(
-                self.storage,
-                ha,
-                job_id=self.job_id,
+                job,
                 max_parallelism=self.max_parallelism,
                 retain=self.retain,
             )
@@ -247,11 +220,11 @@ class StatefulJob:
             handles = self._check_acks(acks)
             for state in handles:
                 coord.acknowledge(batch_id, self.operator, state)
-            pause_point("after-tasks", batch_id)
+            self._phase("after-tasks", batch_id)
             output = staged.where(staged[ACK_COL].isNull()).drop(ACK_COL)
             if sink is not None:
                 sink(output, batch_id)
-                pause_point("after-sink", batch_id)
+                self._phase("after-sink", batch_id)
             position = {"spark_batch_id": batch_id, **dict(source_position or {})}
             complete_started = time.perf_counter()
             coord.complete(batch_id, position)
@@ -259,7 +232,7 @@ class StatefulJob:
         except BaseException as e:
             coord.abort(batch_id, f"{type(e).__name__}: {e}"[:500])
             raise
-        pause_point("after-complete", batch_id)
+        self._phase("after-complete", batch_id)
         return BatchResult(
             checkpoint_id=batch_id,
             skipped=False,
@@ -356,6 +329,10 @@ class StatefulJob:
         self.close()
 
     # -- internals -------------------------------------------------------------------------
+    def _phase(self, phase: str, batch_id: int) -> None:
+        if self.on_phase is not None:
+            self.on_phase(phase, batch_id)
+
     def _struct(self, schema: StructType | str) -> StructType:
         from pyspark.sql.types import StructType
 

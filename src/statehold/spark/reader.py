@@ -30,8 +30,9 @@ import pyarrow as pa
 from statehold import tools
 from statehold.backend.keys import Key
 from statehold.backend.rocks import StateBackendError, TaskStateBackend
-from statehold.metadata import CheckpointMetadata, KeyGroupState, MetadataError, read_metadata
+from statehold.metadata import CheckpointMetadata, KeyGroupState, MetadataError
 from statehold.storage import Storage, open_storage
+from statehold.tools.locate import read
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -62,19 +63,22 @@ class StateSource:
 
 
 def locate_state(
-    checkpoint: tools.TargetLike, operator: str | None = None, **storage_options: Any
+    checkpoint: tools.TargetLike,
+    operator: str | None = None,
+    *,
+    ha: str | None = None,
+    **storage_options: Any,
 ) -> StateSource:
     """Resolve `checkpoint` (chk-N, savepoints/NAME, or a job directory = its newest
     retained checkpoint) and pick `operator` (may be omitted if there is only one)."""
-    target = tools.resolve_checkpoint(checkpoint, **storage_options)
-    assert target.metadata_key is not None
-    if not target.job.exists(target.metadata_key):
-        tools.require_job_dir(target.job)
-        raise tools.ToolError(f"{target.uri}: no such checkpoint (_metadata missing)")
-    meta = read_metadata(target.job, target.metadata_key)
+    with tools.opened(checkpoint, ha=ha, checkpoint=True, **storage_options) as target:
+        assert target.metadata_key is not None
+        meta = read(target)
     op = _pick_operator(meta, operator, target.uri)
     ranges = next(o.ranges for o in meta.operators if o.operator == op)
-    return StateSource(target.job, target.metadata_key, op, meta.max_parallelism, tuple(ranges))
+    return StateSource(
+        target.storage, target.metadata_key, op, meta.max_parallelism, tuple(ranges)
+    )
 
 
 def _pick_operator(meta: CheckpointMetadata, operator: str | None, where: str) -> str:

@@ -1,0 +1,309 @@
+"""The one deletion policy: what is referenced, what is protected, what may be deleted.
+
+Every path that deletes asks it: the coordinator's subsume and abort (through the
+registry, which holds the same references), the reconcile, `statehold gc`, dispose, job
+end, and `du`'s count of unreferenced bytes. Stated once:
+
+* **Referenced** (never deleted): the `_metadata` of every retained checkpoint and
+  savepoint, and every file one of them names. A document that cannot be verified is
+  *quarantined*: it still protects its own directory and every data file its text
+  names; if not even that can be read, every data file is spared until a person
+  disposes of it (``statehold dispose --force``).
+* **Kept** (not the checkpoints' to delete): ``_ha/``, ``_job/``, ``_spark/`` and
+  ``taskowned/``, except dead bookkeeping: leases of older epochs and, with no attempt
+  running, interrupted writes old enough not to be a starting attempt's claim.
+* **Foreign**: names statehold did not make and symlinks; reported, never deleted.
+* **Protected** (may be live): a savepoint's `_metadata`; with an attempt running, its
+  files for checkpoints after the newest retained one (and any ``chk-N/`` after it);
+  files of an epoch newer than the one the plan was made under; young temp files.
+* **Deletable**: everything else statehold made.
+
+Metadata can only name data files (``shared/``, ``exclusive/``, ``taskowned/`` and the
+document's own directory; see `layout.check_data_key`), so no document can make
+bookkeeping referenced or deletable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from statehold import layout
+from statehold.layout import Kind
+from statehold.metadata import CheckpointMetadata, referenced_keys
+from statehold.registry import SharedStateRegistry
+from statehold.storage.base import FileInfo, UnsafePathError
+
+#: An interrupted write in ``_ha/`` or ``_job/`` younger than this may be a starting
+#: attempt's claim, made before it has a lease to show.
+BOOKKEEPING_TEMP_GRACE_SECONDS = 300.0
+#: Temp files younger than this may be an atomic write still under way.
+TEMP_GRACE_SECONDS = 3600.0
+
+_KEPT = {Kind.HA, Kind.JOB, Kind.SPARK, Kind.TASKOWNED}
+_LEASE = re.compile(rf"^{re.escape(layout.JOB_DIR)}/lease-e(?P<epoch>\d+)\.json$")
+_PATH_FIELD = re.compile(rb'"path"\s*:\s*("(?:[^"\\]|\\.)*")')
+_SAVEPOINT_DIR = re.compile(rf"^{layout.SAVEPOINTS_DIR}/[^/]+$")
+
+
+class Verdict(StrEnum):
+    REFERENCED = "referenced"
+    KEPT = "kept"
+    FOREIGN = "foreign"
+    PROTECTED = "protected"
+    DELETABLE = "deletable"
+
+
+@dataclass(frozen=True, slots=True)
+class LiveAttempt:
+    """The running attempt: its epoch and the newest checkpoint id completed when the
+    plan was made; its files for later checkpoints may still be in flight."""
+
+    epoch: int
+    after_checkpoint: int
+
+
+def parse(key: str) -> layout.PathInfo:
+    """A listed key statehold cannot even address is foreign, not an error."""
+    try:
+        return layout.parse(key)
+    except UnsafePathError:
+        return layout.PathInfo(key, Kind.UNKNOWN)
+
+
+def salvage(data: bytes, metadata_key: str) -> set[str] | None:
+    """The data files a damaged document still names (resolved against its key, allowed
+    by the layout): every file path if it is still JSON, else every ``"path"`` its text
+    holds; None if not one can be read, so nothing it may name is known."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict):
+        paths = [
+            f.get("path")
+            for op in _dicts(doc.get("operators"))
+            for kg in _dicts(op.get("ranges"))
+            for f in _dicts(kg.get("files"))
+        ]
+    else:
+        paths = []
+        for m in _PATH_FIELD.finditer(data):
+            try:
+                paths.append(json.loads(m[1]))
+            except ValueError:
+                continue
+        if not paths:
+            return None
+    found: set[str] = set()
+    for path in paths:
+        if not isinstance(path, str):
+            continue
+        try:
+            found.add(layout.check_data_key(metadata_key, layout.resolve(metadata_key, path)))
+        except (TypeError, ValueError):
+            continue
+    return found
+
+
+def _dicts(value: object) -> list[dict[str, object]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+@dataclass
+class Holders:
+    """Who holds files now: the verified documents of the retained checkpoints and
+    savepoints, and the quarantined ones (key -> why), with what they protect."""
+
+    documents: dict[str, CheckpointMetadata] = field(default_factory=dict)
+    quarantined: dict[str, str] = field(default_factory=dict)
+    #: Data files the quarantined documents' text names.
+    salvaged: set[str] = field(default_factory=set)
+    #: A quarantined document no path could be read from: spare every data file.
+    spare_all_data: bool = False
+
+    def registry(self) -> SharedStateRegistry:
+        """The shared-state registry of these holders; what quarantined documents name
+        is held too, so subsume and abort spare it."""
+        registry = SharedStateRegistry.from_metadata(self.documents.items())
+        for key in self.quarantined:
+            registry.register_quarantined(key, self.salvaged)
+        return registry
+
+    def referenced(self) -> set[str]:
+        """Every key a holder needs, its `_metadata` included."""
+        keys = set(self.documents) | set(self.quarantined) | self.salvaged
+        for key, meta in self.documents.items():
+            keys.update(referenced_keys(meta, key))
+        return keys
+
+    def quarantined_dirs(self) -> tuple[str, ...]:
+        return tuple(k.rsplit("/", 1)[0] + "/" for k in self.quarantined)
+
+
+def load_holders(
+    documents: Mapping[str, CheckpointMetadata],
+    damaged: Mapping[str, tuple[str, bytes | None]],
+) -> Holders:
+    """Holders from verified documents and damaged ones (key -> (why, raw bytes or None
+    if missing or unreadable))."""
+    holders = Holders(documents=dict(documents))
+    for key, (why, raw) in damaged.items():
+        holders.quarantined[key] = why
+        found = salvage(raw, key) if raw is not None else None
+        if found is None:
+            holders.spare_all_data = True
+        else:
+            holders.salvaged |= found
+    return holders
+
+
+@dataclass(frozen=True)
+class View:
+    """What a judgment relies on, read once per plan."""
+
+    #: The HA store's epoch when the plan was made.
+    epoch: int
+    holders: Holders
+    live: LiveAttempt | None
+    referenced: frozenset[str]
+    #: Savepoints whose `_metadata` is present (their other files are leftovers).
+    savepoints_with_metadata: frozenset[str] = frozenset()
+    now: float = field(default_factory=time.time)
+    temp_grace: float = TEMP_GRACE_SECONDS
+    bookkeeping_grace: float = BOOKKEEPING_TEMP_GRACE_SECONDS
+
+    @classmethod
+    def of(
+        cls,
+        epoch: int,
+        holders: Holders,
+        live: LiveAttempt | None,
+        listing: Iterable[FileInfo] = (),
+        **options: float,
+    ) -> View:
+        savepoints = frozenset(
+            p.savepoint
+            for p in (parse(i.key) for i in listing)
+            if p.kind is Kind.SAVEPOINT_METADATA and p.savepoint is not None
+        )
+        return cls(epoch, holders, live, frozenset(holders.referenced()), savepoints, **options)
+
+
+def judge(info: FileInfo, view: View, *, disposing: str | None = None) -> Verdict:
+    """The policy's decision for one listed file. `disposing` names the checkpoint or
+    savepoint directory a person is disposing of (its savepoint files are then not
+    protected as a savepoint's)."""
+    parsed = parse(info.key)
+    if disposing is not None and info.key.startswith(disposing + "/") and parsed.kind in (
+        Kind.SAVEPOINT_METADATA,
+        Kind.SAVEPOINT_OTHER,
+    ):
+        return Verdict.REFERENCED if info.key in view.referenced else Verdict.DELETABLE
+    if info.key in view.referenced:
+        return Verdict.REFERENCED
+    if getattr(info, "symlink", False):
+        return Verdict.FOREIGN
+    if parsed.kind in _KEPT:
+        return Verdict.DELETABLE if _dead_bookkeeping(info, parsed.kind, view) else Verdict.KEPT
+    if parsed.kind is Kind.UNKNOWN:
+        return Verdict.FOREIGN
+    if any(info.key.startswith(d) for d in view.holders.quarantined_dirs()):
+        return Verdict.REFERENCED
+    if view.holders.spare_all_data and parsed.kind is not Kind.TEMP:
+        return Verdict.PROTECTED
+    if _maybe_live(parsed, info, view):
+        return Verdict.PROTECTED
+    return Verdict.DELETABLE
+
+
+def _dead_bookkeeping(info: FileInfo, kind: Kind, view: View) -> bool:
+    """Leftovers of the HA store's and the job entries' own writes that nobody can use:
+    the lease of an epoch older than the job's (it vouches for nothing), and, when no
+    attempt is live, an interrupted atomic write in ``_ha/`` or ``_job/`` old enough not
+    to be a starting attempt's claim. The current epoch's lease is never touched."""
+    if kind not in (Kind.HA, Kind.JOB):
+        return False
+    lease = _LEASE.match(info.key)
+    if lease:
+        return int(lease["epoch"]) < view.epoch
+    name = info.key.rsplit("/", 1)[-1]
+    return (
+        view.live is None
+        and layout.TEMP_MARKER in name
+        and not name.startswith(f".lease-e{view.epoch}.json")
+        and info.mtime < view.now - view.bookkeeping_grace
+    )
+
+
+def _maybe_live(parsed: layout.PathInfo, info: FileInfo, view: View) -> bool:
+    if parsed.kind is Kind.SAVEPOINT_METADATA:
+        return True  # a savepoint is deleted only by an explicit dispose
+    if parsed.epoch is not None and parsed.epoch > view.epoch:
+        return True  # an attempt that started after the plan's look at the HA store
+    if parsed.kind is Kind.SAVEPOINT_OTHER:
+        # a savepoint being written, or a completed one's unreferenced leftover
+        return (
+            parsed.savepoint not in view.savepoints_with_metadata
+            and view.now - info.mtime < view.temp_grace
+        )
+    live = view.live
+    if live is None:
+        return False
+    if parsed.kind is Kind.TEMP and parsed.epoch is None and parsed.checkpoint_id is None:
+        return view.now - info.mtime < view.temp_grace
+    if parsed.kind in (Kind.CHECKPOINT_METADATA, Kind.CHECKPOINT_OTHER) or parsed.epoch is None:
+        # chk-N/ names no epoch: any folder after the newest retained may be in flight
+        return parsed.checkpoint_id is not None and parsed.checkpoint_id > live.after_checkpoint
+    return parsed.epoch == live.epoch and (
+        parsed.checkpoint_id is not None and parsed.checkpoint_id > live.after_checkpoint
+    )
+
+
+#: What a discarded file may be: data files, checkpoint and savepoint folders' files and
+#: interrupted writes; in ``_ha/`` and ``_job/`` only leases and interrupted writes.
+_DISCARDABLE = {
+    Kind.SHARED,
+    Kind.EXCLUSIVE,
+    Kind.CHECKPOINT_METADATA,
+    Kind.CHECKPOINT_OTHER,
+    Kind.SAVEPOINT_METADATA,
+    Kind.SAVEPOINT_OTHER,
+    Kind.TEMP,
+}
+
+
+def check_discardable(path: str, *, is_dir: bool = False) -> str:
+    """Refuse (UnsafePathError) a path no decision of this policy can have chosen: the
+    last line of defence, in the cleaner, below every caller. Directories: ``chk-N``,
+    ``savepoints/NAME`` and, at job end with delete-all, ``_spark``."""
+    parsed = parse(path)
+    if is_dir:
+        ok = path == layout.SPARK_DIR or parsed.kind is Kind.CHECKPOINT_OTHER and "/" not in path
+        ok = ok or parsed.kind is Kind.UNKNOWN and _SAVEPOINT_DIR.match(path) is not None
+    elif parsed.kind in (Kind.HA, Kind.JOB):
+        ok = bool(_LEASE.match(path)) or layout.TEMP_MARKER in path.rsplit("/", 1)[-1]
+    else:
+        ok = parsed.kind in _DISCARDABLE
+    if not ok:
+        raise UnsafePathError(f"refusing to delete {path!r}: the deletion policy never does")
+    return path
+
+
+__all__ = [
+    "BOOKKEEPING_TEMP_GRACE_SECONDS",
+    "Holders",
+    "LiveAttempt",
+    "TEMP_GRACE_SECONDS",
+    "Verdict",
+    "View",
+    "check_discardable",
+    "judge",
+    "load_holders",
+    "parse",
+    "salvage",
+]

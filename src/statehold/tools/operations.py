@@ -1,0 +1,308 @@
+"""Operations that write: export (a self-contained copy of one checkpoint) and dispose
+(delete a checkpoint, a savepoint or a whole job directory).
+
+Both are outside writers: dispose deletes only what the deletion policy
+(`statehold.policy`) calls deletable, re-checks before each delete that the job is as
+it planned under (`reconcile.outside_guard`), never touches a retained checkpoint while
+an attempt runs, and claims an epoch before it changes the HA store, so no zombie
+driver can re-publish what it removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from statehold import layout
+from statehold.cleaner import Discard, SyncCleaner
+from statehold.ha.base import CheckpointPointer, HAStore
+from statehold.ha.embedded import EmbeddedHAStore
+from statehold.ha.open import EMBEDDED
+from statehold.jobdir import JobDirectory, open_job, write_owner
+from statehold.layout import Kind, Scope
+from statehold.metadata import (
+    MetadataError,
+    check_stored,
+    decode,
+    encode,
+    referenced_keys,
+    relocate,
+)
+from statehold.policy import Verdict, View, judge
+from statehold.reconcile import live_attempt, outside_guard
+from statehold.storage import Storage, StorageError, open_storage
+from statehold.tools.locate import (
+    NoProgress,
+    Progress,
+    Target,
+    TargetLike,
+    ToolError,
+    listing,
+    one_line,
+    opened,
+    read,
+    savepoint_keys,
+)
+from statehold.tools.reports import _verify
+from statehold.tools.results import DisposeReport, ExportReport, Problem
+
+
+# -- export ----------------------------------------------------------------------------
+def _export_key(key: str, scope: Scope) -> str:
+    """Where a referenced file goes in the exported job directory: the same key for files
+    in shared/, exclusive/, taskowned/; files kept in a checkpoint's or savepoint's own
+    directory (savepoint copies) move to the directory of their scope."""
+    if layout.parse(key).kind in (Kind.SHARED, Kind.EXCLUSIVE, Kind.TASKOWNED):
+        return key
+    directory = {
+        Scope.SHARED: layout.SHARED_DIR,
+        Scope.EXCLUSIVE: layout.EXCLUSIVE_DIR,
+        Scope.TASKOWNED: layout.TASKOWNED_DIR,
+    }[scope]
+    return f"{directory}/{key.rsplit('/', 1)[-1]}"
+
+
+def export(
+    source: TargetLike,
+    dest: str | Storage,
+    *,
+    progress: Progress | None = None,
+    verify_after: bool = True,
+    ha: str | HAStore | None = None,
+    dest_options: Mapping[str, Any] | None = None,
+    **storage_options: Any,
+) -> ExportReport:
+    """Write a minimal self-contained job directory at `dest` (which must be empty) with
+    only what `source` needs: its files (copied with `Storage.copy`: hard link or
+    server-side where possible, streamed across backends), checked for size and checksum,
+    then its ``_metadata`` as ``chk-N/_metadata`` with paths relative to the new place,
+    and an embedded HA store seeded with the checkpoint's epoch, so the next attempt's
+    epoch is above every file's. The source is only read."""
+    with opened(source, ha=ha, checkpoint=True, **storage_options) as t:
+        if isinstance(dest, Storage):
+            return _export(t, dest, progress or NoProgress(), verify_after)
+        try:
+            out = open_storage(dest, **dict(dest_options or {}))
+        except (StorageError, ValueError) as e:
+            raise ToolError(f"{dest}: cannot open: {e}") from e
+        return _export(t, out, progress or NoProgress(), verify_after)
+
+
+def _export(t: Target, out: Storage, progress: Progress, verify_after: bool) -> ExportReport:
+    assert t.metadata_key is not None
+    meta = read(t)
+    problems = [
+        Problem(path=f.path, problem="outside the job directory (external); not exportable")
+        for _op, _kg, f in meta.state_files()
+        if f.external
+    ]
+    files = referenced_keys(meta, t.metadata_key)
+    for key, f in sorted(files.items()):
+        info = t.storage.stat(key)
+        if info is None:
+            problems.append(Problem(path=key, problem="missing"))
+        elif info.size != f.size:
+            problems.append(Problem(path=key, problem=f"size {info.size}, metadata says {f.size}"))
+    _refuse(f"cannot export {t.uri}", problems)
+    src_uri, dst_uri = t.job.uri + "/", out.uri.rstrip("/") + "/"
+    if dst_uri.startswith(src_uri) or src_uri.startswith(dst_uri):
+        raise ToolError(f"{out.uri}: the destination must not overlap the source job directory")
+    try:
+        not_empty = next(iter(out.list_pages("", page_size=1)), [])
+    except StorageError as e:
+        raise ToolError(f"{out.uri}: cannot list: {e}") from e
+    if not_empty:
+        raise ToolError(f"{out.uri}: the destination is not empty")
+
+    new_metadata_key = layout.checkpoint_metadata_key(meta.checkpoint_id)
+    mapping = {key: _export_key(key, f.scope) for key, f in files.items()}
+    if len(set(mapping.values())) != len(mapping):
+        raise ToolError(f"cannot export {t.uri}: two referenced files would share a name")
+    new_meta = relocate(meta, t.metadata_key, new_metadata_key, mapping).model_copy(
+        update={"kind": "checkpoint", "savepoint_name": None}
+    )
+    data = encode(new_meta, new_metadata_key)
+    new_meta = decode(data, new_metadata_key)
+
+    progress.start(f"export {t.path}", sum(f.size for f in files.values()))
+    copied = 0
+    for key, f in sorted(files.items()):
+        try:
+            t.storage.copy(key, mapping[key], target=out)
+        except StorageError as e:
+            raise ToolError(f"copying {key} to {out.uri} failed: {one_line(e)}") from e
+        copied += f.size
+        progress.advance(f.size)
+    # Nothing is published until every copy is what the metadata says.
+    _refuse(
+        f"exported copy in {out.uri} is damaged",
+        [
+            Problem(path=k, problem=why)
+            for k, why in check_stored(out, {mapping[k]: f for k, f in files.items()})
+        ],
+    )
+    out.create_if_absent(new_metadata_key, data)
+    write_owner(out, out.uri.rstrip("/").rsplit("/", 1)[-1], EMBEDDED)
+    pointer = CheckpointPointer(
+        new_meta.checkpoint_id, new_metadata_key, new_meta.epoch, new_meta.checksum
+    )
+    state = EmbeddedHAStore(out).seed(max(new_meta.epoch, 1), [pointer])
+    verified = False
+    if verify_after:
+        with open_job(out) as exported:
+            key = new_metadata_key
+            check = _verify(Target(exported, "checkpoint", key), True, NoProgress())
+        if not check.ok:
+            p = check.problems[0]
+            raise ToolError(
+                f"exported {out.uri} does not verify: {p.path}: {p.problem}", check.problems
+            )
+        verified = True
+    return ExportReport(
+        source=t.uri,
+        dest=out.uri,
+        metadata_path=new_metadata_key,
+        checkpoint_id=new_meta.checkpoint_id,
+        files_copied=len(files),
+        bytes_copied=copied,
+        ha_epoch=state.epoch,
+        verified=verified,
+    )
+
+
+def _refuse(what: str, problems: list[Problem]) -> None:
+    if problems:
+        raise ToolError(
+            f"{what}: {len(problems)} problem(s), first: {problems[0].path}: "
+            f"{problems[0].problem}",
+            problems,
+        )
+
+
+# -- dispose ---------------------------------------------------------------------------
+def dispose(
+    target: TargetLike,
+    *,
+    force: bool = False,
+    dry_run: bool = False,
+    ha: str | HAStore | None = None,
+    **storage_options: Any,
+) -> DisposeReport:
+    """Delete a checkpoint, a savepoint or a whole job directory.
+
+    Deletes only what the deletion policy allows once the target no longer holds
+    anything: files another retained checkpoint or savepoint references are kept, and
+    so is anything the running attempt may have in flight. Refused (nothing deleted):
+    a retained checkpoint or a whole job while an attempt runs; without `force`, a
+    retained checkpoint, a job directory with retained checkpoints or savepoints, and a
+    damaged document (with `force` its directory is removed; files it may name that
+    nothing else references are left to gc)."""
+    with opened(target, ha=ha, **storage_options) as t:
+        if t.metadata_key is None:
+            return _dispose_job(t.job, force=force, dry_run=dry_run)
+        return _dispose_one(t, force=force, dry_run=dry_run)
+
+
+def _dispose_one(t: Target, *, force: bool, dry_run: bool) -> DisposeReport:
+    job, key, directory = t.job, t.metadata_key, t.path
+    assert key is not None
+    state = job.state()
+    live = live_attempt(job, state)
+    retained_here = key in {p.metadata for p in state.retained}
+    if retained_here and live is not None:
+        raise ToolError(
+            f"{t.uri} is retained by the running attempt (epoch {live.epoch}); retention "
+            "subsumes it, or dispose it once the job has stopped"
+        )
+    if retained_here and not force:
+        raise ToolError(
+            f"{t.uri} is a retained checkpoint (the job may restore from it); "
+            "use --force to dispose it anyway"
+        )
+    files = listing(job)
+    own_dir = [i for i in files if i.key.startswith(directory + "/")]
+    if not own_dir and not retained_here:
+        raise ToolError(f"{t.uri}: no such {t.kind}")
+    try:
+        names = set(referenced_keys(read(t), key))
+    except MetadataError as e:
+        if not force:
+            raise ToolError(f"cannot dispose: {one_line(e)} (--force removes it)") from e
+        names = set()  # what it may name is left to gc, which spares it no longer
+    holders = job.holders(state, skip=key)
+    view = View.of(state.epoch, holders, live, files)
+    by_key = {i.key: i for i in files}
+    deleted: list[str] = []
+    kept: list[str] = []
+    for k in sorted(names | {i.key for i in own_dir}):
+        info = by_key.get(k)
+        if info is None:
+            continue
+        verdict = judge(info, view, disposing=directory)
+        (deleted if verdict is Verdict.DELETABLE else kept).append(k)
+    if key in kept and not retained_here:
+        raise ToolError(f"{t.uri} is in flight in the running attempt; not disposed")
+    report = DisposeReport(
+        job_uri=job.uri,
+        kind=t.kind,
+        path=directory,
+        forced=force,
+        dry_run=dry_run,
+        deleted=deleted,
+        deleted_bytes=sum(by_key[k].size for k in deleted),
+        kept=sorted(k for k in kept if k in names),
+        unpublished=retained_here,
+    )
+    if dry_run:
+        return report
+    if retained_here:
+        # A new epoch first: no driver still running somewhere can publish it again.
+        claimed = job.ha.claim_epoch()
+        state = job.ha.publish(claimed.epoch, [p for p in claimed.retained if p.metadata != key])
+    cleaner = SyncCleaner(job.storage, guard=outside_guard(job, state, live))
+    try:
+        # the _metadata first: from then on nothing can mistake the rest for a checkpoint
+        cleaner.discard(Discard(tuple(k for k in deleted if k == key), reason="dispose"))
+        cleaner.discard(Discard(tuple(k for k in deleted if k != key), reason="dispose"))
+    except StorageError as e:
+        raise ToolError(f"deleting from {job.uri} failed: {one_line(e)}") from e
+    return report
+
+
+def _dispose_job(job: JobDirectory, *, force: bool, dry_run: bool) -> DisposeReport:
+    state = job.state()
+    files = listing(job)
+    savepoints = savepoint_keys(files)
+    live = live_attempt(job, state)
+    if live is not None:
+        raise ToolError(f"{job.uri}: an attempt (epoch {live.epoch}) is running; stop it first")
+    if (state.retained or savepoints) and not force:
+        raise ToolError(
+            f"{job.uri} has {len(state.retained)} retained checkpoint(s) and "
+            f"{len(savepoints)} savepoint(s); use --force to dispose the whole job directory"
+        )
+    report = DisposeReport(
+        job_uri=job.uri,
+        kind="job",
+        path="",
+        forced=force,
+        dry_run=dry_run,
+        deleted=sorted(i.key for i in files),
+        deleted_bytes=sum(i.size for i in files),
+        kept=[],
+    )
+    if dry_run:
+        return report
+    try:
+        # A new epoch with nothing retained first: a zombie driver is fenced, and no
+        # attempt restores from a half-deleted checkpoint (this also clears ZooKeeper).
+        claimed = job.ha.claim_epoch()
+        job.ha.publish(claimed.epoch, [])
+        outside_guard(job, job.state(), None)()
+        job.storage.delete_prefix("")
+    except StorageError as e:
+        raise ToolError(f"deleting {job.uri} failed: {one_line(e)}") from e
+    return report
+
+
+__all__ = ["dispose", "export"]
