@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
@@ -26,6 +27,9 @@ from statehold.storage.base import NotFoundError, Storage, UnsafePathError
 FORMAT_NAME: Final = "statehold.checkpoint"
 #: Bump on any change a reader of the previous version would misread.
 FORMAT_VERSION = 1
+
+#: Stored files up to this size are checksummed from memory, larger ones streamed.
+_IN_MEMORY = 16 << 20
 
 Checksum = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 
@@ -48,16 +52,16 @@ class StateFile(_Model):
     """One file a checkpoint references."""
 
     #: Relative to the `_metadata` file; an absolute URI only when `external`.
-    path: str
+    path: signed.Name
     scope: Scope
-    size: int = Field(ge=0)
+    size: signed.Size
     checksum: Checksum
     #: A file of a restored checkpoint still outside this job directory (only in the
     #: first checkpoint after a no-claim restore, until it holds its own copy).
     external: bool = False
     #: The task's own name for the file (e.g. RocksDB's SST name), so it can be
     #: downloaded back under that name.
-    name: str | None = None
+    name: signed.Name | None = None
 
 
 class InlineFile(_Model):
@@ -68,7 +72,7 @@ class InlineFile(_Model):
     #: The task's own name for the file (e.g. RocksDB's MANIFEST-000012).
     name: str = Field(min_length=1, max_length=200)
     #: The bytes, base64.
-    data: str
+    data: str = Field(max_length=signed.MAX_INLINE_DATA)
 
     def content(self) -> bytes:
         try:
@@ -84,8 +88,8 @@ class InlineFile(_Model):
 class KeyGroupRange(_Model):
     """Key groups `start`..`end`, both inclusive."""
 
-    start: int = Field(ge=0)
-    end: int = Field(ge=0)
+    start: signed.KeyGroup
+    end: signed.KeyGroup
 
     @model_validator(mode="after")
     def _ordered(self) -> KeyGroupRange:
@@ -104,43 +108,43 @@ class KeyGroupState(_Model):
     """The state of one task: its key-group range and the files that hold it."""
 
     key_groups: KeyGroupRange
-    files: list[StateFile]
+    files: list[StateFile] = Field(max_length=signed.MAX_ITEMS)
     #: Small files held in the metadata itself (no storage file to reference or delete).
-    inline: list[InlineFile] = Field(default_factory=list)
+    inline: list[InlineFile] = Field(default_factory=list, max_length=signed.MAX_ITEMS)
     #: Small backend-specific facts the task needs to restore (JSON, never code).
     info: dict[str, Any] = Field(default_factory=dict)
 
 
 class OperatorState(_Model):
-    operator: str = Field(min_length=1)
-    ranges: list[KeyGroupState]
+    operator: signed.Name = Field(min_length=1)
+    ranges: list[KeyGroupState] = Field(max_length=signed.MAX_ITEMS)
 
 
 class Lineage(_Model):
     """Where the state came from when the job was restored from another checkpoint."""
 
     mode: RestoreMode
-    source: str  # URI of the source `_metadata`
-    source_job_id: str
-    source_checkpoint_id: int
+    source: signed.Name  # URI of the source `_metadata`
+    source_job_id: signed.Name
+    source_checkpoint_id: signed.Id
     #: False while a checkpoint still references files of the source (no-claim).
     source_needed: bool = True
 
 
 class CheckpointMetadata(_Model):
     format: Literal["statehold.checkpoint"] = FORMAT_NAME
-    version: int = FORMAT_VERSION
-    job_id: str = Field(min_length=1)
-    checkpoint_id: int = Field(ge=0)
-    epoch: int = Field(ge=0)
+    version: signed.Version = FORMAT_VERSION
+    job_id: signed.Name = Field(min_length=1)
+    checkpoint_id: signed.Id
+    epoch: signed.Id
     kind: Literal["checkpoint", "savepoint"] = "checkpoint"
-    savepoint_name: str | None = None
-    created_at: float = Field(default_factory=time.time)
-    completed_at: float = Field(default_factory=time.time)
+    savepoint_name: signed.Name | None = None
+    created_at: signed.Timestamp = Field(default_factory=time.time)
+    completed_at: signed.Timestamp = Field(default_factory=time.time)
     #: Where the input stood after this checkpoint (e.g. Spark batch id and offsets).
     source_position: dict[str, Any] = Field(default_factory=dict)
-    max_parallelism: int = Field(ge=1)
-    operators: list[OperatorState] = Field(default_factory=list)
+    max_parallelism: signed.MaxParallelism
+    operators: list[OperatorState] = Field(default_factory=list, max_length=signed.MAX_ITEMS)
     lineage: Lineage | None = None
     #: SHA-256 of the canonical document without this field; set by `encode`.
     checksum: str = ""
@@ -153,14 +157,14 @@ class CheckpointMetadata(_Model):
 
 
 def check_paths(meta: CheckpointMetadata, metadata_key: str) -> None:
-    """Every non-external file must resolve inside the job directory; external files
-    (no-claim only) must carry an absolute URI."""
+    """Every non-external file must resolve to a data file of the job directory (see
+    `layout.check_data_key`); external files (no-claim only) must carry an absolute URI."""
     for _op, _kg, f in meta.state_files():
         if f.external:
             if "://" not in f.path:
                 raise UnsafePathError(f"external file {f.path!r} is not an absolute URI")
         else:
-            layout.resolve(metadata_key, f.path)
+            layout.check_data_key(metadata_key, layout.resolve(metadata_key, f.path))
 
 
 def encode(meta: CheckpointMetadata, metadata_key: str) -> bytes:
@@ -222,3 +226,62 @@ def file_checksum(path: Path, chunk: int = 1 << 20) -> str:
 
 def bytes_checksum(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def stored_checksum(storage: Storage, key: str, size_hint: int | None = None) -> str:
+    """``sha256:<hex>`` of a stored file, streamed (through a temp file unless it is small
+    or on local disk)."""
+    from statehold.storage.local import LocalStorage
+
+    h = hashlib.sha256()
+    if isinstance(storage, LocalStorage):
+        return file_checksum(storage._path(key))  # refuses symlinks like every access
+    if size_hint is not None and size_hint <= _IN_MEMORY:
+        h.update(storage.read(key))
+        return "sha256:" + h.hexdigest()
+    with tempfile.TemporaryDirectory(prefix="statehold-checksum-") as tmp:
+        local = Path(tmp) / "data"
+        storage.download(key, local)
+        return file_checksum(local)
+
+
+def check_stored(storage: Storage, files: Mapping[str, StateFile]) -> list[tuple[str, str]]:
+    """(key, problem) for each file that is missing, of another size or another checksum
+    than `files` (key -> what the metadata says) records. What restore and export check
+    before they publish anything."""
+    problems = []
+    for key, f in sorted(files.items()):
+        info = storage.stat(key)
+        if info is None:
+            problems.append((key, "missing"))
+        elif info.size != f.size:
+            problems.append((key, f"size {info.size}, metadata says {f.size}"))
+        elif stored_checksum(storage, key, info.size) != f.checksum:
+            problems.append((key, "checksum mismatch"))
+    return problems
+
+
+def relocate(
+    meta: CheckpointMetadata, old_key: str, new_key: str, moved: Mapping[str, str]
+) -> CheckpointMetadata:
+    """The same document for a new place `new_key`, with every file path relative to it;
+    `moved` maps a file's old job-directory key to its new one (unchanged if absent)."""
+
+    def path(f: StateFile) -> str:
+        old = layout.resolve(old_key, f.path)
+        return layout.relativize(new_key, moved.get(old, old))
+
+    operators = [
+        op.model_copy(
+            update={
+                "ranges": [
+                    kg.model_copy(
+                        update={"files": [f.model_copy(update={"path": path(f)}) for f in kg.files]}
+                    )
+                    for kg in op.ranges
+                ]
+            }
+        )
+        for op in meta.operators
+    ]
+    return meta.model_copy(update={"operators": operators})

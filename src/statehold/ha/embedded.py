@@ -54,9 +54,9 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
 from statehold import signed
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
@@ -97,9 +97,9 @@ class PointerModel(_Model):
     """One retained checkpoint: its id, its `_metadata` key (relative to the job dir)
     and the epoch that completed it. Nothing else — never file lists."""
 
-    checkpoint_id: int = Field(ge=0)
-    metadata: str
-    epoch: int = Field(ge=0)
+    checkpoint_id: signed.Id
+    metadata: signed.Name
+    epoch: signed.Id
     #: The `_metadata` document's own checksum ("" if unknown).
     checksum: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")
 
@@ -116,14 +116,14 @@ class PointerDocument(_Model):
     """One link of the chain in ``_ha/``."""
 
     format: Literal["statehold.ha-pointer"] = FORMAT_NAME
-    version: int = FORMAT_VERSION
-    seq: int = Field(ge=1)
-    epoch: int = Field(ge=0)
+    version: signed.Version = FORMAT_VERSION
+    seq: Annotated[int, Strict(), Field(ge=1, le=signed.MAX_ID)]
+    epoch: signed.Id
     #: Random id of this document; the next document names it as its `parent`.
     nonce: str = Field(pattern=r"^[0-9a-f]{32}$")
     parent: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
-    written_at: float = Field(default_factory=time.time)
-    retained: list[PointerModel] = Field(default_factory=list)
+    written_at: signed.Timestamp = Field(default_factory=time.time)
+    retained: list[PointerModel] = Field(default_factory=list, max_length=signed.MAX_ITEMS)
     #: SHA-256 of the canonical document without this field; set by `encode_document`.
     checksum: str = ""
 
@@ -143,7 +143,9 @@ def encode_document(doc: PointerDocument) -> bytes:
 
 
 def decode_document(data: bytes, where: str, seq: int | None = None) -> PointerDocument:
-    """Parse and verify; HAStoreError naming `where` and the problem."""
+    """Parse and verify; HAStoreError naming `where` and the problem (one line). A
+    pointer document is small: anything over `signed.MAX_SMALL_DOCUMENT_BYTES` is refused
+    unparsed."""
     doc = signed.decode(
         data,
         PointerDocument,
@@ -152,6 +154,7 @@ def decode_document(data: bytes, where: str, seq: int | None = None) -> PointerD
         version=FORMAT_VERSION,
         what="HA pointer",
         error=HAStoreError,
+        max_bytes=signed.MAX_SMALL_DOCUMENT_BYTES,
     )
     if seq is not None and doc.seq != seq:
         raise HAStoreError(f"{where}: holds seq {doc.seq}, its name says {seq}")
@@ -186,6 +189,9 @@ class EmbeddedHAStore(HAStore):
             raise ValueError("keep must be at least 2")
         self.storage = job_storage
         self.keep = keep
+
+    #: The URI `open_ha_store` takes for this store.
+    uri: Final = "embedded"
 
     def __repr__(self) -> str:
         return f"EmbeddedHAStore({self.storage.uri.rstrip('/')}/{HA_DIR})"
@@ -297,6 +303,16 @@ class EmbeddedHAStore(HAStore):
                 return mine.state()
             # A stale create (our seq had been collected): our epoch may be taken; retry.
         raise HAStoreError(f"{self._where(HA_DIR)}: could not claim an epoch (contention)")
+
+    def seed(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
+        if epoch < 1:
+            raise ValueError(f"cannot seed epoch {epoch}: epochs start at 1")
+        if self._list_seqs():
+            raise HAStoreError(f"{self._where(HA_DIR)}: already holds HA state; not seeded")
+        mine = self._create(_EMPTY, epoch, retained)
+        if mine is None:
+            raise HAStoreError(f"{self._where(HA_DIR)}: written meanwhile; not seeded")
+        return mine.state()
 
     def publish(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
         if epoch < 1:

@@ -28,6 +28,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from statehold import signed
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
 from statehold.storage.base import UnsafePathError, check_key
 
@@ -45,17 +46,17 @@ class _Model(BaseModel):
 
 
 class _Pointer(_Model):
-    checkpoint_id: int = Field(ge=0)
-    metadata: str
-    epoch: int = Field(ge=0)
+    checkpoint_id: signed.Id
+    metadata: signed.Name
+    epoch: signed.Id
     checksum: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")
 
 
 class _Document(_Model):
     format: Literal["statehold.ha"]
-    version: int
-    epoch: int = Field(ge=0)
-    retained: list[_Pointer]
+    version: signed.Version
+    epoch: signed.Id
+    retained: list[_Pointer] = Field(max_length=signed.MAX_ITEMS)
 
 
 def _check_segment(name: str, what: str) -> str:
@@ -103,16 +104,21 @@ def encode(epoch: int, retained: Sequence[CheckpointPointer]) -> bytes:
 
 
 def decode(data: bytes, version: int, where: str) -> HAState:
-    """Parse and validate a znode's data; HAStoreError names `where` and the problem."""
-    try:
-        raw = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HAStoreError(f"HA state at {where} is not JSON: {exc}") from exc
+    """Parse and validate a znode's data; HAStoreError names `where` and the problem on
+    one line. Bounded like every statehold document (see `signed`): at most
+    `signed.MAX_SMALL_DOCUMENT_BYTES`, `signed.MAX_DEPTH` levels, bounded numbers."""
+    raw = signed.load_json(
+        data,
+        where=f"HA state at {where}",
+        error=HAStoreError,
+        max_bytes=signed.MAX_SMALL_DOCUMENT_BYTES,
+        invalid="not JSON",
+    )
     newer = (
         isinstance(raw, dict)
         and raw.get("format") == FORMAT_NAME
         and isinstance(raw.get("version"), int)
-        and raw["version"] > FORMAT_VERSION
+        and FORMAT_VERSION < raw["version"] <= signed.MAX_ID
     )
     if newer:
         raise HAStoreError(
@@ -127,8 +133,10 @@ def decode(data: bytes, version: int, where: str) -> HAState:
             _check_pointer(CheckpointPointer(p.checkpoint_id, p.metadata, p.epoch, p.checksum))
             for p in document.retained
         )
-    except (ValidationError, ValueError) as exc:
-        raise HAStoreError(f"HA state at {where} is invalid: {exc}") from exc
+    except ValidationError as exc:
+        raise HAStoreError(f"HA state at {where} is invalid: {signed.explain(exc)}") from exc
+    except ValueError as exc:
+        raise HAStoreError(f"HA state at {where} is invalid: {signed.one_line(str(exc))}") from exc
     return HAState(epoch=document.epoch, retained=retained, version=version)
 
 
@@ -284,6 +292,17 @@ class ZooKeeperHAStore(HAStore):
             # Someone wrote in between: re-read and decide again (fenced if they claimed).
             if time.monotonic() > deadline:
                 raise HAStoreError(f"could not publish to {self.path}: too much contention")
+
+    def seed(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
+        pointers = tuple(_check_pointer(p) for p in retained)
+        deadline = time.monotonic() + self.timeout
+        current = self._get(deadline)
+        if current.version >= 0:
+            raise HAStoreError(f"zookeeper:{self.path} already holds HA state; not seeded")
+        version = self._write(deadline, current, encode(epoch, pointers))
+        if version is None:
+            raise HAStoreError(f"zookeeper:{self.path} was written meanwhile; not seeded")
+        return HAState(epoch=epoch, retained=pointers, version=version)
 
     def check_epoch(self, epoch: int) -> None:
         """Raise FencedError unless `epoch` is current, from a synced read (never cached)."""
