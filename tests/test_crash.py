@@ -37,12 +37,13 @@ from statehold import layout
 from statehold.ha.base import HAStore
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.open import EMBEDDED, open_ha_store
+from statehold.jobdir import OWNER_KEY, open_job
 from statehold.jobresult import read_result
 from statehold.layout import Kind
 from statehold.metadata import read_metadata, referenced_keys
 from statehold.reconcile import referenced_by_job
 from statehold.storage import Storage, open_storage
-from statehold.tools import Target, verify
+from statehold.tools import locate, verify
 from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 pytestmark = pytest.mark.crash
@@ -223,16 +224,15 @@ def _check_final_state(
     files = listing(storage)
     savepoints = sorted(k for k in files if layout.parse(k).kind is Kind.SAVEPOINT_METADATA)
     for key in [state.retained[0].metadata, *savepoints]:
-        kind = "savepoint" if key.startswith("savepoints/") else "checkpoint"
-        report = verify(Target(storage, kind, key), ha=ha)
+        report = verify(locate(storage, key.rsplit("/", 1)[0], ha=ha))
         assert report.ok, f"seed {SEED}: {key}: {report.problems}"
 
     # (b) no orphan: the listing is exactly what is referenced, plus the HA pointer
     # documents and the job result entry.
-    referenced = referenced_by_job(storage, ha)
+    referenced = referenced_by_job(open_job(storage, ha, job_id=drv.JOB_ID))
     # (With ZooKeeper the pointers live there: an ``_ha/`` document would be an orphan.)
     ha_docs = {k for k in files if HA_DOC.match(k)} if embedded else set()
-    expected = referenced | ha_docs | {"_job/result.json"}
+    expected = referenced | ha_docs | {"_job/result.json", OWNER_KEY}
     assert files - expected == set(), f"seed {SEED}: orphans left: {sorted(files - expected)}"
     assert expected - files == set(), f"seed {SEED}: missing: {sorted(expected - files)}"
 

@@ -325,10 +325,28 @@ def test_unsafe_state_file_paths_refused(path: str) -> None:
 
 def test_path_escaping_from_a_savepoint_refused() -> None:
     sp_key = layout.savepoint_metadata_key("nightly")
-    inside = set_path("../../shared/e2-c5-x")  # savepoints/nightly/ -> job dir: fine
-    assert metadata.decode(inside, sp_key).operators[0].ranges[0].files[0].path.startswith("../")
+    inside = "../../shared/e2-c5-x"  # savepoints/nightly/ -> job dir: fine
+    assert layout.check_data_key(sp_key, layout.resolve(sp_key, inside)) == "shared/e2-c5-x"
     refused(set_path("../../../shared/e2-c5-x"), sp_key)
-    refused(inside, KEY)  # the same path from chk-7/ leaves the job directory
+    refused(set_path(inside), KEY)  # the same path from chk-7/ leaves the job directory
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../_ha/00000000000000000001.json",
+        "../savepoints/keep/_metadata",
+        "../_spark/offsets/0",
+        "../_job/result.json",
+        "../chk-3/_metadata",
+        "_metadata",
+        "../shared/not-a-statehold-name",
+    ],
+)
+def test_metadata_may_name_only_data_files(path: str) -> None:
+    """Bookkeeping and other checkpoints' documents can never be named by a document, so
+    nothing can delete them through one."""
+    assert "may only name" in refused(set_path(path))
 
 
 def test_external_file_must_be_a_uri() -> None:

@@ -10,6 +10,7 @@ from test_coordinator import RANGES, SimulatedTask, listing, referenced_by_retai
 from statehold import layout
 from statehold.coordinator import CheckpointCoordinator
 from statehold.ha.embedded import EmbeddedHAStore
+from statehold.jobdir import OWNER_KEY
 from statehold.jobresult import (
     JobOutcome,
     RetentionPolicy,
@@ -18,7 +19,7 @@ from statehold.jobresult import (
 )
 from statehold.layout import Kind
 from statehold.lease import Lease, lease_key
-from statehold.reconcile import live_attempt_from_lease, plan, referenced_by_job
+from statehold.reconcile import live_attempt, plan, referenced_by_job
 from statehold.storage import Storage
 
 
@@ -87,9 +88,9 @@ def test_reconcile_spares_the_live_attempts_in_flight_files(storage: Storage) ->
     in_flight = leave_in_flight_mess(storage, coord, tasks, 4)
 
     # an offline `gc` while the job runs: the lease says the attempt is alive
-    live = live_attempt_from_lease(storage, coord.ha)
+    live = live_attempt(coord.job, coord.ha.read())
     assert live is not None and live.epoch == coord.epoch
-    gc_plan = plan(storage, coord.ha, live)
+    gc_plan = plan(coord.job, live)
     assert in_flight <= set(gc_plan.protected)
     assert not gc_plan.orphans
     # and the checkpoint completes afterwards with every file present
@@ -109,13 +110,13 @@ def test_gc_of_a_crashed_job_deletes_its_in_flight_files(storage: Storage) -> No
     coord.cleaner.close()
     assert coord.lease is not None
     coord.lease.stop(release=False)  # the driver died: nobody renews its lease
-    assert live_attempt_from_lease(storage, coord.ha) is not None
+    assert live_attempt(coord.job, coord.ha.read()) is not None
     an_hour_later = time.time() + 3600
-    assert live_attempt_from_lease(storage, coord.ha, now=an_hour_later) is None
-    gc_plan = plan(storage, coord.ha, None)
+    assert live_attempt(coord.job, coord.ha.read(), now=an_hour_later) is None
+    gc_plan = plan(coord.job, None)
     assert {f.key for f in gc_plan.orphans} == mess
     # never anything a retained checkpoint references
-    assert not {f.key for f in gc_plan.orphans} & referenced_by_job(storage, coord.ha)
+    assert not {f.key for f in gc_plan.orphans} & referenced_by_job(coord.job)
 
 
 def test_lease_is_per_epoch_and_released(storage: Storage) -> None:
@@ -143,7 +144,8 @@ def test_job_end_keep_latest_leaves_exactly_the_newest_checkpoint(storage: Stora
     assert [p.checkpoint_id for p in coord.ha.read().retained] == [5]
     assert ours(listing(storage)) == referenced_by_retained(storage, coord)
     assert {k for k in listing(storage) if layout.parse(k).kind is Kind.JOB} == {
-        "_job/result.json"
+        "_job/result.json",
+        OWNER_KEY,  # which HA store owns the job: kept as long as the directory
     }
 
 
@@ -157,7 +159,10 @@ def test_job_end_delete_all_leaves_only_the_fence_and_the_entry(storage: Storage
     assert coord.end(JobOutcome.CANCELLED, RetentionPolicy.DELETE_ALL)
     coord.close()
     left = listing(storage)
-    assert {k for k in left if layout.parse(k).kind is not Kind.HA} == {"_job/result.json"}
+    assert {k for k in left if layout.parse(k).kind is not Kind.HA} == {
+        "_job/result.json",
+        OWNER_KEY,
+    }
     assert coord.ha.read().retained == ()
 
 

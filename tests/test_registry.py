@@ -31,6 +31,7 @@ from statehold.metadata import (
     OperatorState,
     StateFile,
     bytes_checksum,
+    read_metadata,
     write_metadata,
 )
 from statehold.registry import CheckpointHolder, SavepointHolder, SharedStateRegistry
@@ -254,6 +255,11 @@ def test_unsafe_keys_are_refused(bad: str) -> None:
 
 
 # -- rebuild on real storage -------------------------------------------------------------
+def rebuild(storage: Storage, keys: list[str]) -> SharedStateRegistry:
+    """What a restart does: the documents are read (and verified) by the caller, the
+    registry only takes them."""
+    return SharedStateRegistry.from_metadata((k, read_metadata(storage, k)) for k in keys)
+
 
 
 def test_rebuild_from_metadata_on_storage(storage: Storage) -> None:
@@ -264,7 +270,7 @@ def test_rebuild_from_metadata_on_storage(storage: Storage) -> None:
         write_checkpoint(storage, 2, {sh1: S, sh2: S, ex2: X, tk: T}),
         write_savepoint(storage, "before-upgrade", {sh1: S}),
     ]
-    r = SharedStateRegistry.rebuild(storage, keys)
+    r = rebuild(storage, keys)
     assert r.checkpoints(pending=False) == [1, 2]
     assert r.savepoints() == ["before-upgrade"]
     assert r.referenced() == {sh1, sh2, ex2, tk}
@@ -284,23 +290,23 @@ def test_rebuild_ignores_external_files(storage: Storage) -> None:
     local = layout.shared_key(1, 3)
     meta = make_meta(key, 3, {local: S}, external=("s3://other/job/shared/e1-c1-x",))
     write_metadata(storage, key, meta)
-    r = SharedStateRegistry.rebuild(storage, [key])
+    r = rebuild(storage, [key])
     assert r.referenced() == {local}
 
 
 def test_rebuild_refuses_missing_damaged_or_misplaced_metadata(storage: Storage) -> None:
     with pytest.raises(MetadataError, match="missing"):
-        SharedStateRegistry.rebuild(storage, [layout.checkpoint_metadata_key(1)])
+        rebuild(storage, [layout.checkpoint_metadata_key(1)])
     key = write_checkpoint(storage, 2, {layout.shared_key(1, 2): S})
     storage.write(key, storage.read(key).replace(b"shared/", b"shared/x"))
     with pytest.raises(MetadataError, match="checksum"):
-        SharedStateRegistry.rebuild(storage, [key])
+        rebuild(storage, [key])
     wrong = layout.checkpoint_metadata_key(5)
     write_metadata(storage, wrong, make_meta(wrong, 4, {}))
     with pytest.raises(MetadataError, match="not the checkpoint"):
-        SharedStateRegistry.rebuild(storage, [wrong])
-    with pytest.raises(ValueError):
-        SharedStateRegistry.rebuild(storage, ["_ha/pointer"])
+        rebuild(storage, [wrong])
+    with pytest.raises(ValueError):  # a document is only taken under a `_metadata` key
+        SharedStateRegistry.from_metadata([("_ha/pointer", read_metadata(storage, wrong))])
 
 
 # -- stateful property test --------------------------------------------------------------
@@ -426,7 +432,7 @@ class RegistryMachine(RuleBasedStateMachine):
         else references are left to the reconcile (modelled as released here)."""
         keys = [layout.checkpoint_metadata_key(i) for i in sorted(self.retained)]
         keys += [layout.savepoint_metadata_key(n) for n in sorted(self.live_savepoints)]
-        self.registry = SharedStateRegistry.rebuild(self.storage, keys)
+        self.registry = rebuild(self.storage, keys)
         dead = {k for files in self.pending.values() for k in files}
         self.ended |= set(self.pending)
         self.pending.clear()
@@ -489,6 +495,6 @@ def test_savepoint_outlives_subsumed_checkpoint_in_a_long_run(tmp_path: object) 
         write_checkpoint(storage, cid, {f: S})
         released |= set(r.release_checkpoint(cid - 1).keys)
     assert base not in released
-    r = SharedStateRegistry.rebuild(storage, [layout.checkpoint_metadata_key(7), sp_key])
+    r = rebuild(storage, [layout.checkpoint_metadata_key(7), sp_key])
     assert r.entry(base) is not None
     assert r.release_savepoint("sp").keys == (base,)

@@ -1,8 +1,9 @@
 """Exactly once under kill -9 of the example's driver.
 
-The example runs in a subprocess with ``STATEHOLD_TEST_PAUSE_AT=<phase>:<batch>``: it stops
-at that point of that batch and says so in a marker file; the test then kills the driver
-with SIGKILL (Spark's JVM and Python workers die with it) and starts it again on the same
+The example runs in a subprocess (tests/paused_example.py: the example with the
+`pausing` phase hook) with ``STATEHOLD_TEST_PAUSE_AT=<phase>:<batch>``: it stops at that
+point of that batch and says so in a marker file; the test then kills the driver with
+SIGKILL (Spark's JVM and Python workers die with it) and starts it again on the same
 input, job directory, output and task-local state directory. Phases: ``in-task`` (the
 state step is running in the Spark tasks), ``after-tasks`` (tasks uploaded their state,
 checkpoint not completed), ``after-sink`` (the batch's output is written, checkpoint not
@@ -21,11 +22,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from pausing import PAUSE_ENV, PAUSE_MARK_ENV
 from test_example import (
     example_cmd,
     example_env,
@@ -38,15 +41,17 @@ from statehold import layout
 from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
 from statehold.examples.running_totals import generate_demo
 from statehold.ha.embedded import EmbeddedHAStore
+from statehold.jobdir import open_job
 from statehold.metadata import KeyGroupRange, read_metadata
 from statehold.reconcile import plan
 from statehold.storage import Storage, open_storage
-from statehold.tools import Target, verify
+from statehold.tools import locate, verify
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 MAX_PARALLELISM = 16
 START_TIMEOUT = 300.0
+PAUSED_EXAMPLE = Path(__file__).with_name("paused_example.py")
 
 
 def _group_alive(pgid: int) -> bool:
@@ -65,10 +70,11 @@ def run_and_kill(
     (their own stdin watch ends them), killing stragglers after a grace period."""
     mark = cwd / f"pause-{pause_at.replace(':', '-')}"
     log = cwd / f"log-{pause_at.replace(':', '-')}.txt"
-    extra = {"STATEHOLD_TEST_PAUSE_AT": pause_at, "STATEHOLD_TEST_PAUSE_MARK": str(mark)}
+    extra = {PAUSE_ENV: pause_at, PAUSE_MARK_ENV: str(mark)}
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            example_cmd(*args), cwd=cwd, env=example_env(cwd, {**dict(env or {}), **extra}),
+            [sys.executable, str(PAUSED_EXAMPLE), *args], cwd=cwd,
+            env=example_env(cwd, {**dict(env or {}), **extra}),
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
@@ -114,7 +120,7 @@ def check_retained_intact(job: Storage) -> None:
     retained = EmbeddedHAStore(job).read().retained
     assert retained
     for ptr in retained:
-        report = verify(Target(job, "checkpoint", ptr.metadata))
+        report = verify(locate(job, ptr.metadata))
         assert report.ok, (ptr.metadata, report.problems)
         assert report.files_checked > 0
 
@@ -161,7 +167,7 @@ def crash_scenario(
     assert read_output(out) == reference(inp)  # every batch once, replays replaced
     assert final_state(job, tmp / "reader") == reference_state(inp)
     check_retained_intact(job)
-    leftovers = plan(job, EmbeddedHAStore(job), None)
+    leftovers = plan(open_job(job), None)
     assert leftovers.orphans == [], [f.key for f in leftovers.orphans]
     assert list(job.list(layout.SPARK_DIR)) == []  # no Spark streaming checkpoint used
 

@@ -294,12 +294,13 @@ def open_job(
     storage = (
         location if isinstance(location, Storage) else open_storage(location, **storage_options)
     )
-    job_id = job_id or _job_id_of(storage)
     # A store given as an object names its URI if it has one (a test double may not).
     named = ha if isinstance(ha, str) else getattr(ha, "uri", None)
     named_uri = canonical_ha(named) if named is not None else None
     owner = read_owner(storage)
     if owner is not None:
+        # A relocated directory may have another name; the record says which job it is.
+        job_id = job_id or owner.job_id
         if owner.job_id != job_id:
             raise JobDirectoryError(
                 f"{storage.uri.rstrip('/')} is the directory of job {owner.job_id!r}, "
@@ -312,6 +313,7 @@ def open_job(
             )
         uri = owner.ha
     else:
+        job_id = job_id or _job_id_of(storage)
         evident = _has_embedded_documents(storage)
         if evident and named_uri not in (None, EMBEDDED):
             raise HAStoreMismatchError(
@@ -334,6 +336,7 @@ def open_job(
         if create and (named_uri is not None or not isinstance(ha, HAStore)):
             # (a store object that names no URI, e.g. a test wrapper, records nothing)
             owner = _create_owner(storage, job_id, uri)
+    assert job_id is not None
     store = ha if isinstance(ha, HAStore) else open_ha_store(uri, storage, job_id)
     return JobDirectory(storage, job_id, store, uri, owner)
 

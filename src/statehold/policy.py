@@ -287,8 +287,11 @@ def check_discardable(path: str, *, is_dir: bool = False) -> str:
         ok = ok or parsed.kind is Kind.UNKNOWN and _SAVEPOINT_DIR.match(path) is not None
     elif parsed.kind in (Kind.HA, Kind.JOB):
         ok = bool(_LEASE.match(path)) or layout.TEMP_MARKER in path.rsplit("/", 1)[-1]
-    else:
-        ok = parsed.kind in _DISCARDABLE
+    else:  # (in the data folders even a name statehold did not make is data)
+        ok = parsed.kind in _DISCARDABLE or path.split("/", 1)[0] in (
+            layout.SHARED_DIR,
+            layout.EXCLUSIVE_DIR,
+        )
     if not ok:
         raise UnsafePathError(f"refusing to delete {path!r}: the deletion policy never does")
     return path
