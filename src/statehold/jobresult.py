@@ -8,14 +8,13 @@ in the job directory, ``_job/result.json``, written atomically.
 
 from __future__ import annotations
 
-import json
 import time
 from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from statehold import layout
+from statehold import layout, signed
 from statehold.errors import StateholdError
 from statehold.storage.base import NotFoundError, Storage
 
@@ -47,23 +46,34 @@ class JobResult(BaseModel):
 
     format: Literal["statehold.job-result"] = "statehold.job-result"
     version: Literal[1] = 1
-    job_id: str
-    epoch: int
+    job_id: signed.Name
+    epoch: signed.Id
     outcome: JobOutcome
     policy: RetentionPolicy
     state: Literal["dirty", "clean"]
-    at: float
+    at: signed.Timestamp
 
 
 def read_result(storage: Storage) -> JobResult | None:
+    """The entry, None if there is none, or JobResultError (one line naming the file) for
+    any entry that cannot be trusted: a driver must not act on a half-read cleanup order.
+    Bounded like every statehold document (see `signed`)."""
     try:
         data = storage.read(RESULT_KEY)
     except NotFoundError:
         return None
+    where = f"{storage.uri.rstrip('/')}/{RESULT_KEY}"
+    doc = signed.load_json(
+        data,
+        where=where,
+        error=JobResultError,
+        max_bytes=signed.MAX_SMALL_DOCUMENT_BYTES,
+        invalid="unreadable job result",
+    )
     try:
-        return JobResult.model_validate(json.loads(data))
-    except (ValueError, ValidationError) as e:
-        raise JobResultError(f"{storage.uri}/{RESULT_KEY}: unreadable job result: {e}") from e
+        return JobResult.model_validate(doc)
+    except ValidationError as e:
+        raise JobResultError(f"{where}: unreadable job result: {signed.explain(e)}") from e
 
 
 def write_result(

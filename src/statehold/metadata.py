@@ -108,16 +108,16 @@ class KeyGroupState(_Model):
     """The state of one task: its key-group range and the files that hold it."""
 
     key_groups: KeyGroupRange
-    files: list[StateFile] = Field(max_length=signed.MAX_ITEMS)
+    files: signed.Items[StateFile]
     #: Small files held in the metadata itself (no storage file to reference or delete).
-    inline: list[InlineFile] = Field(default_factory=list, max_length=signed.MAX_ITEMS)
+    inline: signed.Items[InlineFile] = Field(default_factory=list)
     #: Small backend-specific facts the task needs to restore (JSON, never code).
     info: dict[str, Any] = Field(default_factory=dict)
 
 
 class OperatorState(_Model):
     operator: signed.Name = Field(min_length=1)
-    ranges: list[KeyGroupState] = Field(max_length=signed.MAX_ITEMS)
+    ranges: signed.Items[KeyGroupState]
 
 
 class Lineage(_Model):
@@ -144,7 +144,7 @@ class CheckpointMetadata(_Model):
     #: Where the input stood after this checkpoint (e.g. Spark batch id and offsets).
     source_position: dict[str, Any] = Field(default_factory=dict)
     max_parallelism: signed.MaxParallelism
-    operators: list[OperatorState] = Field(default_factory=list, max_length=signed.MAX_ITEMS)
+    operators: signed.Items[OperatorState] = Field(default_factory=list)
     lineage: Lineage | None = None
     #: SHA-256 of the canonical document without this field; set by `encode`.
     checksum: str = ""

@@ -123,7 +123,7 @@ class PointerDocument(_Model):
     nonce: str = Field(pattern=r"^[0-9a-f]{32}$")
     parent: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
     written_at: signed.Timestamp = Field(default_factory=time.time)
-    retained: list[PointerModel] = Field(default_factory=list, max_length=signed.MAX_ITEMS)
+    retained: signed.Items[PointerModel] = Field(default_factory=list)
     #: SHA-256 of the canonical document without this field; set by `encode_document`.
     checksum: str = ""
 

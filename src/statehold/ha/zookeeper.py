@@ -56,7 +56,7 @@ class _Document(_Model):
     format: Literal["statehold.ha"]
     version: signed.Version
     epoch: signed.Id
-    retained: list[_Pointer] = Field(max_length=signed.MAX_ITEMS)
+    retained: signed.Items[_Pointer]
 
 
 def _check_segment(name: str, what: str) -> str:
