@@ -24,6 +24,11 @@ not a string, a value that is not an integer): the batch fails with an error nam
 file and the line, before any state is touched; nothing is checkpointed. Fix the file in
 place and run again. Blank lines are skipped. Each file is read whole into one task's
 memory (Spark's ``wholetext``), which gives exact line numbers and input order.
+
+``main(argv, on_phase=hook)`` reports progress to a `statehold.spark.PhaseHook`: the
+job's phases, plus ``in-task`` (in the Spark task, before a key's state is updated; the
+hook is pickled to the executors) and ``job-end`` (all input processed, the job not yet
+closed), e.g. for metrics, or for tests that kill the driver at a known point.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-    from statehold.spark import BatchResult, KeyedState, StatefulJob
+    from statehold.spark import BatchResult, KeyedState, PhaseHook, StatefulJob
 
 LAST_N = 8
 OUTPUT_SCHEMA = "key string, count long, sum long"
@@ -57,12 +62,15 @@ class MalformedRowError(ValueError):
 
 
 def update_totals(
-    key: str, rows: list[dict[str, Any]], state: KeyedState, batch_id: int = -1
+    key: str,
+    rows: list[dict[str, Any]],
+    state: KeyedState,
+    batch_id: int = -1,
+    on_phase: PhaseHook | None = None,
 ) -> list[tuple[Any, ...]]:
     """The stateful step for one key: rows of this batch in input order (file, line)."""
-    from statehold.spark.job import pause_point
-
-    pause_point("in-task", batch_id)  # a test hook; a no-op unless asked for
+    if on_phase is not None:
+        on_phase("in-task", batch_id)
     count, total, last = state.value("count"), state.value("sum"), state.list("last")
     values = [int(r["value"]) for r in rows]
     n = (count.get() or 0) + len(values)
@@ -252,10 +260,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
+def run(
+    spark: SparkSession,
+    job: StatefulJob,
+    args: argparse.Namespace,
+    on_phase: PhaseHook | None = None,
+) -> int:
     """Process batches until no input is left (or, with --keep-running, until ^C)."""
     from statehold.spark import replace_output
-    from statehold.spark.job import pause_point
 
     input_dir: Path = args.input.absolute()
     sink = replace_output(str(args.output.absolute()), "json")
@@ -275,7 +287,7 @@ def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
             check_rows(rows)
             result = job.run_batch(
                 rows.drop("_error"),
-                functools.partial(update_totals, batch_id=batch_id),
+                functools.partial(update_totals, batch_id=batch_id, on_phase=on_phase),
                 OUTPUT_SCHEMA,
                 key="key",
                 batch_id=batch_id,
@@ -290,11 +302,12 @@ def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
             rows.unpersist()
         print(describe(result, files), flush=True)
         batch_id, last_file = batch_id + 1, files[-1]
-    pause_point("job-end", batch_id - 1)  # a test hook; a no-op unless asked for
+    if on_phase is not None:
+        on_phase("job-end", batch_id - 1)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, on_phase: PhaseHook | None = None) -> int:
     args = parse_args(argv)
     mode = args.mode or ("no-claim" if args.restore_from else "resume")
     if (args.restore_from is None) != (mode == "resume"):
@@ -319,9 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         ha=args.ha,
         restore_from=args.restore_from,
         restore_mode=mode,
+        on_phase=on_phase,
     )
     try:
-        return run(spark, job, args)
+        return run(spark, job, args, on_phase)
     except KeyboardInterrupt:
         return 130
     finally:

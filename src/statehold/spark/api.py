@@ -50,6 +50,14 @@ BatchFunction = Callable[[list[tuple[Any, Any]], TaskStates], RowsOut]
 #: Writes one batch's output; must replace that batch's earlier output (idempotent).
 Sink = Callable[[Any, int], None]
 
+#: Observes a batch's progress: ``hook(phase, batch_id)``. `StatefulJob` calls it on the
+#: driver at ``after-tasks`` (the tasks' state is uploaded and acknowledged),
+#: ``after-sink`` (the output is written; only with a sink) and ``after-complete`` (the
+#: checkpoint is completed) — the points where a crash leaves a different, recoverable
+#: state, so metrics, logs or crash tests can hook in. An exception before
+#: ``after-complete`` aborts the checkpoint like any other failure of the batch.
+PhaseHook = Callable[[str, int], None]
+
 __all__ = [
     "BatchFunction",
     "InputFormat",
@@ -57,6 +65,7 @@ __all__ = [
     "KeyedState",
     "ListState",
     "MapState",
+    "PhaseHook",
     "RowsOut",
     "Sink",
     "TaskStates",
