@@ -143,6 +143,8 @@ class JobDirectory:
     #: Canonical URI of the HA store (``embedded`` or ``zookeeper://…``).
     ha_uri: str
     owner: OwnerRecord | None = None
+    #: Close the HA store with the directory (False for a store the caller passed in).
+    owns_ha: bool = True
     _closed: bool = field(default=False, repr=False)
 
     @property
@@ -158,7 +160,8 @@ class JobDirectory:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.ha.close()
+            if self.owns_ha:
+                self.ha.close()
 
     # -- the HA store ----------------------------------------------------------------
     def state(self) -> HAState:
@@ -338,7 +341,7 @@ def open_job(
             owner = _create_owner(storage, job_id, uri)
     assert job_id is not None
     store = ha if isinstance(ha, HAStore) else open_ha_store(uri, storage, job_id)
-    return JobDirectory(storage, job_id, store, uri, owner)
+    return JobDirectory(storage, job_id, store, uri, owner, owns_ha=not isinstance(ha, HAStore))
 
 
 def _has_checkpoints(storage: Storage) -> bool:

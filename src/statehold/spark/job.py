@@ -319,7 +319,7 @@ class StatefulJob:
     def close(self) -> None:
         if self._coordinator is not None:
             self._coordinator.close()
-            self._coordinator.ha.close()
+            self._coordinator.job.close()
             self._coordinator = None
 
     def __enter__(self) -> StatefulJob:
