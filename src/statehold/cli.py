@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -101,6 +102,12 @@ def handle_errors(as_json: bool) -> Iterator[None]:
         fail(str(e), as_json=as_json, problems=e.problems)
     except StateholdError as e:
         fail(str(e), as_json=as_json)
+    except (OSError, ValueError, RecursionError, MemoryError) as e:
+        # Not statehold's own (a full disk, a permission, a value a library refused):
+        # still one line, never a traceback; STATEHOLD_DEBUG=1 re-raises for one.
+        if os.environ.get("STATEHOLD_DEBUG"):
+            raise
+        fail(f"{type(e).__name__}: {e}", as_json=as_json)
 
 
 @contextmanager
