@@ -142,7 +142,7 @@ def _export(t: Target, out: Storage, progress: Progress, verify_after: bool) -> 
         ],
     )
     out.create_if_absent(new_metadata_key, data)
-    write_owner(out, out.uri.rstrip("/").rsplit("/", 1)[-1], EMBEDDED)
+    write_owner(out, new_meta.job_id, EMBEDDED)
     pointer = CheckpointPointer(
         new_meta.checkpoint_id, new_metadata_key, new_meta.epoch, new_meta.checksum
     )
