@@ -30,7 +30,8 @@ from statehold.backend import (
     task_range,
 )
 from statehold.backend.keys import decode_key
-from statehold.backend.rocks import LOCAL_MARKER, RestoreSource
+from statehold.backend.local_snapshots import LOCAL_MARKER
+from statehold.backend.rocks import RestoreSource
 from statehold.metadata import (
     CheckpointMetadata,
     KeyGroupRange,

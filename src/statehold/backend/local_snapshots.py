@@ -1,0 +1,143 @@
+"""The task backend's local disk: working DBs and local snapshots, per operator, under the
+`local_dir` the caller gives (one per job)::
+
+    <local_dir>/<operator>/kg-<start>-<end>/work-<uuid>/db     the private working DB of
+                                                               one open (own RocksDB lock)
+    <local_dir>/<operator>/kg-<start>-<end>/snap-<ckpt>-<uuid>/ a local snapshot: RocksDB
+                                                               checkpoint + marker file
+
+A snapshot directory is complete only once its marker (`LOCAL_MARKER`, written last and
+atomically) lists every file with size and checksum; anything without a valid marker is
+ignored. On open, every file a restore needs is looked up in those markers by (RocksDB file
+name, checksum) and hard-linked if found, else downloaded and verified. So "the cache holds
+this range at this checkpoint" is simply the case where nothing needs downloading, and a
+stale, foreign or half-written cache can only cost a download, never wrong state.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from statehold import layout
+from statehold.metadata import KeyGroupRange
+
+LOCAL_MARKER = "statehold-local.json"
+_MARKER_FORMAT = "statehold.local-snapshot"
+#: A RocksDB file name we accept from a marker or a checkpoint (no paths, no dot files).
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_SNAP_DIR = re.compile(r"^snap-(?P<ckpt>\d+)-[0-9a-f]+$")
+
+#: (RocksDB file name, checksum) -> a local file with that content.
+LocalPool = dict[tuple[str, str], Path]
+
+
+def operator_dir_name(operator: str) -> str:
+    """A filesystem-safe, collision-free directory name for an operator."""
+    digest = hashlib.blake2b(operator.encode("utf-8"), digest_size=4).hexdigest()
+    return re.sub(r"[^A-Za-z0-9._-]", "_", operator)[:60] + "-" + digest
+
+
+def range_dir_name(key_groups: KeyGroupRange) -> str:
+    return f"kg-{key_groups.start}-{key_groups.end}"
+
+
+def new_snapshot_dir(range_dir: Path, checkpoint_id: int) -> Path:
+    """A fresh local snapshot directory of `checkpoint_id` (unique: several attempts of
+    one checkpoint may snapshot the same range)."""
+    return range_dir / f"snap-{checkpoint_id}-{uuid.uuid4().hex}"
+
+
+def write_marker(
+    snap: Path,
+    files: dict[str, tuple[int, str]],
+    *,
+    operator: str,
+    key_groups: KeyGroupRange,
+    checkpoint_id: int,
+    metadata_key: str,
+) -> None:
+    """Declare `snap` complete: its `files` ({name: (size, checksum)}), written last and
+    atomically, so a crash leaves either no marker or a whole one."""
+    _write_json_atomic(
+        snap / LOCAL_MARKER,
+        {
+            "format": _MARKER_FORMAT,
+            "version": 1,
+            "operator": operator,
+            "key_groups": [key_groups.start, key_groups.end],
+            "checkpoint_id": checkpoint_id,
+            "metadata_key": metadata_key,
+            "files": {n: {"size": size, "checksum": c} for n, (size, c) in files.items()},
+        },
+    )
+
+
+def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}{layout.TEMP_MARKER}{uuid.uuid4().hex}")
+    with open(tmp, "wb") as f:
+        f.write(json.dumps(doc, sort_keys=True).encode())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_marker(snap: Path) -> dict[str, tuple[int, str]] | None:
+    """The files of a complete local snapshot, {name: (size, checksum)}; None if the
+    directory is incomplete, damaged or not ours."""
+    try:
+        doc = json.loads((snap / LOCAL_MARKER).read_bytes())
+        if doc.get("format") != _MARKER_FORMAT:
+            return None
+        files = {str(n): (int(v["size"]), str(v["checksum"])) for n, v in doc["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    for name, (size, _c) in files.items():
+        if not SAFE_NAME.match(name):
+            return None
+        try:
+            if (snap / name).stat().st_size != size:
+                return None
+        except OSError:
+            return None
+    return files
+
+
+def local_pool(op_dir: Path) -> LocalPool:
+    """Every file in a complete local snapshot of the operator in `op_dir` (any range,
+    any checkpoint), by (name, checksum)."""
+    pool: LocalPool = {}
+    for snap in op_dir.glob("kg-*/snap-*"):
+        files = read_marker(snap)
+        for name, (_size, checksum) in (files or {}).items():
+            pool[(name, checksum)] = snap / name
+    return pool
+
+
+def link_or_copy(src: Path, dst: Path, *, link: bool) -> None:
+    """Hard link when asked and possible (another filesystem, no permission, too many
+    links: copy instead)."""
+    if link:
+        try:
+            os.link(src, dst)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise
+    shutil.copyfile(src, dst)
+
+
+def prune_snapshots(op_dir: Path, keep_from: int) -> None:
+    """Delete the operator's local snapshots older than checkpoint `keep_from` (no task
+    restores from them any more; a straggler that still does just downloads)."""
+    for snap in op_dir.glob("kg-*/snap-*"):
+        m = _SNAP_DIR.match(snap.name)
+        if m and int(m["ckpt"]) < keep_from:
+            shutil.rmtree(snap, ignore_errors=True)

@@ -1,0 +1,214 @@
+"""Incremental snapshots: a RocksDB checkpoint of the working DB on local disk, uploaded
+into the job directory except for the files a completed checkpoint already holds.
+
+SSTs go to shared/ and are referenced again by later checkpoints while RocksDB keeps them.
+RocksDB's OPTIONS file and rocksdict's config are the same bytes in every checkpoint: they
+are shared files too, reused by checksum, not uploaded again per checkpoint and task. The
+small mutable files (MANIFEST, CURRENT) go inside `_metadata`; any larger one to exclusive/.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocksdict import Checkpoint, Rdict
+
+from statehold import layout
+from statehold.backend.engine import (
+    BACKEND_FORMAT,
+    BACKEND_NAME,
+    in_parallel,
+    settle_compactions,
+)
+from statehold.backend.local_snapshots import write_marker
+from statehold.backend.restore import RestoreSource
+from statehold.layout import Scope
+from statehold.metadata import InlineFile, KeyGroupRange, KeyGroupState, StateFile, file_checksum
+from statehold.storage.base import Storage
+
+#: Task files up to this size (RocksDB's MANIFEST and CURRENT) go inside `_metadata`.
+INLINE_MAX_BYTES = 16 * 1024
+#: Non-SST files whose content rarely changes: stored in shared/, reused by checksum.
+_CONTENT_SHARED = re.compile(r"^(OPTIONS-\d+|rocksdict-config\.json)$")
+
+
+@dataclass
+class SnapshotStats:
+    checkpoint_id: int
+    bytes_uploaded: int = 0
+    files_uploaded: int = 0
+    files_reused: int = 0
+    bytes_reused: int = 0
+    #: Total size of all files of this snapshot (uploaded + reused).
+    state_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFile:
+    """A file already in a job directory, which a later checkpoint may reference."""
+
+    storage_uri: str
+    key: str
+    size: int
+    checksum: str
+
+
+@dataclass
+class ReusableFiles:
+    """Uploaded shared files a snapshot references instead of uploading again: SSTs by
+    local name (RocksDB never reuses an SST name with other content), the other shared
+    files by (size, checksum)."""
+
+    by_name: dict[str, RemoteFile] = field(default_factory=dict)
+    by_content: dict[tuple[int, str], RemoteFile] = field(default_factory=dict)
+
+    @classmethod
+    def of_restored(cls, src: RestoreSource) -> ReusableFiles:
+        """The shared files of the checkpoint the working DB was restored from."""
+        storage, metadata_key, kgs = src
+        reusable = cls()
+        for f in kgs.files:
+            if f.scope is Scope.SHARED and f.name and not f.external:
+                key = layout.resolve(metadata_key, f.path)
+                remote = RemoteFile(storage.uri, key, f.size, f.checksum)
+                if f.name.endswith(".sst"):
+                    reusable.by_name[f.name] = remote
+                else:
+                    reusable.by_content[(f.size, f.checksum)] = remote
+        return reusable
+
+
+@dataclass
+class PendingSnapshot:
+    """A local snapshot whose checkpoint is not completed yet: its files become reusable
+    only if it completes (one that aborts may have its uploads deleted)."""
+
+    path: Path
+    files: ReusableFiles
+
+
+def shared_file(name: str) -> bool:
+    """Stored in shared/ (immutable, may be referenced by later checkpoints)."""
+    return name.endswith(".sst") or bool(_CONTENT_SHARED.match(name))
+
+
+def write_snapshot(
+    db: Rdict,
+    snap: Path,
+    storage: Storage,
+    *,
+    operator: str,
+    key_groups: KeyGroupRange,
+    max_parallelism: int,
+    epoch: int,
+    checkpoint_id: int,
+    metadata_key: str,
+    reusable: ReusableFiles,
+    upload_threads: int,
+) -> tuple[KeyGroupState, SnapshotStats, PendingSnapshot]:
+    """Checkpoint `db` into the local directory `snap` and upload what `reusable` does
+    not hold into checkpoint `checkpoint_id` of the job in `storage`. Returns the task
+    state for `_metadata`, the statistics, and the snapshot to confirm once the checkpoint
+    completes. On failure `snap` is deleted."""
+    stats = SnapshotStats(checkpoint_id)
+    try:
+        db.flush(True)
+        settle_compactions(db)
+        Checkpoint(db).create_checkpoint(str(snap))
+        for wal in snap.glob("*.log"):
+            # Writes skip the WAL and the flush above emptied it: RocksDB opens the
+            # checkpoint without it, so it would only cost a file per task and checkpoint.
+            if wal.stat().st_size == 0:
+                wal.unlink()
+        names = sorted(p.name for p in snap.iterdir() if p.is_file())
+        inline = [
+            n for n in names
+            if not shared_file(n) and (snap / n).stat().st_size <= INLINE_MAX_BYTES
+        ]
+        names = [n for n in names if n not in inline]
+        reuse: dict[str, RemoteFile] = {}
+        new: list[str] = []
+        for name in names:
+            old: RemoteFile | None = None
+            if name.endswith(".sst"):
+                old = reusable.by_name.get(name)
+                if old is not None and old.size != (snap / name).stat().st_size:
+                    old = None
+            elif shared_file(name) and reusable.by_content:
+                local = snap / name
+                content = (local.stat().st_size, file_checksum(local))
+                old = reusable.by_content.get(content)
+            if old is not None and old.storage_uri == storage.uri:
+                reuse[name] = old
+            else:
+                new.append(name)
+
+        def upload(name: str) -> RemoteFile:
+            path = snap / name
+            size, checksum = path.stat().st_size, file_checksum(path)
+            if shared_file(name):
+                key = layout.shared_key(epoch, checkpoint_id, hint=name)
+            else:
+                key = layout.exclusive_key(epoch, checkpoint_id, hint=name)
+            storage.upload(path, key)
+            return RemoteFile(storage.uri, key, size, checksum)
+
+        uploaded = dict(zip(new, in_parallel(upload, new, upload_threads), strict=True))
+        files: list[StateFile] = []
+        for name in names:
+            r = reuse.get(name) or uploaded[name]
+            scope = Scope.SHARED if shared_file(name) else Scope.EXCLUSIVE
+            path = layout.relativize(metadata_key, r.key)
+            files.append(
+                StateFile(path=path, scope=scope, size=r.size, checksum=r.checksum, name=name)
+            )
+        stats.files_reused = len(reuse)
+        stats.bytes_reused = sum(r.size for r in reuse.values())
+        stats.files_uploaded = len(uploaded)
+        stats.bytes_uploaded = sum(r.size for r in uploaded.values())
+        inline_files = [InlineFile.of(n, (snap / n).read_bytes()) for n in inline]
+        stats.state_size = stats.bytes_reused + stats.bytes_uploaded
+        everything = reuse | uploaded
+        write_marker(
+            snap,
+            {n: (r.size, r.checksum) for n, r in everything.items()},
+            operator=operator,
+            key_groups=key_groups,
+            checkpoint_id=checkpoint_id,
+            metadata_key=metadata_key,
+        )
+    except BaseException:
+        shutil.rmtree(snap, ignore_errors=True)
+        raise
+    pending = PendingSnapshot(
+        snap,
+        ReusableFiles(
+            {n: r for n, r in everything.items() if n.endswith(".sst")},
+            {
+                (r.size, r.checksum): r
+                for n, r in everything.items()
+                if shared_file(n) and not n.endswith(".sst")
+            },
+        ),
+    )
+    state = KeyGroupState(
+        key_groups=key_groups,
+        files=files,
+        inline=inline_files,
+        info={
+            "backend": BACKEND_NAME,
+            "format": BACKEND_FORMAT,
+            "operator": operator,
+            "max_parallelism": max_parallelism,
+            "epoch": epoch,
+            "checkpoint_id": checkpoint_id,
+            "bytes_uploaded": stats.bytes_uploaded,
+            "files_uploaded": stats.files_uploaded,
+            "files_reused": stats.files_reused,
+            "state_size": stats.state_size,
+        },
+    )
+    return state, stats, pending
