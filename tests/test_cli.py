@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from test_tools import (
+    Job,
     build_job,
     listing,
     refs,
@@ -46,10 +47,14 @@ def assert_error(result: Result, *fragments: str) -> None:
 
 
 @pytest.fixture
-def job(tmp_path: Path) -> tuple[Storage, str]:
-    storage = open_storage(str(tmp_path / "job"))
-    build_job(storage)
-    return storage, str(tmp_path / "job")
+def built(tmp_path: Path) -> Job:
+    """The job of `job`, its attempt still running (a fresh lease) until a test stops it."""
+    return build_job(open_storage(str(tmp_path / "job")))
+
+
+@pytest.fixture
+def job(built: Job, tmp_path: Path) -> tuple[Storage, str]:
+    return built.storage, str(tmp_path / "job")
 
 
 # -- success and --json shape ----------------------------------------------------------
@@ -122,17 +127,28 @@ def test_export_and_verify_the_copy(job: tuple[Storage, str], tmp_path: Path) ->
     assert run("export", path, str(tmp_path / "second")).exit_code == 0
 
 
-def test_dispose(job: tuple[Storage, str]) -> None:
+def test_dispose(job: tuple[Storage, str], built: Job) -> None:
     storage, path = job
     before = listing(storage)
-    assert_error(run("dispose", path + "/chk-3"), "retained", "--force")
+    # changed on purpose: while the attempt runs, a retained checkpoint is refused even
+    # with --force, a chk-N after the newest retained may be in flight, and a whole job is
+    # refused
+    assert_error(run("dispose", path + "/chk-3"), "retained by the running attempt")
+    assert_error(run("dispose", path + "/chk-3", "--force"), "retained by the running attempt")
+    assert_error(run("dispose", path + "/chk-99"), "in flight")
+    assert_error(run("dispose", path, "--force"), "is running")
     assert listing(storage) == before
     doc = run_json("dispose", path + "/savepoints/sp")
     assert doc["kind"] == "savepoint" and doc["deleted"]
     assert not any(k.startswith("savepoints/") for k in listing(storage))
     assert all(run_json("verify", path + "/" + k.rsplit("/", 1)[0])["ok"]
                for k in retained_keys(storage))
+    built.coord.close()  # the attempt stops
+    before = listing(storage)
+    assert_error(run("dispose", path + "/chk-3"), "retained", "--force")
+    assert listing(storage) == before
     assert run("dispose", path + "/chk-99").exit_code == 0
+    assert not any(k.startswith("chk-99/") for k in listing(storage))
     doc = run_json("dispose", path + "/chk-3", "--force")
     assert doc["unpublished"] and retained_keys(storage) == ["chk-4/_metadata",
                                                              "chk-5/_metadata"]
@@ -194,7 +210,8 @@ def test_not_a_job_directory(backend: str, tmp_path: Path, s3_server: Any,
 
 
 @pytest.mark.parametrize("damage", ["truncated", "parent-path", "absolute-path"])
-def test_bad_metadata(job: tuple[Storage, str], tmp_path: Path, damage: str) -> None:
+def test_bad_metadata(job: tuple[Storage, str], built: Job, tmp_path: Path,
+                      damage: str) -> None:
     storage, path = job
     key = "chk-5/_metadata"
     if damage == "truncated":
@@ -211,11 +228,10 @@ def test_bad_metadata(job: tuple[Storage, str], tmp_path: Path, damage: str) -> 
         (["inspect", path], message),
         (["verify", path], message),
         (["diff", path + "/chk-4", path], message),
-        (["du", path], message),
         (["export", path, dest], message),
-        (["dispose", path + "/savepoints/sp"], message),
-        (["dispose", path + "/chk-5", "--force"], message),
-        (["dispose", path + "/chk-5"], "--force"),
+        # changed on purpose: refused first because the attempt runs (retained checkpoint)
+        (["dispose", path + "/chk-5", "--force"], "retained by the running attempt"),
+        (["dispose", path + "/chk-5"], "retained by the running attempt"),
     ]
     for args, expected in cases:
         result = run(*args)
@@ -224,6 +240,28 @@ def test_bad_metadata(job: tuple[Storage, str], tmp_path: Path, damage: str) -> 
         run_json(*args, code=1)
         assert listing(storage) == before, args
         assert not Path(dest).exists()
+    # changed on purpose: the damaged document is quarantined (statehold.policy), not
+    # fatal to du or to disposing something else; its directory and the data files it
+    # names are spared, so only the savepoint's own files go
+    doc = run_json("du", path)
+    assert {c["path"] for c in doc["by_checkpoint"]} == {"chk-3", "chk-4", "savepoints/sp"}
+    assert listing(storage) == before
+    doc = run_json("dispose", path + "/savepoints/sp")
+    assert set(doc["deleted"]) == {k for k in before if k.startswith("savepoints/sp/")}
+    assert listing(storage) == {k: v for k, v in before.items()
+                                if not k.startswith("savepoints/")}
+    built.coord.close()  # the attempt stops
+    before = listing(storage)
+    assert_error(run("dispose", path + "/chk-5"), "retained", "--force")
+    assert listing(storage) == before
+    # changed on purpose: with --force a damaged retained document is disposed of (its
+    # directory only; the data files it may name are left to gc)
+    doc = run_json("dispose", path + "/chk-5", "--force")
+    assert doc["deleted"] == [key] and doc["unpublished"]
+    assert retained_keys(storage) == ["chk-3/_metadata", "chk-4/_metadata"]
+    after = listing(storage)
+    assert {k: v for k, v in after.items() if not k.startswith("_ha/")} == {
+        k: v for k, v in before.items() if not k.startswith("_ha/") and k != key}
 
 
 def test_missing_file(job: tuple[Storage, str], tmp_path: Path) -> None:

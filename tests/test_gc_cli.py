@@ -100,8 +100,9 @@ def test_gc_refuses_an_unknown_ha_store(tmp_path) -> None:  # type: ignore[no-un
     assert listing(storage) == before
 
 
-def _broken_job(tmp_path, damage: str) -> tuple[LocalStorage, set[str]]:  # type: ignore[no-untyped-def]
-    """A stopped job with orphans, then one kind of damage."""
+def _broken_job(tmp_path, damage: str) -> tuple[LocalStorage, set[str], set[str]]:  # type: ignore[no-untyped-def]
+    """A stopped job with orphans, then one kind of damage. Returns the storage, its
+    listing and what the retained checkpoints referenced before the damage."""
     from statehold import layout, metadata
     from statehold.metadata import read_metadata
 
@@ -115,6 +116,7 @@ def _broken_job(tmp_path, damage: str) -> tuple[LocalStorage, set[str]]:  # type
     coord.cleaner.close()
     assert coord.lease is not None
     coord.lease.stop(release=True)
+    needed = referenced_by_retained(storage, coord)
     key = layout.checkpoint_metadata_key(3)
     if damage == "corrupt":
         storage.write(key, storage.read(key)[:-40])
@@ -131,19 +133,42 @@ def _broken_job(tmp_path, damage: str) -> tuple[LocalStorage, set[str]]:  # type
     elif damage == "missing-file":
         victim = sorted(k for k in referenced_by_retained(storage, coord) if "shared/" in k)[0]
         storage.delete_many([victim])
-    return storage, listing(storage)
+    return storage, listing(storage), needed
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "escaping-path", "missing-file"])
-def test_gc_of_a_damaged_job_deletes_nothing(tmp_path, damage: str) -> None:  # type: ignore[no-untyped-def]
-    storage, before = _broken_job(tmp_path, damage)
+def test_gc_of_a_job_missing_a_file_deletes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    storage, before, _ = _broken_job(tmp_path, "missing-file")
     result = runner.invoke(app, ["gc", str(storage.root), "--json"])
     assert result.exit_code == 1, result.output
-    expected = {"corrupt": "not valid JSON", "escaping-path": "leaves the job directory",
-                "missing-file": "missing"}[damage]
-    assert expected in result.stderr
+    assert "missing" in result.stderr
     assert json.loads(result.stdout)["ok"] is False
     assert listing(storage) == before
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "escaping-path"])
+def test_gc_quarantines_a_damaged_document_and_spares_its_files(tmp_path, damage: str) -> None:  # type: ignore[no-untyped-def]
+    # changed on purpose (one deletion policy, statehold.policy): a retained document that
+    # does not verify is quarantined, no longer fatal to gc; its directory and every data
+    # file its text still names are spared, and only the orphans are deleted
+    storage, before, needed = _broken_job(tmp_path, damage)
+    expected = {"corrupt": "not valid JSON", "escaping-path": "leaves the job directory"}[damage]
+    orphans = ours(before) - needed
+    assert orphans  # the in-flight mess of checkpoint 4
+
+    dry = runner.invoke(app, ["gc", str(storage.root), "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "quarantined (its files are spared): chk-3/_metadata" in dry.stdout
+    assert expected in " ".join(dry.stdout.split())
+    assert listing(storage) == before
+
+    result = runner.invoke(app, ["gc", str(storage.root), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert list(report["quarantined"]) == ["chk-3/_metadata"]
+    assert expected in report["quarantined"]["chk-3/_metadata"]
+    assert set(report["orphans"]) == orphans and report["deleted"] == len(orphans)
+    assert listing(storage) == before - orphans
+    assert needed <= listing(storage)
 
 
 def test_status_refuses_what_is_not_a_job_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
