@@ -99,6 +99,8 @@ class Lease:
     ) -> None:
         self.storage = storage
         self.epoch = epoch
+        if not 0 < ttl <= MAX_LEASE_TTL:  # a reader would take a longer one for no lease
+            raise InvalidArgumentError(f"lease ttl must be in (0, {MAX_LEASE_TTL:.0f}] seconds")
         self.ttl = ttl
         self.status = status
         self._last_renewal = 0.0

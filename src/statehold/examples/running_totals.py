@@ -251,8 +251,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument(
         "--ha",
-        default="embedded",
-        help="HA store: embedded (default) or zookeeper://host:port[,host:port]/path",
+        default=None,
+        help="HA store: embedded or zookeeper://host:port[,host:port]/path (default: the "
+        "one the job directory records; embedded for a new job)",
     )
     args = p.parse_args(argv)
     if args.files_per_batch < 1:
