@@ -25,7 +25,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from statehold import layout, signed
-from statehold.errors import StateholdError
+from statehold.errors import InvalidArgumentError, StateholdError
 from statehold.storage.base import NotFoundError, Storage, StorageError
 
 log = logging.getLogger("statehold.lease")
@@ -99,8 +99,10 @@ class Lease:
     ) -> None:
         self.storage = storage
         self.epoch = epoch
-        if not 0 < ttl <= MAX_LEASE_TTL:  # a reader would take a longer one for no lease
-            raise InvalidArgumentError(f"lease ttl must be in (0, {MAX_LEASE_TTL:.0f}] seconds")
+        if not 0 < ttl <= signed.MAX_LEASE_TTL:  # a reader would take a longer one for no lease
+            raise InvalidArgumentError(
+                f"lease ttl must be in (0, {signed.MAX_LEASE_TTL:.0f}] seconds"
+            )
         self.ttl = ttl
         self.status = status
         self._last_renewal = 0.0
