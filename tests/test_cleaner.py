@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from faulty import FaultyStorage
 
-from statehold.cleaner import AsyncCleaner, Discard, SyncCleaner
+from statehold.async_cleaner import AsyncCleaner
+from statehold.cleaner import Discard, SyncCleaner
 from statehold.ha.base import FencedError, HAStoreError
 from statehold.storage import LocalStorage, Storage
 

@@ -9,7 +9,7 @@ import pytest
 from faulty import FaultyStorage
 
 from statehold import layout
-from statehold.cleaner import AsyncCleaner
+from statehold.async_cleaner import AsyncCleaner
 from statehold.coordinator import CheckpointCoordinator, CheckpointError
 from statehold.ha.base import FencedError, HAStoreError
 from statehold.ha.embedded import EmbeddedHAStore

@@ -9,6 +9,11 @@
    are their files handed to the cleaner, as decided by the shared-state registry.
 5. `abort(N)` discards what N uploaded and nothing any other checkpoint references.
 A fenced attempt (FencedError) completes nothing and deletes nothing.
+
+Steps 3 and 5 ask the HA store alone whether N is published (`published.py`). The attempt
+around the lifecycle (`start`: claiming the epoch, loading the retained checkpoints, the
+lease; the background reconcile; `close`) is in `attempt.py`, savepoints and the job end in
+`jobend.py`; the methods here delegate to them, so callers hold one object.
 """
 
 from __future__ import annotations
@@ -21,35 +26,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from statehold import layout
-from statehold.cleaner import AsyncCleaner, Cleaner, Discard
+from statehold import attempt, jobend, layout, published
+from statehold.async_cleaner import AsyncCleaner
+from statehold.cleaner import Cleaner, Discard
 from statehold.errors import StateholdError
 from statehold.ha.base import CheckpointPointer, FencedError, HAStore
-from statehold.jobdir import JobDirectory, open_job
-from statehold.jobresult import (
-    JobOutcome,
-    RetentionPolicy,
-    clear_result,
-    read_result,
-    write_result,
-)
+from statehold.jobdir import JobDirectory
+from statehold.jobresult import JobOutcome, RetentionPolicy
 from statehold.layout import Scope
-from statehold.lease import DEFAULT_TTL, Lease, lease_key
+from statehold.lease import DEFAULT_TTL, Lease
 from statehold.metadata import (
     CheckpointMetadata,
     KeyGroupState,
     Lineage,
-    MetadataError,
     OperatorState,
     decode,
     encode,
-    read_metadata,
-    referenced_keys,
 )
-from statehold.policy import LiveAttempt
-from statehold.reconcile import ReconcilePlan, plan, reconcile
+from statehold.reconcile import ReconcilePlan
 from statehold.registry import SharedStateRegistry
-from statehold.storage.base import AlreadyExistsError, Storage, StorageError
+from statehold.storage.base import Storage
 
 log = logging.getLogger("statehold.coordinator")
 
@@ -69,19 +65,6 @@ class _Pending:
 
 def _scopes(files: Mapping[str, Any]) -> dict[str, Scope]:
     return {key: f.scope for key, f in files.items()}
-
-
-def _clear_result(storage: Storage, attempts: int = 6) -> None:
-    """Remove the job result entry, retrying transient failures a few times (a queued
-    asynchronous delete could remove the entry this attempt writes when it ends)."""
-    for attempt in range(attempts):
-        try:
-            clear_result(storage)
-            return
-        except StorageError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.05 * 2**attempt)
 
 
 class CheckpointCoordinator:
@@ -153,72 +136,11 @@ class CheckpointCoordinator:
         documents and the savepoints' (a damaged savepoint is quarantined, not fatal),
         finish the cleanup of a job that ended dirty, then reconcile the job directory
         in the background while the caller starts processing."""
-        if not isinstance(job, JobDirectory):
-            job = open_job(job, ha, job_id=job_id, create=True)
-        job_id = job.job_id
-        state = job.ha.claim_epoch()
-        holders = job.holders(state)
-        retained: list[tuple[str, CheckpointMetadata]] = []
-        for ptr in state.retained:
-            meta = holders.documents.get(ptr.metadata)
-            if meta is None:
-                why = holders.quarantined.get(ptr.metadata, "unreadable")
-                raise MetadataError(f"retained checkpoint {ptr.metadata}: {why}")
-            if ptr.checksum and meta.checksum != ptr.checksum:
-                raise MetadataError(
-                    f"{job.uri}/{ptr.metadata}: does not match the HA store's pointer "
-                    "(the document was replaced after it was published)"
-                )
-            if meta.job_id != job_id:
-                raise CheckpointError(
-                    f"{job.uri}/{ptr.metadata} belongs to job {meta.job_id!r}, not {job_id!r}"
-                )
-            if meta.max_parallelism != max_parallelism:
-                raise CheckpointError(
-                    f"job {job_id!r} was created with max parallelism {meta.max_parallelism}; "
-                    f"it cannot change (asked for {max_parallelism})"
-                )
-            retained.append((ptr.metadata, meta))
-        for key, why in holders.quarantined.items():
-            log.error("job %s: %s quarantined (its files are spared): %s", job_id, key, why)
-        lineage = retained[-1][1].lineage if retained else None
-        log.info(
-            "job %s: attempt with epoch %d restores from %s",
-            job_id,
-            state.epoch,
-            retained[-1][0] if retained else "nothing (new job)",
+        return attempt.start(
+            cls, job, ha, job_id=job_id, max_parallelism=max_parallelism, retain=retain,
+            cleaner=cleaner, checkpoint_timeout=checkpoint_timeout, lease_ttl=lease_ttl,
+            reconcile_in_background=reconcile_in_background, reconcile_every=reconcile_every,
         )
-        coordinator = cls(
-            job,
-            job_id=job_id,
-            max_parallelism=max_parallelism,
-            epoch=state.epoch,
-            retained=retained,
-            registry=holders.registry(),
-            retain=retain,
-            cleaner=cleaner,
-            checkpoint_timeout=checkpoint_timeout,
-            lineage=lineage,
-            reconcile_every=reconcile_every,
-        )
-        coordinator.spare_all_data = holders.spare_all_data
-        coordinator.lease = Lease(
-            job.storage, state.epoch, lease_ttl, status=coordinator.status
-        ).start()
-        ended = read_result(job.storage)
-        if ended is not None:
-            if ended.state == "dirty":
-                log.info("job %s ended dirty (%s): finishing its cleanup", job_id, ended.outcome)
-                if not coordinator.end(ended.outcome, ended.policy):
-                    coordinator.close()
-                    raise CheckpointError(
-                        f"job {job_id}: the cleanup of its earlier end could not finish "
-                        "(see the cleaner's errors); start again once storage is healthy"
-                    )
-            _clear_result(job.storage)  # started again: the job runs once more
-        if reconcile_in_background:
-            coordinator.start_reconcile()
-        return coordinator
 
     # -- queries ---------------------------------------------------------------------------
     def retained(self) -> list[tuple[str, CheckpointMetadata]]:
@@ -318,7 +240,7 @@ class CheckpointCoordinator:
         except FencedError:
             raise
         except Exception:
-            if not self._listed(checkpoint_id, meta.checksum):
+            if not published.listed(self.ha, self.epoch, checkpoint_id, meta.checksum):
                 raise  # not (known to be) published: the caller aborts N
             log.warning("job %s: publish of %d failed but landed", self.job_id, checkpoint_id)
         # N is completed from here on.
@@ -346,7 +268,7 @@ class CheckpointCoordinator:
             # (and this epoch is current), N may be retained: delete nothing of it and
             # leave it to the reconcile, which trusts only the HA store.
             try:
-                listed = self._listed(checkpoint_id, None)
+                listed = published.listed(self.ha, self.epoch, checkpoint_id, None)
             except Exception:
                 listed = True
             if listed:
@@ -365,87 +287,21 @@ class CheckpointCoordinator:
             )
         )
 
+    # -- attempt and job end (attempt.py, jobend.py) --------------------------------------
     def savepoint(self, name: str) -> CheckpointMetadata:
         """A named, never-subsumed copy of the latest checkpoint: the metadata and the
         checkpoint's exclusive files are copied into ``savepoints/<name>/``; shared files
         are referenced in place and held by the registry until the savepoint is disposed."""
-        latest = self.latest()
-        if latest is None:
-            raise CheckpointError("no completed checkpoint to take a savepoint of")
-        source_key, source = latest
-        target_key = layout.savepoint_metadata_key(name)
-        if self.storage.exists(target_key):
-            raise CheckpointError(f"savepoint {name!r} already exists")
-        operators = []
-        for op in source.operators:
-            ranges = []
-            for kg in op.ranges:
-                files = []
-                for f in kg.files:
-                    if f.external:
-                        files.append(f)
-                        continue
-                    key = layout.resolve(source_key, f.path)
-                    if f.scope is Scope.EXCLUSIVE:
-                        copy_key = f"{layout.savepoint_dir(name)}/{key.rsplit('/', 1)[-1]}"
-                        self.storage.copy(key, copy_key)
-                        key = copy_key
-                    files.append(f.model_copy(update={"path": layout.relativize(target_key, key)}))
-                ranges.append(kg.model_copy(update={"files": files}))
-            operators.append(op.model_copy(update={"ranges": ranges}))
-        meta = source.model_copy(
-            update={
-                "kind": "savepoint",
-                "savepoint_name": name,
-                "operators": operators,
-                "completed_at": time.time(),
-            }
-        )
-        data = encode(meta, target_key)
-        self.storage.create_if_absent(target_key, data)
-        meta = decode(data, target_key)
-        self.registry.register_savepoint(name, _scopes(referenced_keys(meta, target_key)))
-        return meta
+        return jobend.savepoint(self, name)
 
     def start_reconcile(self) -> None:
         """Reconcile the job directory with the HA store in a background thread (unless
         one is still running)."""
-        if self._reconciler is not None and self._reconciler.is_alive():
-            return
-        self._completed_since_reconcile = 0
-        live = LiveAttempt(self.epoch, self._latest_id())
-
-        # Its own cleaner: a reconcile's backlog (100,000 orphans, say) must never count
-        # against the bound that may delay checkpoints.
-        cleaner = AsyncCleaner(self.storage, guard=self.check_epoch)
-
-        def run() -> None:
-            try:
-                self.last_reconcile = reconcile(self.job, cleaner, live)
-                cleaner.wait_idle()
-                log.info(
-                    "job %s: reconcile found %d orphan(s), %d bytes",
-                    self.job_id,
-                    len(self.last_reconcile.orphans),
-                    self.last_reconcile.orphan_bytes,
-                )
-            except FencedError:
-                log.warning("job %s: reconcile stopped: epoch %d fenced", self.job_id, self.epoch)
-            except Exception:
-                log.exception("job %s: reconcile failed; the next attempt retries", self.job_id)
-            finally:
-                cleaner.close()
-
-        self._reconciler = threading.Thread(target=run, name="statehold-reconcile", daemon=True)
-        self._reconciler.start()
+        attempt.start_reconcile(self)
 
     def wait_reconciled(self, timeout: float | None = None) -> bool:
         """Wait for the background reconcile and the discards it handed over."""
-        if self._reconciler is not None:
-            self._reconciler.join(timeout)
-            if self._reconciler.is_alive():
-                return False
-        return self.cleaner.wait_idle(timeout)
+        return attempt.wait_reconciled(self, timeout)
 
     def end(
         self,
@@ -459,60 +315,14 @@ class CheckpointCoordinator:
         With `savepoint`, the newest checkpoint is first kept as that savepoint (which
         no policy deletes). Returns False (entry left dirty, for the next driver to
         finish) if the cleanup could not finish within `timeout`."""
-        self.check_epoch()
-        if savepoint is not None and not self.storage.exists(
-            layout.savepoint_metadata_key(savepoint)
-        ):
-            self.savepoint(savepoint)
-        write_result(self.storage, job_id=self.job_id, epoch=self.epoch, outcome=outcome,
-                     policy=policy, state="dirty")
-        for checkpoint_id in self.pending_ids():
-            self.abort(checkpoint_id, f"job {outcome}")
-        keep = self._retained[-1:] if policy is RetentionPolicy.KEEP_LATEST else []
-        self.ha.publish(self.epoch, [self._pointer(k, m) for k, m in keep])
-        dropped, self._retained = self._retained[: len(self._retained) - len(keep)], keep
-        for _key, old in dropped:
-            self._discard(self.registry.release_checkpoint(old.checkpoint_id))
-        self.wait_reconciled(timeout)
-        # This attempt holds the job's epoch and is ending it: no interrupted HA or job
-        # entry write can be a live one any more, however young.
-        remaining = plan(self.job, None, bookkeeping_grace=0)
-        self._discard(remaining.discard())
-        if policy is RetentionPolicy.DELETE_ALL:
-            self._discard(Discard(dirs=(layout.SPARK_DIR,), reason="job ended: delete-all"))
-        if not self.cleaner.wait_idle(timeout) or plan(
-            self.job, None, bookkeeping_grace=0
-        ).orphans:
-            log.warning("job %s: cleanup unfinished; the entry stays dirty", self.job_id)
-            return False
-        write_result(self.storage, job_id=self.job_id, epoch=self.epoch, outcome=outcome,
-                     policy=policy, state="clean")
-        return True
+        return jobend.end(self, outcome, policy, savepoint=savepoint, timeout=timeout)
 
     def close(self, drain_timeout: float = 30.0) -> None:
         """Give pending discards a bounded chance to finish; what remains is not lost,
         the next attempt's reconcile deletes it."""
-        self.wait_reconciled(drain_timeout)
-        if self.lease is not None:
-            # Released through the cleaner, so a failed delete is retried like any other
-            # (if it still fails, the lease is stale to the next attempt's reconcile).
-            self.lease.stop(release=False)
-            self._discard(Discard(keys=(lease_key(self.epoch),), reason="lease released"))
-            self.cleaner.wait_idle(drain_timeout)
-        self.cleaner.close()
+        attempt.close(self, drain_timeout)
 
     # -- internals -------------------------------------------------------------------------
-    def _listed(self, checkpoint_id: int, checksum: str | None) -> bool:
-        """Does the HA store list checkpoint N (with that document)? FencedError if this
-        epoch is no longer current; the store's own error if it cannot be read."""
-        state = self.ha.read()
-        if state.epoch != self.epoch:
-            raise FencedError(f"epoch {self.epoch} is fenced: current is {state.epoch}")
-        return any(
-            p.checkpoint_id == checkpoint_id and (checksum is None or p.checksum == checksum)
-            for p in state.retained
-        )
-
     @staticmethod
     def _pointer(key: str, meta: CheckpointMetadata) -> CheckpointPointer:
         return CheckpointPointer(meta.checkpoint_id, key, meta.epoch, meta.checksum)
@@ -538,30 +348,8 @@ class CheckpointCoordinator:
             )
 
     def _write_metadata_once(self, metadata_key: str, data: bytes) -> None:
-        """Create ``chk-N/_metadata``. An existing document is replaced only if this or an
-        older epoch wrote it (an aborted try of N, or a crashed attempt's leftover) and
-        the HA store does not list N; a newer attempt's document, or a published one, is
-        never overwritten."""
-        checkpoint_id = layout.parse(metadata_key).checkpoint_id
-        assert checkpoint_id is not None
-        for _ in range(10):
-            try:
-                self.storage.create_if_absent(metadata_key, data)
-                return
-            except AlreadyExistsError:
-                pass
-            try:
-                existing_epoch = read_metadata(self.storage, metadata_key).epoch
-            except MetadataError:
-                existing_epoch = -1  # torn or foreign: not a valid document of anyone
-            if existing_epoch > self.epoch:
-                raise CheckpointError(
-                    f"{metadata_key} was already written by epoch {existing_epoch}"
-                )
-            if self._listed(checkpoint_id, None):  # also FencedError if no longer current
-                raise CheckpointError(f"{metadata_key} is published already; not replaced")
-            self.storage.delete_many([metadata_key])
-        raise CheckpointError(f"could not write {metadata_key}: contention")
+        """Create ``chk-N/_metadata``, never over a newer attempt's or a published one."""
+        published.write_metadata_once(self.storage, self.ha, self.epoch, metadata_key, data)
 
     def _wait_for_backlog(self) -> None:
         """The one place cleanup may delay processing: when the cleaner's backlog passed

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from statehold.cleaner import AsyncCleaner, Cleaner, Discard
+from statehold.async_cleaner import AsyncCleaner
+from statehold.cleaner import Cleaner, Discard
 from statehold.errors import StateholdError
 from statehold.ha.base import FencedError, HAState
 from statehold.jobdir import JobDirectory

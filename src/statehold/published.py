@@ -1,0 +1,55 @@
+"""Is checkpoint N published? Asked of the HA store alone, by an epoch still current.
+
+The HA store is the only record of what is retained, so everything that must never touch a
+published checkpoint asks here: the write-once ``chk-N/_metadata`` (a zombie attempt never
+overwrites the current attempt's document, nor a published one), the settling of a publish
+whose outcome is unknown, and an abort that must not delete a checkpoint that landed.
+"""
+
+from __future__ import annotations
+
+from statehold import layout
+from statehold.ha.base import FencedError, HAStore
+from statehold.metadata import MetadataError, read_metadata
+from statehold.storage.base import AlreadyExistsError, Storage
+
+
+def listed(ha: HAStore, epoch: int, checkpoint_id: int, checksum: str | None) -> bool:
+    """Does the HA store list checkpoint N (with that document)? FencedError if `epoch`
+    is no longer current; the store's own error if it cannot be read."""
+    state = ha.read()
+    if state.epoch != epoch:
+        raise FencedError(f"epoch {epoch} is fenced: current is {state.epoch}")
+    return any(
+        p.checkpoint_id == checkpoint_id and (checksum is None or p.checksum == checksum)
+        for p in state.retained
+    )
+
+
+def write_metadata_once(
+    storage: Storage, ha: HAStore, epoch: int, metadata_key: str, data: bytes
+) -> None:
+    """Create ``chk-N/_metadata``. An existing document is replaced only if this or an
+    older epoch wrote it (an aborted try of N, or a crashed attempt's leftover) and
+    the HA store does not list N; a newer attempt's document, or a published one, is
+    never overwritten."""
+    from statehold.coordinator import CheckpointError  # that module imports this one
+
+    checkpoint_id = layout.parse(metadata_key).checkpoint_id
+    assert checkpoint_id is not None
+    for _ in range(10):
+        try:
+            storage.create_if_absent(metadata_key, data)
+            return
+        except AlreadyExistsError:
+            pass
+        try:
+            existing_epoch = read_metadata(storage, metadata_key).epoch
+        except MetadataError:
+            existing_epoch = -1  # torn or foreign: not a valid document of anyone
+        if existing_epoch > epoch:
+            raise CheckpointError(f"{metadata_key} was already written by epoch {existing_epoch}")
+        if listed(ha, epoch, checkpoint_id, None):  # also FencedError if no longer current
+            raise CheckpointError(f"{metadata_key} is published already; not replaced")
+        storage.delete_many([metadata_key])
+    raise CheckpointError(f"could not write {metadata_key}: contention")
