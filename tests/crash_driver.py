@@ -95,6 +95,7 @@ class MarkedHAStore(HAStore):
 
     def __init__(self, inner: HAStore) -> None:
         self.inner = inner
+        self.uri = getattr(inner, "uri", None)  # the job directory records the real store
 
     def read(self) -> HAState:
         return self.inner.read()

@@ -449,7 +449,7 @@ def test_bad_metadata_is_refused_quarantined_and_spared(
     assert "chk-99/_metadata" in before
     # changed on purpose: with --force a damaged document is disposed of (its directory
     # only; the data files it may name are left to gc). chk-5 first: while it is
-    # quarantined unreadable, the policy also protects chk-99/ (see the xfail below).
+    # quarantined it is a retained checkpoint's document.
     gone = tools.dispose(tools.locate(storage, 5), force=True)
     assert gone.deleted == [key] and gone.unpublished
     assert retained_keys(storage) == ["chk-3/_metadata", "chk-4/_metadata"]
@@ -460,13 +460,11 @@ def test_bad_metadata_is_refused_quarantined_and_spared(
     assert needed - {key} <= set(listing(storage))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "src bug: with an unreadable quarantined document (spare_all_data) policy.judge "
-    "protects every non-temp key, checkpoint folders included, not only data files as "
-    "documented; dispose then says 'in flight in the running attempt' with none running"))
 def test_an_unreadable_quarantined_document_spares_data_not_other_folders(
     storage: Storage,
 ) -> None:
+    """A document no path can be read from spares every data file, not other
+    checkpoints' folders: a stale chk-N/ is still disposed of."""
     job = build_job(storage)
     job.coord.close()
     storage.write("chk-4/_metadata", b"\x00\x01not json")  # retained, quarantined

@@ -34,7 +34,13 @@ from statehold.ha.zookeeper import URI_SCHEME, parse_uri
 from statehold.layout import Kind
 from statehold.metadata import CheckpointMetadata, MetadataError, read_metadata
 from statehold.policy import Holders, load_holders
-from statehold.storage import AlreadyExistsError, NotFoundError, Storage, open_storage
+from statehold.storage import (
+    AlreadyExistsError,
+    LocalStorage,
+    NotFoundError,
+    Storage,
+    open_storage,
+)
 from statehold.storage.base import StorageError, UnsafePathError
 
 OWNER_KEY: Final = f"{layout.JOB_DIR}/owner.json"
@@ -254,6 +260,8 @@ def _kind_of(key: str) -> Kind:
 def require_job_directory(storage: Storage) -> None:
     """Refuse (NotAJobDirectoryError) a location that is not a statehold job directory,
     before anything reads or deletes there."""
+    if isinstance(storage, LocalStorage) and not storage.root.is_dir():
+        raise NotAJobDirectoryError(f"{storage.uri.rstrip('/')}: no such directory")
     try:
         for page in storage.list_pages():
             for info in page:

@@ -214,7 +214,7 @@ def judge(info: FileInfo, view: View, *, disposing: str | None = None) -> Verdic
         return Verdict.FOREIGN
     if any(info.key.startswith(d) for d in view.holders.quarantined_dirs()):
         return Verdict.REFERENCED
-    if view.holders.spare_all_data and parsed.kind is not Kind.TEMP:
+    if view.holders.spare_all_data and parsed.kind in (Kind.SHARED, Kind.EXCLUSIVE):
         return Verdict.PROTECTED
     if _maybe_live(parsed, info, view):
         return Verdict.PROTECTED
