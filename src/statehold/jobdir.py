@@ -331,7 +331,7 @@ def open_job(
                 f"{storage.uri.rstrip('/')} keeps its HA state in _ha/ (embedded), not in "
                 f"{named_uri}: use --ha embedded"
             )
-        if named_uri is None and not evident:
+        if named_uri is None and not evident and not isinstance(ha, HAStore):
             if not create:
                 require_job_directory(storage)
                 raise JobDirectoryError(
