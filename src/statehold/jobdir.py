@@ -326,6 +326,8 @@ def open_job(
     else:
         job_id = job_id or _job_id_of(storage)
         evident = _has_embedded_documents(storage)
+        if not create and not evident:
+            require_job_directory(storage)  # naming a store makes no directory a job's
         if evident and named_uri not in (None, EMBEDDED):
             raise HAStoreMismatchError(
                 f"{storage.uri.rstrip('/')} keeps its HA state in _ha/ (embedded), not in "
@@ -333,7 +335,6 @@ def open_job(
             )
         if named_uri is None and not evident and not isinstance(ha, HAStore):
             if not create:
-                require_job_directory(storage)
                 raise JobDirectoryError(
                     f"{storage.uri.rstrip('/')} does not record its HA store; name it with "
                     "--ha (embedded or zookeeper://host:port/path)"

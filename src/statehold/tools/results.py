@@ -156,6 +156,9 @@ class DiskUsage(_Result):
     unreferenced_sample: list[str]
     #: Referenced files that are not there.
     missing_files: int
+    #: Documents that cannot be verified (key -> why): left out above; gc spares what
+    #: they may name.
+    quarantined: dict[str, str] = {}
 
 
 class ExportReport(_Result):

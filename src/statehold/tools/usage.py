@@ -117,6 +117,7 @@ def _du(job: JobDirectory) -> DiskUsage:
         unreferenced_bytes=sum(sizes[k] for k in unreferenced),
         unreferenced_sample=unreferenced[:100],
         missing_files=missing,
+        quarantined=holders.quarantined,
     )
 
 
