@@ -4,9 +4,16 @@ Every command takes ``--json`` (machine-readable result on stdout, no progress b
 any problem exits non-zero with one line ``statehold: error: ...`` on stderr (and, with
 ``--json``, an ``{"ok": false, "error": ..., "problems": [...]}`` document on stdout).
 
+Human-readable output (`statehold.cli_output`) depends on where it goes. To a terminal:
+rich tables and highlighting, progress bars on stderr, rich ``--help``. To a pipe or a
+file: never wrapped or styled, whatever ``COLUMNS`` says: one line per message, a table
+as a tab-separated header line and one tab-separated line per row, no progress, and
+plain ``--help`` with each paragraph on one line.
+
 Other modules add commands (``gc``, ``state``) without editing this file: a module named
 in `EXTENSIONS` that exists must define ``register(app: typer.Typer) -> None``; it may use
-`handle_errors`, `emit`, `JsonOption` and `RichProgress` from here.
+`handle_errors`, `emit`, `JsonOption` and `RichProgress` from here, and
+`statehold.cli_output` to print.
 """
 
 from __future__ import annotations
@@ -17,24 +24,24 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
-from types import TracebackType
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 from pydantic import BaseModel
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-from rich.progress import Progress as RichBar
-from rich.table import Table
 
 from statehold import tools
+from statehold.cli_output import (
+    UNWRAPPED,
+    PlainWhenPiped,
+    RichProgress,
+    say,
+    show_diff,
+    show_inspection,
+    show_listing,
+    show_problems,
+    show_usage,
+    size,
+)
 from statehold.errors import StateholdError
 from statehold.jobdir import JobDirectory, change_ha_store, open_job
 from statehold.tools import Problem, ToolError
@@ -49,6 +56,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=PlainWhenPiped,
+    context_settings={"terminal_width": UNWRAPPED},
 )
 
 JsonOption = Annotated[
@@ -70,9 +79,6 @@ HaOption = Annotated[
         "store the job directory records; a different one is refused.",
     ),
 ]
-
-console = Console()
-err_console = Console(stderr=True)
 
 
 def _error_line(message: str) -> None:
@@ -120,66 +126,11 @@ def open_job_for(location: str, ha: str | None) -> Iterator[JobDirectory]:
 
 
 def emit(result: BaseModel, as_json: bool, render: Callable[[], None]) -> None:
+    """Print `result` as JSON with ``--json``, else call `render`."""
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:
         render()
-
-
-class RichProgress:
-    """A `tools.Progress` drawn on stderr; disabled (draws nothing) with ``--json``."""
-
-    def __init__(self, enabled: bool) -> None:
-        self._bar = RichBar(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=err_console,
-            transient=True,
-            disable=not enabled,
-        )
-        self._task: Any = None
-
-    def __enter__(self) -> RichProgress:
-        self._bar.__enter__()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._bar.__exit__(exc_type, exc, tb)
-
-    def start(self, description: str, total: int) -> None:
-        self._task = self._bar.add_task(description, total=total)
-
-    def advance(self, amount: int) -> None:
-        if self._task is not None:
-            self._bar.advance(self._task, amount)
-
-
-def _time(ts: float | None) -> str:
-    return datetime.fromtimestamp(ts).isoformat(sep=" ", timespec="seconds") if ts else "-"
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
-def _problems_table(problems: list[Problem]) -> None:
-    table = Table("path", "problem", title="problems", title_justify="left")
-    for p in problems:
-        table.add_row(p.path, p.problem)
-    console.print(table)
 
 
 # -- commands --------------------------------------------------------------------------
@@ -189,25 +140,7 @@ def list_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = No
     with handle_errors(as_json), open_job_for(job_dir, ha) as job:
         result = tools.list_checkpoints(job)
 
-    def render() -> None:
-        table = Table("checkpoint", "status", "epoch", "completed", "files", "bytes", "error")
-        for c in [*result.checkpoints, *result.savepoints]:
-            status = "savepoint" if c.kind == "savepoint" else (
-                "retained" if c.retained else "NOT RETAINED"
-            )
-            table.add_row(
-                c.path,
-                status,
-                str(c.epoch if c.epoch is not None else "-"),
-                _time(c.completed_at),
-                str(c.file_count),
-                _size(c.referenced_bytes),
-                c.error or "",
-            )
-        console.print(f"{result.job_uri} (HA epoch {result.ha_epoch})")
-        console.print(table)
-
-    emit(result, as_json, render)
+    emit(result, as_json, lambda: show_listing(result))
     if result.problems:
         p = result.problems[0]
         n = len(result.problems)
@@ -223,32 +156,7 @@ def inspect_command(
     with handle_errors(as_json), open_job_for(checkpoint, ha) as job:
         result = tools.inspect(tools.locate(job, split_location(checkpoint)[1]))
 
-    def render() -> None:
-        table = Table(show_header=False, box=None)
-        rows = {
-            "job directory": result.job_uri,
-            "metadata": result.metadata_path,
-            "kind": result.kind + (" (retained)" if result.retained else ""),
-            "job id": result.job_id,
-            "checkpoint id": str(result.checkpoint_id),
-            "savepoint": result.savepoint_name or "-",
-            "epoch": str(result.epoch),
-            "created": _time(result.created_at),
-            "completed": _time(result.completed_at),
-            "format version": str(result.format_version),
-            "max parallelism": str(result.max_parallelism),
-            "source position": json.dumps(result.source_position),
-            "lineage": json.dumps(result.lineage) if result.lineage else "-",
-            "operators": ", ".join(result.operators),
-            "files": f"{result.file_count} ({_size(result.total_bytes)})",
-        }
-        for scope, n in sorted(result.bytes_by_scope.items()):
-            rows[f"  {scope}"] = _size(n)
-        for k, v in rows.items():
-            table.add_row(k, v)
-        console.print(table)
-
-    emit(result, as_json, render)
+    emit(result, as_json, lambda: show_inspection(result))
 
 
 @app.command("verify")
@@ -270,12 +178,12 @@ def verify_command(
 
     def render() -> None:
         if result.ok:
-            console.print(
+            say(
                 f"OK {result.job_uri.rstrip('/')}/{result.metadata_path}: "
-                f"{result.files_checked} files, {_size(result.bytes_checked)}"
+                f"{result.files_checked} files, {size(result.bytes_checked)}"
             )
         else:
-            _problems_table(result.problems)
+            show_problems(result.problems)
 
     emit(result, as_json, render)
     if not result.ok:
@@ -296,22 +204,7 @@ def diff_command(
     with handle_errors(as_json):
         result = tools.diff(checkpoint_a, checkpoint_b, ha=ha)
 
-    def render() -> None:
-        table = Table("", "path", "scope", "size")
-        for e in result.added:
-            table.add_row("+", e.path, e.scope.value, _size(e.size))
-        for e in result.removed:
-            table.add_row("-", e.path, e.scope.value, _size(e.size))
-        for e in result.changed:
-            table.add_row("!", e.path, e.scope.value, _size(e.size))
-        console.print(table)
-        console.print(
-            f"added {len(result.added)} files ({_size(result.added_bytes)}), removed "
-            f"{len(result.removed)} ({_size(result.removed_bytes)}), unchanged "
-            f"{result.unchanged_files} ({_size(result.unchanged_bytes)})"
-        )
-
-    emit(result, as_json, render)
+    emit(result, as_json, lambda: show_diff(result))
     if result.changed:
         _error_line(f"{len(result.changed)} file(s) differ in size or checksum under one path")
         raise typer.Exit(1)
@@ -324,27 +217,7 @@ def du_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None
     with handle_errors(as_json), open_job_for(job_dir, ha) as job:
         result = tools.du(job)
 
-    def render() -> None:
-        scopes = Table("scope", "bytes")
-        for scope, n in sorted(result.by_scope.items()):
-            scopes.add_row(scope, _size(n))
-        console.print(scopes)
-        table = Table("checkpoint", "referenced", "exclusive", "shared (attributed)", "total")
-        for c in result.by_checkpoint:
-            table.add_row(
-                c.path + ("" if c.retained or c.kind == "savepoint" else " (not retained)"),
-                _size(c.referenced_bytes),
-                _size(c.exclusive_bytes),
-                _size(c.shared_attributed_bytes),
-                _size(c.attributed_bytes),
-            )
-        console.print(table)
-        console.print(
-            f"total {_size(result.total_bytes)} in {result.total_files} files; unreferenced "
-            f"{_size(result.unreferenced_bytes)} in {result.unreferenced_files} files"
-        )
-
-    emit(result, as_json, render)
+    emit(result, as_json, lambda: show_usage(result))
 
 
 @app.command("export")
@@ -365,9 +238,9 @@ def export_command(
         result = tools.export(source, dest, progress=progress, verify_after=not no_verify)
 
     def render() -> None:
-        console.print(
+        say(
             f"exported {result.source} -> {result.dest.rstrip('/')}/{result.metadata_path}: "
-            f"{result.files_copied} files, {_size(result.bytes_copied)}"
+            f"{result.files_copied} files, {size(result.bytes_copied)}"
             + (", verified" if result.verified else "")
         )
 
@@ -397,8 +270,8 @@ def dispose_command(
 
     def render() -> None:
         verb = "would delete" if result.dry_run else "deleted"
-        console.print(
-            f"{verb} {len(result.deleted)} files ({_size(result.deleted_bytes)}) of "
+        say(
+            f"{verb} {len(result.deleted)} files ({size(result.deleted_bytes)}) of "
             f"{result.job_uri.rstrip('/')}/{result.path}; kept {len(result.kept)} still "
             "referenced"
         )
@@ -428,7 +301,7 @@ def set_ha_command(
         )
 
     def render() -> None:
-        console.print(
+        say(
             f"{result.job_uri}: HA store {result.old_ha} -> {result.new_ha} (epoch "
             f"{result.epoch}, retained {result.retained})"
         )

@@ -11,11 +11,11 @@ from statehold.cli import (
     HaOption,
     JobArg,
     JsonOption,
-    console,
     emit,
     handle_errors,
     open_job_for,
 )
+from statehold.cli_output import say
 from statehold.jobstatus import job_status
 from statehold.reconcile import gc
 
@@ -37,19 +37,19 @@ def gc_command(
 
     def render() -> None:
         verb = "would delete" if dry_run else "deleted"
-        console.print(
+        say(
             f"{report.job_uri}: {verb} {len(report.orphans)} orphan(s), "
             f"{report.orphan_bytes} bytes; kept {report.referenced} referenced file(s)"
         )
         if report.live_epoch is not None:
-            console.print(
+            say(
                 f"a running attempt (epoch {report.live_epoch}) holds "
                 f"{len(report.protected)} in-flight file(s): spared"
             )
         for key in report.foreign:
-            console.print(f"left alone (not made by statehold): {key}")
+            say(f"left alone (not made by statehold): {key}")
         for key, why in report.quarantined.items():
-            console.print(f"quarantined (its files are spared): {key}: {why}")
+            say(f"quarantined (its files are spared): {key}: {why}")
 
     emit(report, as_json, render)
 
@@ -63,21 +63,21 @@ def status_command(
         status = job_status(job.storage, job.ha)
 
     def render() -> None:
-        console.print(f"{status.job_uri}: epoch {status.epoch}, retained {status.retained}")
+        say(f"{status.job_uri}: epoch {status.epoch}, retained {status.retained}")
         if status.running:
             cleaner = status.attempt.get("cleaner", {})
-            console.print(
+            say(
                 f"running (lease renewed {status.lease_age_seconds:.0f}s ago); cleanup "
                 f"backlog {cleaner.get('pending_keys', 0)} file(s) + "
                 f"{cleaner.get('pending_dirs', 0)} dir(s), {cleaner.get('failures', 0)} "
                 "failed attempt(s)"
             )
             for error in cleaner.get("last_errors", [])[-5:]:
-                console.print(f"  {error}")
+                say(f"  {error}")
         else:
-            console.print("no running attempt")
+            say("no running attempt")
         if status.result is not None:
-            console.print(
+            say(
                 f"ended {status.result.outcome} ({status.result.policy}), "
                 f"cleanup {status.result.state}"
             )

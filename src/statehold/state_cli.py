@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 import typer
 from pydantic import BaseModel
 
-from statehold.cli import CheckpointArg, HaOption, JsonOption, console, emit, fail, handle_errors
+from statehold.cli import CheckpointArg, HaOption, JsonOption, emit, fail, handle_errors
+from statehold.cli_output import say
 from statehold.spark.reader import KEY_COLUMN, StateReadError, key_text, locate_state, open_all
 
 _ROWS_PER_GROUP = 50_000
@@ -132,7 +133,7 @@ def state_command(
             fail(f"{out}: {e}", as_json=as_json)
 
     def render() -> None:
-        console.print(
+        say(
             f"{result.checkpoint} ({result.operator}): {result.rows} keys, columns "
             f"{', '.join(result.columns)} -> {result.out} ({len(result.files)} "
             f"{result.format} files)"
