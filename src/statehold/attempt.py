@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from statehold import clock
 from statehold.async_cleaner import AsyncCleaner
-from statehold.cleaner import Cleaner, Discard
+from statehold.cleaner import Cleaner, Discard, Guard
 from statehold.ha.base import FencedError, HAStore
 from statehold.jobdir import JobDirectory, open_job
 from statehold.jobresult import clear_result, read_result
@@ -46,7 +47,7 @@ def _clear_result(storage: Storage, attempts: int = 6) -> None:
         except StorageError:
             if attempt == attempts - 1:
                 raise
-            time.sleep(0.05 * 2**attempt)
+            clock.sleep(0.05 * 2**attempt)
 
 
 def start(
@@ -57,11 +58,12 @@ def start(
     job_id: str | None,
     max_parallelism: int,
     retain: int,
-    cleaner: Cleaner | None,
+    cleaner: Cleaner | Callable[[Guard], Cleaner] | None,
     checkpoint_timeout: float,
     lease_ttl: float,
     reconcile_in_background: bool,
     reconcile_every: int,
+    renew_lease_in_background: bool = True,
 ) -> CheckpointCoordinator:
     """`CheckpointCoordinator.start`: a coordinator of type `cls` for a new attempt."""
     from statehold.coordinator import CheckpointError  # that module imports this one
@@ -117,7 +119,7 @@ def start(
     coordinator.spare_all_data = holders.spare_all_data
     coordinator.lease = Lease(
         job.storage, state.epoch, lease_ttl, status=coordinator.status
-    ).start()
+    ).start(background=renew_lease_in_background)
     ended = read_result(job.storage)
     if ended is not None:
         if ended.state == "dirty":

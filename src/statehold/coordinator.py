@@ -21,14 +21,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from statehold import attempt, jobend, layout, published
+from statehold import attempt, clock, jobend, layout, published
 from statehold.async_cleaner import AsyncCleaner
-from statehold.cleaner import Cleaner, Discard
+from statehold.cleaner import Cleaner, Discard, Guard
 from statehold.errors import StateholdError
 from statehold.ha.base import CheckpointPointer, FencedError, HAStore
 from statehold.jobdir import JobDirectory
@@ -78,7 +77,7 @@ class CheckpointCoordinator:
         retained: list[tuple[str, CheckpointMetadata]],
         registry: SharedStateRegistry,
         retain: int = 3,
-        cleaner: Cleaner | None = None,
+        cleaner: Cleaner | Callable[[Guard], Cleaner] | None = None,
         checkpoint_timeout: float = 600.0,
         backlog_wait: float = 60.0,
         lineage: Lineage | None = None,
@@ -102,7 +101,12 @@ class CheckpointCoordinator:
         self.reconcile_every = reconcile_every
         self.lineage = lineage
         #: Discards run in the background: processing and recovery never wait on them.
-        self.cleaner = cleaner or AsyncCleaner(job.storage, guard=self.check_epoch)
+        #: A factory given instead is called with this attempt's fence as the guard.
+        if cleaner is None:
+            cleaner = AsyncCleaner(job.storage, guard=self.check_epoch)
+        elif not isinstance(cleaner, Cleaner):
+            cleaner = cleaner(self.check_epoch)
+        self.cleaner: Cleaner = cleaner
         self.backlog_wait = backlog_wait
         self._retained = list(retained)
         self._pending: dict[int, _Pending] = {}
@@ -124,22 +128,29 @@ class CheckpointCoordinator:
         job_id: str | None = None,
         max_parallelism: int,
         retain: int = 3,
-        cleaner: Cleaner | None = None,
+        cleaner: Cleaner | Callable[[Guard], Cleaner] | None = None,
         checkpoint_timeout: float = 600.0,
         lease_ttl: float = DEFAULT_TTL,
         reconcile_in_background: bool = True,
         reconcile_every: int = 50,
+        renew_lease_in_background: bool = True,
     ) -> CheckpointCoordinator:
         """Begin a new attempt of the job (a JobDirectory, or a Storage and HA store to
         open one with): claim a higher epoch (fencing every older attempt), read the
         retained checkpoints named by the HA store alone, build the registry from their
         documents and the savepoints' (a damaged savepoint is quarantined, not fatal),
         finish the cleanup of a job that ended dirty, then reconcile the job directory
-        in the background while the caller starts processing."""
+        in the background while the caller starts processing.
+
+        `cleaner`: a Cleaner, or a factory called with this attempt's fence
+        (`check_epoch`) as its guard; default an AsyncCleaner so fenced. With
+        `renew_lease_in_background` False nobody renews the lease but the caller
+        (``coordinator.lease.renew()``), e.g. a deterministic simulation."""
         return attempt.start(
             cls, job, ha, job_id=job_id, max_parallelism=max_parallelism, retain=retain,
             cleaner=cleaner, checkpoint_timeout=checkpoint_timeout, lease_ttl=lease_ttl,
             reconcile_in_background=reconcile_in_background, reconcile_every=reconcile_every,
+            renew_lease_in_background=renew_lease_in_background,
         )
 
     # -- queries ---------------------------------------------------------------------------
@@ -179,7 +190,7 @@ class CheckpointCoordinator:
         self._abort_timed_out()
         self._wait_for_backlog()
         self._aborted.discard(checkpoint_id)
-        self._pending[checkpoint_id] = _Pending(checkpoint_id, time.time())
+        self._pending[checkpoint_id] = _Pending(checkpoint_id, clock.now())
 
     def acknowledge(self, checkpoint_id: int, operator: str, state: KeyGroupState) -> None:
         """A task's report of the files holding its key-group range. A late report for an
@@ -217,7 +228,7 @@ class CheckpointCoordinator:
             checkpoint_id=checkpoint_id,
             epoch=self.epoch,
             created_at=pending.started_at,
-            completed_at=time.time(),
+            completed_at=clock.now(),
             source_position=dict(source_position or {}),
             max_parallelism=self.max_parallelism,
             operators=operators,
@@ -364,7 +375,7 @@ class CheckpointCoordinator:
             self.cleaner.wait_idle(self.backlog_wait)
 
     def _abort_timed_out(self) -> None:
-        now = time.time()
+        now = clock.now()
         for pending in list(self._pending.values()):
             if now - pending.started_at > self.checkpoint_timeout:
                 self.abort(pending.checkpoint_id, "timed out")

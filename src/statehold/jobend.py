@@ -12,10 +12,9 @@ delete, so a driver that dies during the cleanup leaves the next one an entry to
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
-from statehold import layout
+from statehold import clock, layout
 from statehold.cleaner import Discard
 from statehold.jobresult import JobOutcome, RetentionPolicy, write_result
 from statehold.layout import Scope
@@ -63,7 +62,7 @@ def savepoint(coordinator: CheckpointCoordinator, name: str) -> CheckpointMetada
             "kind": "savepoint",
             "savepoint_name": name,
             "operators": operators,
-            "completed_at": time.time(),
+            "completed_at": clock.now(),
         }
     )
     data = encode(meta, target_key)

@@ -8,13 +8,12 @@ in the job directory, ``_job/result.json``, written atomically.
 
 from __future__ import annotations
 
-import time
 from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from statehold import layout, signed
+from statehold import clock, layout, signed
 from statehold.errors import StateholdError
 from statehold.storage.base import NotFoundError, Storage
 
@@ -86,7 +85,7 @@ def write_result(
     state: Literal["dirty", "clean"],
 ) -> JobResult:
     result = JobResult(
-        job_id=job_id, epoch=epoch, outcome=outcome, policy=policy, state=state, at=time.time()
+        job_id=job_id, epoch=epoch, outcome=outcome, policy=policy, state=state, at=clock.now()
     )
     storage.write(RESULT_KEY, result.model_dump_json(indent=1).encode())
     return result

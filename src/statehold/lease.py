@@ -17,14 +17,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
-from statehold import layout, signed
+from statehold import clock, layout, signed
 from statehold.errors import InvalidArgumentError, StateholdError
 from statehold.storage.base import NotFoundError, Storage, StorageError
 
@@ -46,7 +45,7 @@ class LeaseRecord:
     status: dict[str, Any] = field(default_factory=dict)
 
     def alive(self, now: float | None = None) -> bool:
-        return (now if now is not None else time.time()) - self.renewed_at < self.ttl
+        return (now if now is not None else clock.now()) - self.renewed_at < self.ttl
 
 
 class _LeaseDocument(BaseModel):
@@ -111,7 +110,9 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> Lease:
+    def start(self, *, background: bool = True) -> Lease:
+        """Renew once, remove older epochs' leases, then keep renewing every ttl/4 in a
+        background thread (unless `background` is False: then the caller calls `renew`)."""
         self.renew()
         mine = lease_key(self.epoch)
         old = [
@@ -124,12 +125,15 @@ class Lease:
                 self.storage.delete_many(old)
             except StorageError as e:  # harmless: a stale lease vouches for a dead epoch
                 log.warning("could not remove old leases: %s", e)
-        self._thread = threading.Thread(target=self._run, name="statehold-lease", daemon=True)
-        self._thread.start()
+        if background:
+            self._thread = threading.Thread(
+                target=self._run, name="statehold-lease", daemon=True
+            )
+            self._thread.start()
         return self
 
     def renew(self) -> None:
-        now = time.time()
+        now = clock.now()
         record = {
             "epoch": self.epoch,
             "renewed_at": now,
@@ -143,7 +147,7 @@ class Lease:
 
     def is_fresh(self) -> bool:
         """True while the last successful renewal is younger than half the ttl."""
-        return time.time() - self._last_renewal < self.ttl / 2
+        return clock.now() - self._last_renewal < self.ttl / 2
 
     def unbroken_since(self, since: float) -> bool:
         """True if the lease is fresh and never lapsed since `since`: no two renewals

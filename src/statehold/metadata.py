@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from enum import StrEnum
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from statehold import layout, signed
+from statehold import clock, layout, signed
 from statehold.errors import StateholdError
 from statehold.layout import Scope
 from statehold.storage.base import NotFoundError, Storage, UnsafePathError
@@ -139,8 +138,8 @@ class CheckpointMetadata(_Model):
     epoch: signed.Id
     kind: Literal["checkpoint", "savepoint"] = "checkpoint"
     savepoint_name: signed.Name | None = None
-    created_at: signed.Timestamp = Field(default_factory=time.time)
-    completed_at: signed.Timestamp = Field(default_factory=time.time)
+    created_at: signed.Timestamp = Field(default_factory=clock.now)
+    completed_at: signed.Timestamp = Field(default_factory=clock.now)
     #: Where the input stood after this checkpoint (e.g. Spark batch id and offsets).
     source_position: dict[str, Any] = Field(default_factory=dict)
     max_parallelism: signed.MaxParallelism

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from statehold import layout
+from statehold import clock, layout
 from statehold.layout import Kind
 from statehold.metadata import CheckpointMetadata, referenced_keys
 from statehold.registry import SharedStateRegistry
@@ -173,7 +172,7 @@ class View:
     referenced: frozenset[str]
     #: Savepoints whose `_metadata` is present (their other files are leftovers).
     savepoints_with_metadata: frozenset[str] = frozenset()
-    now: float = field(default_factory=time.time)
+    now: float = field(default_factory=clock.now)
     temp_grace: float = TEMP_GRACE_SECONDS
     bookkeeping_grace: float = BOOKKEEPING_TEMP_GRACE_SECONDS
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel
 
 from statehold.async_cleaner import AsyncCleaner
-from statehold.cleaner import Cleaner, Discard
+from statehold.cleaner import Cleaner, Discard, Guard
 from statehold.errors import StateholdError
 from statehold.ha.base import FencedError, HAState
 from statehold.jobdir import JobDirectory
@@ -165,28 +165,40 @@ class GcReport(BaseModel):
     deleted: int
 
 
-def gc(job: JobDirectory, *, dry_run: bool = False, timeout: float = 600.0) -> GcReport:
+def gc(
+    job: JobDirectory,
+    *,
+    dry_run: bool = False,
+    timeout: float = 600.0,
+    cleaner: Callable[[Guard], Cleaner] | None = None,
+) -> GcReport:
     """Reconcile a job directory from outside the job; safe while the job runs (see the
-    module docstring for the protocol)."""
+    module docstring for the protocol). `cleaner` makes the cleaner from the re-check
+    (its guard); default an AsyncCleaner with retries."""
     state = job.state()
     live = live_attempt(job, state)
     result = plan(job, live, state=state)
     deleted = 0
     if not dry_run and result.orphans:
-        cleaner = AsyncCleaner(
-            job.storage,
-            guard=outside_guard(job, state, live),
-            max_attempts=20,
-            initial_delay=0.05,
-            max_delay=5.0,
-            name="statehold-gc",
+        guard = outside_guard(job, state, live)
+        deleting = (
+            cleaner(guard)
+            if cleaner is not None
+            else AsyncCleaner(
+                job.storage,
+                guard=guard,
+                max_attempts=20,
+                initial_delay=0.05,
+                max_delay=5.0,
+                name="statehold-gc",
+            )
         )
         try:
-            cleaner.discard(result.discard())
-            cleaner.wait_idle(timeout)
-            status = cleaner.status()
+            deleting.discard(result.discard())
+            deleting.wait_idle(timeout)
+            status = deleting.status()
         finally:
-            cleaner.close()
+            deleting.close()
         deleted = status.deleted
         if status.fenced:
             raise GcInterruptedError(

@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import random
 import re
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,7 +57,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
-from statehold import signed
+from statehold import clock, signed
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
 from statehold.layout import HA_DIR
 from statehold.storage.base import (
@@ -122,7 +121,7 @@ class PointerDocument(_Model):
     #: Random id of this document; the next document names it as its `parent`.
     nonce: str = Field(pattern=r"^[0-9a-f]{32}$")
     parent: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
-    written_at: signed.Timestamp = Field(default_factory=time.time)
+    written_at: signed.Timestamp = Field(default_factory=clock.now)
     retained: signed.Items[PointerModel] = Field(default_factory=list)
     #: SHA-256 of the canonical document without this field; set by `encode_document`.
     checksum: str = ""
@@ -287,7 +286,7 @@ class EmbeddedHAStore(HAStore):
 
     @staticmethod
     def _backoff(attempt: int) -> None:
-        time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 6))))
+        clock.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 6))))
 
     def claim_epoch(self) -> HAState:
         for attempt in range(MAX_ATTEMPTS):
