@@ -153,9 +153,13 @@ def test_example_on_s3_with_zookeeper(
             report = verify(f"{job_uri}/chk-{pointer.checkpoint_id}", ha=ha,
                             **s3_server.options)
             assert report.ok, report.problems
-        # Without --ha the CLI reads the (empty) embedded store and finds nothing.
-        embedded = run(tmp_path, env, *STATEHOLD, "verify", "--json", job_uri)
+        # Without --ha the CLI uses the store the job directory records (ZooKeeper) ...
+        recorded = run(tmp_path, env, *STATEHOLD, "verify", "--json", job_uri)
+        assert recorded.returncode == 0, recorded.stderr[-2000:]
+        assert json.loads(recorded.stdout)["metadata_path"] == layout.checkpoint_metadata_key(3)
+        # ... and naming another one is refused with the right --ha, not read as empty.
+        embedded = run(tmp_path, env, *STATEHOLD, "verify", "--ha", "embedded", job_uri)
         assert embedded.returncode == 1
-        assert "no retained checkpoint" in embedded.stderr
+        assert "use --ha zookeeper://" in embedded.stderr
     finally:
         ha.close()

@@ -28,7 +28,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -66,8 +65,9 @@ runner = CliRunner()
 #: The running attempt rewrites its own lease (and its temp file) every ttl/4: the only
 #: files a listing of a live job may differ in without anyone deleting anything.
 _LEASE = re.compile(r"^_job/\.?lease-e\d+\.json")
-#: Bound on one CLI command in a real process ("promptly").
-PROMPT = 30.0
+#: A hang guard for one CLI command in a real process (a timeout, not a timed assertion:
+#: a crafted number that made it loop would never finish).
+HANG_GUARD = 120.0
 
 Snap = dict[str, tuple[int, str]]
 
@@ -159,14 +159,11 @@ def refused(result: Result, *fragments: str) -> str:
 
 def real_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """One command as its own process (``python -m statehold.cli``): what a person sees,
-    including any traceback or crash; it must finish within PROMPT seconds."""
-    started = time.monotonic()
+    including any traceback or crash; it must end (HANG_GUARD)."""
     proc = subprocess.run(
         [sys.executable, "-m", "statehold.cli", *args],
-        capture_output=True, text=True, timeout=PROMPT * 2, env={**os.environ, **(env or {})},
+        capture_output=True, text=True, timeout=HANG_GUARD, env={**os.environ, **(env or {})},
     )
-    took = time.monotonic() - started
-    assert took < PROMPT, f"statehold {' '.join(args)} took {took:.1f}s"
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
     return proc
 

@@ -333,7 +333,12 @@ if __name__ != "__main__":  # run as a script, the real module below loads them
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except BrokenPipeError:
+        # `statehold list JOB | head`: the reader left; that is no error worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
 
 
 if __name__ == "__main__":
