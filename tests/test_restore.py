@@ -177,3 +177,25 @@ def test_a_copied_job_directory_resumes_with_exact_results(
     pipeline.close()
     assert_self_contained(copy)
     assert layout.parse(latest_metadata_key(copy)).checkpoint_id == 4
+
+
+@pytest.mark.parametrize("mode", [RestoreMode.NO_CLAIM, RestoreMode.CLAIM])
+def test_a_damaged_source_file_is_refused_before_anything_is_published(
+    two_roots: tuple[Storage, Storage], tmp_path: Path, mode: RestoreMode
+) -> None:
+    """Size and checksum are checked before the new job publishes the checkpoint: a
+    source file with the right size and the wrong bytes stops the restore."""
+    source, target = two_roots
+    build_source(source, tmp_path)
+    source_key = latest_metadata_key(source)
+    victim = next(k for k in referenced_keys(read_metadata(source, source_key), source_key)
+                  if k.startswith("shared/"))
+    data = source.read(victim)
+    source.write(victim, bytes([data[0] ^ 0xFF]) + data[1:])  # same size, other bytes
+
+    with pytest.raises(RestoreError, match="does not match the source checkpoint"):
+        restore_into(source, source_key, target, EmbeddedHAStore(target),
+                     job_id="copy", mode=mode)
+    assert EmbeddedHAStore(target).read().retained == ()  # nothing published
+    assert not any(layout.parse(i.key).kind is layout.Kind.CHECKPOINT_METADATA
+                   for i in target.list())

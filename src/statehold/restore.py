@@ -95,30 +95,31 @@ def restore_into(
         moves.append((key, _target_key(key, f.scope), f))
 
     def bring(item: tuple[str, str, StateFile]) -> int:
+        """Bring one file (unless an interrupted restore already did) and check it: size
+        and checksum, in the pool, so nothing is published unless every file is what the
+        metadata says."""
         src, dst, f = item
         have = target.stat(dst)
-        if have is not None and have.size == f.size:
-            return 0  # already here (an earlier, interrupted restore)
-        try:
-            if mode is RestoreMode.CLAIM:
-                source.move(src, dst, target=target)
-            else:
-                source.copy(src, dst, target=target)
-        except NotFoundError as e:
-            raise RestoreError(f"{source.uri}/{src}: missing, cannot restore: {e}") from e
-        return f.size
+        brought = 0
+        if have is None or have.size != f.size:
+            try:
+                if mode is RestoreMode.CLAIM:
+                    source.move(src, dst, target=target)
+                else:
+                    source.copy(src, dst, target=target)
+            except NotFoundError as e:
+                raise RestoreError(f"{source.uri}/{src}: missing, cannot restore: {e}") from e
+            brought = f.size
+        for key, why in check_stored(target, {dst: f}):
+            raise RestoreError(
+                f"{target.uri}/{key}: does not match the source checkpoint ({why}); "
+                "nothing published"
+            )
+        return brought
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
         moved_bytes = sum(pool.map(bring, moves))
 
-    # Nothing is published until every file is here and is what the metadata says.
-    damaged = check_stored(target, {dst: f for _src, dst, f in moves})
-    if damaged:
-        key, why = damaged[0]
-        raise RestoreError(
-            f"{target.uri}: {len(damaged)} restored file(s) do not match the source "
-            f"checkpoint, first: {key}: {why}; nothing published"
-        )
     epoch = ha.claim_epoch().epoch
     metadata_key = layout.checkpoint_metadata_key(meta.checkpoint_id)
     relocated = _relocate(meta, source_metadata_key, metadata_key, moves)
