@@ -155,6 +155,19 @@ class AsyncCleaner(Cleaner):
         with self._cond:
             return len(self._items) >= self.max_backlog
 
+    def wait_below(self, limit: int, timeout: float | None = None) -> bool:
+        """Wait until fewer than `limit` paths are pending (or the cleaner is fenced or
+        closed): how a caller that streams millions of discards keeps the queue bounded.
+        False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while len(self._items) >= limit and not (self._fenced or self._stopping):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until nothing is pending or in flight. False on timeout, or at once if
         the cleaner is closed with work left."""

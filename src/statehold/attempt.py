@@ -155,7 +155,7 @@ def start_reconcile(coordinator: CheckpointCoordinator) -> None:
             log.info(
                 "job %s: reconcile found %d orphan(s), %d bytes",
                 c.job_id,
-                len(c.last_reconcile.orphans),
+                c.last_reconcile.orphan_count,
                 c.last_reconcile.orphan_bytes,
             )
         except FencedError:

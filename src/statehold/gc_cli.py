@@ -38,13 +38,13 @@ def gc_command(
     def render() -> None:
         verb = "would delete" if dry_run else "deleted"
         say(
-            f"{report.job_uri}: {verb} {len(report.orphans)} orphan(s), "
+            f"{report.job_uri}: {verb} {report.orphan_count} orphan(s), "
             f"{report.orphan_bytes} bytes; kept {report.referenced} referenced file(s)"
         )
         if report.live_epoch is not None:
             say(
                 f"a running attempt (epoch {report.live_epoch}) holds "
-                f"{len(report.protected)} in-flight file(s): spared"
+                f"{report.protected_count} in-flight file(s): spared"
             )
         for key in report.foreign:
             say(f"left alone (not made by statehold): {key}")

@@ -97,11 +97,15 @@ def end(
     c.wait_reconciled(timeout)
     # This attempt holds the job's epoch and is ending it: no interrupted HA or job
     # entry write can be a live one any more, however young.
-    remaining = plan(c.job, None, bookkeeping_grace=0)
-    c._discard(remaining.discard())
+    plan(
+        c.job,
+        None,
+        bookkeeping_grace=0,
+        on_orphans=lambda files: c._discard(Discard(tuple(f.key for f in files), reason="job end")),
+    )
     if policy is RetentionPolicy.DELETE_ALL:
         c._discard(Discard(dirs=(layout.SPARK_DIR,), reason="job ended: delete-all"))
-    if not c.cleaner.wait_idle(timeout) or plan(c.job, None, bookkeeping_grace=0).orphans:
+    if not c.cleaner.wait_idle(timeout) or plan(c.job, None, bookkeeping_grace=0).orphan_count:
         log.warning("job %s: cleanup unfinished; the entry stays dirty", c.job_id)
         return False
     write_result(c.storage, job_id=c.job_id, epoch=c.epoch, outcome=outcome,

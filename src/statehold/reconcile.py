@@ -14,11 +14,14 @@ files of a checkpoint that is then published.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
+from statehold import layout
 from statehold.async_cleaner import AsyncCleaner
 from statehold.cleaner import Cleaner, Discard, Guard
 from statehold.errors import StateholdError
@@ -30,26 +33,75 @@ from statehold.metadata import referenced_keys
 from statehold.policy import LiveAttempt, Verdict, View, judge
 from statehold.storage.base import FileInfo
 
+#: How many keys of each kind a plan or report names (the counts are always complete).
+SAMPLE = 1000
+#: Files per listing page: what a plan holds of the listing at a time.
+PAGE_SIZE = 1000
+#: Orphans handed to a cleaner and not yet deleted before the listing waits for it.
+MAX_IN_FLIGHT = 20_000
+#: Parallel existence checks of the referenced files.
+_STAT_THREADS = 16
+
+#: Called with each page's deletable files, in listing order.
+OnOrphans = Callable[[list[FileInfo]], None]
+
 
 @dataclass
 class ReconcilePlan:
+    """Counts of what the listing held, with a bounded sample of keys of each kind: a
+    plan streams the listing, so its memory does not grow with the number of files."""
+
     scanned: int = 0
     referenced: int = 0
+    #: A sample (the first `SAMPLE` listed) of the deletable files; `orphan_count` counts them all.
     orphans: list[FileInfo] = field(default_factory=list)
+    orphan_count: int = 0
+    orphan_bytes: int = 0
     protected: list[str] = field(default_factory=list)
+    protected_count: int = 0
     foreign: list[str] = field(default_factory=list)
+    foreign_count: int = 0
     #: Documents that cannot be verified (key -> why): their files are spared.
     quarantined: dict[str, str] = field(default_factory=dict)
     live: LiveAttempt | None = None
     #: The HA state the plan was made under.
     state: HAState | None = None
 
-    @property
-    def orphan_bytes(self) -> int:
-        return sum(f.size for f in self.orphans)
+    def add(self, page: Iterable[FileInfo], view: View) -> list[FileInfo]:
+        """Judge one page of the listing by the policy; return its deletable files."""
+        deletable: list[FileInfo] = []
+        for info in page:
+            self.scanned += 1
+            verdict = judge(info, view)
+            if verdict is Verdict.REFERENCED:
+                self.referenced += 1
+            elif verdict is Verdict.FOREIGN:
+                self.foreign_count += 1
+                if len(self.foreign) < SAMPLE:
+                    self.foreign.append(info.key)
+            elif verdict is Verdict.PROTECTED:
+                self.protected_count += 1
+                if len(self.protected) < SAMPLE:
+                    self.protected.append(info.key)
+            elif verdict is Verdict.DELETABLE:
+                deletable.append(info)
+                self.orphan_count += 1
+                self.orphan_bytes += info.size
+                if len(self.orphans) < SAMPLE:
+                    self.orphans.append(info)
+        return deletable
 
-    def discard(self) -> Discard:
-        return Discard(keys=tuple(sorted(f.key for f in self.orphans)), reason="reconcile")
+    def merge(self, other: ReconcilePlan) -> None:
+        """Add the counts and samples of a plan over another part of the listing."""
+        self.scanned += other.scanned
+        self.referenced += other.referenced
+        self.orphan_count += other.orphan_count
+        self.orphan_bytes += other.orphan_bytes
+        self.protected_count += other.protected_count
+        self.foreign_count += other.foreign_count
+        self.orphans.extend(other.orphans[: SAMPLE - len(self.orphans)])
+        self.protected.extend(other.protected[: SAMPLE - len(self.protected)])
+        self.foreign.extend(other.foreign[: SAMPLE - len(self.foreign)])
 
 
 class ReconcileError(StateholdError):
@@ -74,72 +126,112 @@ def live_attempt(job: JobDirectory, state: HAState, now: float | None = None) ->
     return LiveAttempt(state.epoch, latest)
 
 
-def plan(
-    job: JobDirectory,
-    live: LiveAttempt | None,
-    *,
-    state: HAState | None = None,
-    **options: float,
-) -> ReconcilePlan:
-    """List the job directory and ask the policy about every file. `options`: `now`,
-    `temp_grace`, `bookkeeping_grace` (see `policy.View`)."""
-    state = state or job.state()
+def view_for(
+    job: JobDirectory, state: HAState, live: LiveAttempt | None, **options: float
+) -> View:
+    """The policy's view of the job: its holders (verified and quarantined) and the
+    savepoints whose `_metadata` is present (listing ``savepoints/`` only, which is
+    small, so the whole listing need not be held)."""
     holders = job.holders(state)
-    listing = list(job.storage.list())
-    view = View.of(state.epoch, holders, live, listing, **options)
-    # A listing that lacks a file some checkpoint needs (one retained before and after
-    # the listing, so not subsumed meanwhile) is not a listing to delete by.
+    return View.of(state.epoch, holders, live, job.storage.list(layout.SAVEPOINTS_DIR), **options)
+
+
+def check_complete(job: JobDirectory, state: HAState, view: View) -> None:
+    """ReconcileError, before anything is deleted, if a file a checkpoint retained before
+    and after this check references is missing: a directory in that state is not one to
+    delete by. Existence is asked per referenced file (in parallel), not of the whole
+    listing, so the orphans can be streamed and deleted as they are listed."""
+    wanted = sorted(
+        {
+            key
+            for mkey, meta in view.holders.documents.items()
+            if any(p.metadata == mkey for p in state.retained)
+            for key in [mkey, *referenced_keys(meta, mkey)]
+        }
+    )
+    if not wanted:
+        return
+    with ThreadPoolExecutor(min(_STAT_THREADS, len(wanted))) as pool:
+        present = list(pool.map(job.storage.exists, wanted))
+    absent = {k for k, ok in zip(wanted, present, strict=True) if not ok}
+    if not absent:
+        return
     still_retained = set(job.retained_keys())
-    listed = {info.key for info in listing}
     missing = sorted(
         key
-        for mkey, meta in holders.documents.items()
+        for mkey, meta in view.holders.documents.items()
         if mkey in still_retained and any(p.metadata == mkey for p in state.retained)
         for key in [mkey, *referenced_keys(meta, mkey)]
-        if key not in listed
+        if key in absent
     )
     if missing:
         raise ReconcileError(
             f"{job.uri}: {len(missing)} file(s) a retained checkpoint references are "
             f"missing (first: {missing[0]}); nothing deleted — see `statehold verify`"
         )
-    result = ReconcilePlan(quarantined=dict(holders.quarantined), live=live, state=state)
-    for info in listing:
-        result.scanned += 1
-        verdict = judge(info, view)
-        if verdict is Verdict.REFERENCED:
-            result.referenced += 1
-        elif verdict is Verdict.FOREIGN:
-            result.foreign.append(info.key)
-        elif verdict is Verdict.PROTECTED:
-            result.protected.append(info.key)
-        elif verdict is Verdict.DELETABLE:
-            result.orphans.append(info)
+
+
+def plan(
+    job: JobDirectory,
+    live: LiveAttempt | None,
+    *,
+    state: HAState | None = None,
+    on_orphans: OnOrphans | None = None,
+    page_size: int = PAGE_SIZE,
+    **options: float,
+) -> ReconcilePlan:
+    """List the job directory page by page and ask the policy about every file; each
+    page's deletable files go to `on_orphans` as they come (nothing of the listing is
+    kept beyond the counts and samples). `options`: `now`, `temp_grace`,
+    `bookkeeping_grace` (see `policy.View`)."""
+    state = state or job.state()
+    view = view_for(job, state, live, **options)
+    check_complete(job, state, view)
+    result = ReconcilePlan(quarantined=dict(view.holders.quarantined), live=live, state=state)
+    for page in job.storage.list_pages("", page_size):
+        deletable = result.add(page, view)
+        if deletable and on_orphans is not None:
+            on_orphans(deletable)
     return result
+
+
+def feed(cleaner: Cleaner, reason: str = "reconcile") -> OnOrphans:
+    """Hand each page's orphans to `cleaner`, waiting while it holds `MAX_IN_FLIGHT`
+    undeleted (so a listing of millions never queues millions). A cleaner that was
+    fenced stops the listing with FencedError."""
+
+    def take(files: list[FileInfo]) -> None:
+        if isinstance(cleaner, AsyncCleaner):
+            cleaner.wait_below(MAX_IN_FLIGHT)
+            if cleaner.status().fenced:
+                raise FencedError("the cleaner was fenced; the listing stops")
+        cleaner.discard(Discard(keys=tuple(f.key for f in files), reason=reason))
+
+    return take
 
 
 def reconcile(
     job: JobDirectory, cleaner: Cleaner, live: LiveAttempt | None, *, dry_run: bool = False
 ) -> ReconcilePlan:
-    """Plan, then hand the orphans to the cleaner (unless `dry_run`)."""
-    result = plan(job, live)
-    if not dry_run:
-        cleaner.discard(result.discard())
-    return result
+    """Plan, handing the orphans to the cleaner as they are listed (unless `dry_run`)."""
+    return plan(job, live, on_orphans=None if dry_run else feed(cleaner))
 
 
 def outside_guard(
-    job: JobDirectory, planned: HAState, live: LiveAttempt | None
+    job: JobDirectory, planned: HAState | int, live: LiveAttempt | None
 ) -> Callable[[], None]:
     """The re-check an outside writer runs before each delete batch: FencedError (which
-    stops its cleaner) once the job is no longer as it planned under."""
+    stops its cleaner) once the job is no longer as it planned under. `planned` is the
+    HA state (or just its epoch) the plan was made under: plain data, so a Spark
+    executor can rebuild the same guard."""
+    epoch = planned if isinstance(planned, int) else planned.epoch
 
     def guard() -> None:
         state = job.state()
-        if state.epoch != planned.epoch:
+        if state.epoch != epoch:
             raise FencedError(
                 f"a new attempt (epoch {state.epoch}) started during the operation "
-                f"(planned under epoch {planned.epoch})"
+                f"(planned under epoch {epoch})"
             )
         if live is None:
             lease = read_lease(job.storage, state.epoch)
@@ -150,7 +242,8 @@ def outside_guard(
 
 
 class GcReport(BaseModel):
-    """What `statehold gc` found and did."""
+    """What `statehold gc` found and did. The key lists are samples of at most
+    `SAMPLE` keys; the `*_count` fields count every file."""
 
     job_uri: str
     dry_run: bool
@@ -158,11 +251,62 @@ class GcReport(BaseModel):
     scanned: int
     referenced: int
     orphans: list[str]
+    orphan_count: int = 0
     orphan_bytes: int
     protected: list[str]
+    protected_count: int = 0
     foreign: list[str]
+    foreign_count: int = 0
     quarantined: dict[str, str]
     deleted: int
+
+    @classmethod
+    def of(cls, job_uri: str, result: ReconcilePlan, *, dry_run: bool, deleted: int) -> GcReport:
+        return cls(
+            job_uri=job_uri,
+            dry_run=dry_run,
+            live_epoch=result.live.epoch if result.live else None,
+            scanned=result.scanned,
+            referenced=result.referenced,
+            orphans=sorted(f.key for f in result.orphans),
+            orphan_count=result.orphan_count,
+            orphan_bytes=result.orphan_bytes,
+            protected=sorted(result.protected),
+            protected_count=result.protected_count,
+            foreign=sorted(result.foreign),
+            foreign_count=result.foreign_count,
+            quarantined=result.quarantined,
+            deleted=deleted,
+        )
+
+
+def gc_cleaner(job: JobDirectory, guard: Guard) -> Cleaner:
+    """The outside gc's default cleaner: batched, retried, guarded before every batch."""
+    return AsyncCleaner(
+        job.storage,
+        guard=guard,
+        max_attempts=20,
+        initial_delay=0.05,
+        max_delay=5.0,
+        name="statehold-gc",
+    )
+
+
+def settle(job_uri: str, deleting: Cleaner, timeout: float) -> int:
+    """Wait for a gc's cleaner to finish; the number deleted, or GcInterruptedError
+    (fenced: the job changed) / ReconcileError (deletes still failing)."""
+    deleting.wait_idle(timeout)
+    status = deleting.status()
+    if status.fenced:
+        raise GcInterruptedError(
+            f"{job_uri}: gc stopped after deleting {status.deleted} orphan(s): "
+            f"{status.last_errors[-1] if status.last_errors else 'the job changed'}; "
+            "nothing live was deleted, run gc again"
+        )
+    failed = status.retrying_count + status.gave_up + status.pending_keys
+    if failed:
+        raise ReconcileError(f"{job_uri}: {failed} orphan(s) could not be deleted; run gc again")
+    return status.deleted
 
 
 def gc(
@@ -171,59 +315,28 @@ def gc(
     dry_run: bool = False,
     timeout: float = 600.0,
     cleaner: Callable[[Guard], Cleaner] | None = None,
+    page_size: int = PAGE_SIZE,
 ) -> GcReport:
     """Reconcile a job directory from outside the job; safe while the job runs (see the
-    module docstring for the protocol). `cleaner` makes the cleaner from the re-check
-    (its guard); default an AsyncCleaner with retries."""
+    module docstring for the protocol). The listing is streamed: each page's orphans go
+    to the cleaner as they are listed, and the guard runs before every delete batch.
+    `cleaner` makes the cleaner from the re-check (its guard); default `gc_cleaner`."""
     state = job.state()
     live = live_attempt(job, state)
-    result = plan(job, live, state=state)
-    deleted = 0
-    if not dry_run and result.orphans:
-        guard = outside_guard(job, state, live)
-        deleting = (
-            cleaner(guard)
-            if cleaner is not None
-            else AsyncCleaner(
-                job.storage,
-                guard=guard,
-                max_attempts=20,
-                initial_delay=0.05,
-                max_delay=5.0,
-                name="statehold-gc",
-            )
-        )
-        try:
-            deleting.discard(result.discard())
-            deleting.wait_idle(timeout)
-            status = deleting.status()
-        finally:
-            deleting.close()
-        deleted = status.deleted
-        if status.fenced:
-            raise GcInterruptedError(
-                f"{job.uri}: gc stopped after deleting {deleted} orphan(s): "
-                f"{status.last_errors[-1] if status.last_errors else 'the job changed'}; "
-                "nothing live was deleted, run gc again"
-            )
-        failed = status.retrying_count + status.gave_up + status.pending_keys
-        if failed:
-            raise ReconcileError(
-                f"{job.uri}: {failed} orphan(s) could not be deleted; run gc again"
-            )
-    return GcReport(
-        job_uri=job.uri,
-        dry_run=dry_run,
-        live_epoch=live.epoch if live else None,
-        scanned=result.scanned,
-        referenced=result.referenced,
-        orphans=sorted(f.key for f in result.orphans),
-        orphan_bytes=result.orphan_bytes,
-        protected=sorted(result.protected),
-        foreign=sorted(result.foreign),
-        quarantined=result.quarantined,
-        deleted=deleted,
-    )
+    if dry_run:
+        planned = plan(job, live, state=state, page_size=page_size)
+        return GcReport.of(job.uri, planned, dry_run=True, deleted=0)
+    guard = outside_guard(job, state, live)
+    deleting = cleaner(guard) if cleaner is not None else gc_cleaner(job, guard)
+    result: ReconcilePlan | None = None
+    try:
+        with contextlib.suppress(FencedError):  # the cleaner was fenced: `settle` says so
+            result = plan(job, live, state=state, on_orphans=feed(deleting), page_size=page_size)
+        deleted = settle(job.uri, deleting, timeout)
+    finally:
+        deleting.close()
+    assert result is not None
+    return GcReport.of(job.uri, result, dry_run=False, deleted=deleted)
 
 
 def referenced_by_job(job: JobDirectory) -> set[str]:
@@ -237,10 +350,16 @@ __all__ = [
     "LiveAttempt",
     "ReconcileError",
     "ReconcilePlan",
+    "SAMPLE",
+    "check_complete",
+    "feed",
     "gc",
+    "gc_cleaner",
     "live_attempt",
     "outside_guard",
     "plan",
     "reconcile",
     "referenced_by_job",
+    "settle",
+    "view_for",
 ]

@@ -179,6 +179,14 @@ def listing(job: JobDirectory) -> list[FileInfo]:
         raise ToolError(f"{job.uri}: cannot list: {e}") from e
 
 
+def pages(job: JobDirectory) -> Iterator[list[FileInfo]]:
+    """The job directory's listing, page by page (ToolError if it cannot be listed)."""
+    try:
+        yield from job.storage.list_pages()
+    except StorageError as e:
+        raise ToolError(f"{job.uri}: cannot list: {e}") from e
+
+
 def parse(key: str) -> layout.PathInfo:
     from statehold.policy import parse as policy_parse
 

@@ -21,6 +21,7 @@ from statehold.tools.locate import (
     listing,
     one_line,
     opened,
+    pages,
     parse,
     read,
     savepoint_keys,
@@ -206,9 +207,10 @@ def _verify(t: Target, checksums: bool, progress: Progress) -> VerifyReport:
         )
 
     state = t.job.state()
-    for listed in listing(t.job):
-        if listed.symlink:
-            problems.append(Problem(path=listed.key, problem="a symlink (never followed)"))
+    for page in pages(t.job):  # streamed: memory does not grow with the file count
+        for listed in page:
+            if listed.symlink:
+                problems.append(Problem(path=listed.key, problem="a symlink (never followed)"))
     for key, why in t.job.holders(state).quarantined.items():
         if key != t.metadata_key:
             problems.append(Problem(path=key, problem=f"quarantined: {why}"))

@@ -3,6 +3,7 @@ unreferenced."""
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from statehold import layout
@@ -12,7 +13,7 @@ from statehold.layout import Kind
 from statehold.metadata import referenced_keys
 from statehold.policy import Verdict, View, judge
 from statehold.reconcile import live_attempt
-from statehold.tools.locate import TargetLike, kind_of, listing, opened, parse
+from statehold.tools.locate import TargetLike, kind_of, opened, pages, parse
 from statehold.tools.results import CheckpointUsage, DiskUsage
 
 _SCOPE_OF_KIND = {
@@ -46,33 +47,54 @@ def du(
 
 
 def _du(job: JobDirectory) -> DiskUsage:
+    """One streamed pass over the listing: what is kept grows with the referenced files
+    and the holders, never with the orphans (a bounded sample of them is named)."""
     state = job.state()
     holders = job.holders(state)
-    files = listing(job)
-    sizes = {i.key: i.size for i in files}
     retained = {p.metadata for p in state.retained}
-    view = View.of(state.epoch, holders, live_attempt(job, state), files)
-    by_scope: dict[str, int] = {}
-    for info in files:
-        kind = parse(info.key).kind
-        scope = _SCOPE_OF_KIND[kind]
-        by_scope[scope] = by_scope.get(scope, 0) + info.size
+    view = View.of(
+        state.epoch, holders, live_attempt(job, state), job.storage.list(layout.SAVEPOINTS_DIR)
+    )
     order = sorted(holders.documents, key=lambda k: (kind_of(k) == "savepoint", _sort_id(k)))
     exclusive = dict.fromkeys(order, 0)
     shared = dict.fromkeys(order, 0)
     referenced_total = dict.fromkeys(order, 0)
-    owned: set[str] = set()
-    missing = 0
     holders_of: dict[str, list[str]] = {}
     for mkey in order:  # in `order`, so each file's holders are oldest first
         for key in referenced_keys(holders.documents[mkey], mkey):
             holders_of.setdefault(key, []).append(mkey)
+    dirs = [(mkey.rsplit("/", 1)[0] + "/", mkey) for mkey in order]
+    sizes: dict[str, int] = {}  # of the referenced files listed
+    by_scope: dict[str, int] = {}
+    total_files = total_bytes = owned_bytes = 0
+    unreferenced_files = unreferenced_bytes = 0
+    sample: list[str] = []  # the smallest unreferenced keys, sorted
+    for page in pages(job):
+        for info in page:
+            total_files += 1
+            total_bytes += info.size
+            scope = _SCOPE_OF_KIND[parse(info.key).kind]
+            by_scope[scope] = by_scope.get(scope, 0) + info.size
+            if info.key in holders_of:
+                sizes[info.key] = info.size
+                owned_bytes += info.size
+                continue
+            home = next((m for d, m in dirs if info.key.startswith(d)), None)
+            if home is not None:  # a holder's own directory: its _metadata, savepoint copies
+                exclusive[home] += info.size
+                owned_bytes += info.size
+                continue
+            if judge(info, view) in (Verdict.REFERENCED, Verdict.KEPT):
+                continue
+            unreferenced_files += 1
+            unreferenced_bytes += info.size
+            _keep_smallest(sample, info.key, _SAMPLE)
+    missing = 0
     for key, owners in holders_of.items():
         size = sizes.get(key)
         if size is None:
             missing += 1
             continue
-        owned.add(key)
         for o in owners:
             referenced_total[o] += size
         if len(owners) == 1:
@@ -81,17 +103,6 @@ def _du(job: JobDirectory) -> DiskUsage:
             share, rest = divmod(size, len(owners))
             for i, o in enumerate(owners):
                 shared[o] += share + (1 if i < rest else 0)
-    for mkey in order:  # each holder's own directory (its _metadata, savepoint copies)
-        prefix = mkey.rsplit("/", 1)[0] + "/"
-        for info in files:
-            if info.key.startswith(prefix) and info.key not in owned:
-                owned.add(info.key)
-                exclusive[mkey] += info.size
-    unreferenced = sorted(
-        i.key
-        for i in files
-        if i.key not in owned and judge(i, view) not in (Verdict.REFERENCED, Verdict.KEPT)
-    )
     usage = [
         CheckpointUsage(
             kind=kind_of(k),
@@ -108,17 +119,28 @@ def _du(job: JobDirectory) -> DiskUsage:
     ]
     return DiskUsage(
         job_uri=job.uri,
-        total_files=len(files),
-        total_bytes=sum(sizes.values()),
+        total_files=total_files,
+        total_bytes=total_bytes,
         by_scope=by_scope,
         by_checkpoint=usage,
-        referenced_bytes=sum(sizes[k] for k in owned),
-        unreferenced_files=len(unreferenced),
-        unreferenced_bytes=sum(sizes[k] for k in unreferenced),
-        unreferenced_sample=unreferenced[:100],
+        referenced_bytes=owned_bytes,
+        unreferenced_files=unreferenced_files,
+        unreferenced_bytes=unreferenced_bytes,
+        unreferenced_sample=sample,
         missing_files=missing,
         quarantined=holders.quarantined,
     )
+
+
+#: How many unreferenced keys `du` names.
+_SAMPLE = 100
+
+
+def _keep_smallest(sample: list[str], key: str, n: int) -> None:
+    """Keep `sample` the sorted `n` smallest keys seen."""
+    if len(sample) < n or key < sample[-1]:
+        bisect.insort(sample, key)
+        del sample[n:]
 
 
 def _sort_id(metadata_key: str) -> tuple[int, str]:
