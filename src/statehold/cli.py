@@ -48,7 +48,7 @@ from statehold.tools import Problem, ToolError
 from statehold.tools.locate import split_location
 
 #: Modules that add commands, if installed: each defines ``register(app)``.
-EXTENSIONS = ("statehold.gc_cli", "statehold.state_cli")
+EXTENSIONS = ("statehold.gc_cli", "statehold.state_cli", "statehold.history_cli")
 
 app = typer.Typer(
     name="statehold",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from statehold import attempt, clock, jobend, layout, published
+from statehold import attempt, clock, history, jobend, layout, published
 from statehold.async_cleaner import AsyncCleaner
 from statehold.cleaner import Cleaner, Discard, Guard
 from statehold.errors import StateholdError
@@ -109,6 +109,7 @@ class CheckpointCoordinator:
         self.cleaner: Cleaner = cleaner
         self.backlog_wait = backlog_wait
         self._retained = list(retained)
+        self.history = history.Recorder(job.storage, job_id, epoch)
         self._pending: dict[int, _Pending] = {}
         self._aborted: set[int] = set()
         self.lease: Lease | None = None
@@ -261,6 +262,8 @@ class CheckpointCoordinator:
         for _key, old in subsumed:
             self._discard(self.registry.release_checkpoint(old.checkpoint_id))
         log.info("job %s: completed checkpoint %d", self.job_id, checkpoint_id)
+        self.history.record(checkpoint_id, "completed", pending.started_at, pending.acks,
+                            self.cleaner.status(), complete_seconds=clock.now() - meta.completed_at)
         self._completed_since_reconcile += 1
         if self.reconcile_every and self._completed_since_reconcile >= self.reconcile_every:
             self.start_reconcile()
@@ -273,6 +276,8 @@ class CheckpointCoordinator:
             return
         self._aborted.add(checkpoint_id)
         log.warning("job %s: aborting checkpoint %d: %s", self.job_id, checkpoint_id, reason)
+        self.history.record(checkpoint_id, "aborted", pending.started_at, pending.acks,
+                            self.cleaner.status(), reason=reason)
         discard = self.registry.release_checkpoint(checkpoint_id)
         if pending.metadata_written:
             # complete() got to the HA publish. Unless the HA store says N is not listed

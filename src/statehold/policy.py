@@ -11,7 +11,9 @@ end, and `du`'s count of unreferenced bytes. Stated once:
   disposes of it (``statehold dispose --force``).
 * **Kept** (not the checkpoints' to delete): ``_ha/``, ``_job/``, ``_spark/`` and
   ``taskowned/``, except dead bookkeeping: leases of older epochs and, with no attempt
-  running, interrupted writes old enough not to be a starting attempt's claim.
+  running, interrupted writes old enough not to be a starting attempt's claim. The
+  checkpoint history (``_job/history/``) is kept too; only its writer prunes it, the
+  oldest records beyond its bound (`history_to_prune`).
 * **Foreign**: names statehold did not make and symlinks; reported, never deleted.
 * **Protected** (may be live): a savepoint's `_metadata`; with an attempt running, its
   files for checkpoints after the newest retained one (and any ``chk-N/`` after it);
@@ -45,6 +47,9 @@ TEMP_GRACE_SECONDS = 3600.0
 
 _KEPT = {Kind.HA, Kind.JOB, Kind.SPARK, Kind.TASKOWNED}
 _LEASE = re.compile(rf"^{re.escape(layout.JOB_DIR)}/lease-e(?P<epoch>\d+)\.json$")
+_HISTORY = re.compile(
+    rf"^{re.escape(layout.JOB_DIR)}/history/c\d{{16}}-e\d{{16}}-[a-z]+-[0-9a-f]{{8}}\.json$"
+)
 _PATH_FIELD = re.compile(rb'"path"\s*:\s*("(?:[^"\\]|\\.)*")')
 _SAVEPOINT_DIR = re.compile(rf"^{layout.SAVEPOINTS_DIR}/[^/]+$")
 
@@ -285,7 +290,8 @@ def check_discardable(path: str, *, is_dir: bool = False) -> str:
         ok = path == layout.SPARK_DIR or parsed.kind is Kind.CHECKPOINT_OTHER and "/" not in path
         ok = ok or parsed.kind is Kind.UNKNOWN and _SAVEPOINT_DIR.match(path) is not None
     elif parsed.kind in (Kind.HA, Kind.JOB):
-        ok = bool(_LEASE.match(path)) or layout.TEMP_MARKER in path.rsplit("/", 1)[-1]
+        ok = bool(_LEASE.match(path) or _HISTORY.match(path))
+        ok = ok or layout.TEMP_MARKER in path.rsplit("/", 1)[-1]
     else:  # (in the data folders even a name statehold did not make is data)
         ok = parsed.kind in _DISCARDABLE or path.split("/", 1)[0] in (
             layout.SHARED_DIR,
@@ -296,6 +302,19 @@ def check_discardable(path: str, *, is_dir: bool = False) -> str:
     return path
 
 
+def is_history_record(key: str) -> bool:
+    return _HISTORY.match(key) is not None
+
+
+def history_to_prune(keys: Iterable[str], keep: int) -> list[str]:
+    """The history records among `keys` beyond the newest `keep` (names sort by
+    checkpoint id, then epoch): the only `_job/` files deleted besides leases and
+    interrupted writes, each checked here like every other delete."""
+    records = sorted(k for k in keys if is_history_record(k))
+    doomed = records[: max(0, len(records) - keep)]
+    return [check_discardable(k) for k in doomed]
+
+
 __all__ = [
     "BOOKKEEPING_TEMP_GRACE_SECONDS",
     "Holders",
@@ -304,6 +323,8 @@ __all__ = [
     "Verdict",
     "View",
     "check_discardable",
+    "history_to_prune",
+    "is_history_record",
     "judge",
     "load_holders",
     "parse",

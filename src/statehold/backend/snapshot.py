@@ -208,6 +208,7 @@ def write_snapshot(
             "bytes_uploaded": stats.bytes_uploaded,
             "files_uploaded": stats.files_uploaded,
             "files_reused": stats.files_reused,
+            "bytes_reused": stats.bytes_reused,
             "state_size": stats.state_size,
         },
     )

@@ -19,7 +19,9 @@ from statehold.spark.api import (
     TaskStates,
     ValueState,
 )
-from statehold.spark.job import BatchResult, StatefulJob, replace_output
+from statehold.spark.batch import BatchResult
+from statehold.spark.history import read_history_df
+from statehold.spark.job import StatefulJob, replace_output
 from statehold.spark.reader import iter_state, read_state
 from statehold.spark.session import local_session, use_this_python
 from statehold.spark.task import MalformedInputError, state_key
@@ -40,6 +42,7 @@ __all__ = [
     "ValueState",
     "iter_state",
     "local_session",
+    "read_history_df",
     "read_state",
     "replace_output",
     "state_key",

@@ -21,17 +21,18 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statehold import layout
 from statehold.backend.keys import all_ranges, check_max_parallelism
 from statehold.coordinator import CheckpointCoordinator
 from statehold.ha.base import HAStore
+from statehold.history import DEFAULT_KEEP
 from statehold.jobdir import open_job
 from statehold.jobresult import JobOutcome, RetentionPolicy
 from statehold.metadata import CheckpointMetadata, KeyGroupState, RestoreMode
 from statehold.spark.api import BatchFunction, InputFormat, KeyFunction, PhaseHook, Sink
+from statehold.spark.batch import NOTED, BatchResult, batch_figures
 from statehold.spark.task import (
     ACK_COL,
     INTERNAL_COLS,
@@ -50,27 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("statehold.spark")
 
-@dataclass(frozen=True)
-class BatchResult:
-    """What one micro-batch did. `output` is the batch's output DataFrame (materialised)
-    unless the batch was skipped as an already completed replay."""
-
-    checkpoint_id: int
-    skipped: bool
-    duration: float
-    bytes_uploaded: int = 0
-    files_uploaded: int = 0
-    state_size: int = 0
-    rows_in: int = 0
-    keys: int = 0
-    checkpoint_uri: str = ""
-    output: DataFrame | None = None
-    #: the tasks' snapshots (flush, RocksDB checkpoint, uploads), summed over tasks
-    snapshot_seconds: float = 0.0
-    #: the driver's part of the checkpoint: `_metadata` and the HA publish
-    complete_seconds: float = 0.0
-
-
 class StatefulJob:
     """Keyed state for a PySpark pipeline, checkpointed into one job directory.
 
@@ -78,7 +58,8 @@ class StatefulJob:
     the job directory is ``<checkpoints>/<job_id>``. ``max_parallelism`` (the number of key
     groups) is fixed when the job is created; ``parallelism`` (the number of Spark tasks
     owning state) may change between runs. ``retain`` completed checkpoints are kept.
-    ``on_phase`` is told each batch's progress (see `PhaseHook`).
+    ``on_phase`` is told each batch's progress (see `PhaseHook`). The newest `history`
+    checkpoints leave a record in ``_job/history/`` (`statehold.history`).
     """
 
     def __init__(
@@ -98,6 +79,7 @@ class StatefulJob:
         restore_from: str | None = None,
         restore_mode: RestoreMode | str = RestoreMode.NO_CLAIM,
         on_phase: PhaseHook | None = None,
+        history: int = DEFAULT_KEEP,
     ) -> None:
         check_max_parallelism(max_parallelism)
         self.spark = spark
@@ -126,6 +108,7 @@ class StatefulJob:
         self.restore_from = restore_from
         self.restore_mode = RestoreMode(restore_mode)
         self.on_phase = on_phase
+        self.history = history
 
     # -- where things are ----------------------------------------------------------------
     @property
@@ -167,6 +150,7 @@ class StatefulJob:
                 max_parallelism=self.max_parallelism,
                 retain=self.retain,
             )
+            self._coordinator.history.keep = self.history
         return self._coordinator
 
     def latest_checkpoint_id(self) -> int | None:
@@ -220,6 +204,8 @@ class StatefulJob:
             handles = self._check_acks(acks)
             for state in handles:
                 coord.acknowledge(batch_id, self.operator, state)
+            figures = batch_figures(handles, acks)
+            coord.history.note(batch_id, **{k: figures[k] for k in NOTED})
             self._phase("after-tasks", batch_id)
             output = staged.where(staged[ACK_COL].isNull()).drop(ACK_COL)
             if sink is not None:
@@ -237,15 +223,10 @@ class StatefulJob:
             checkpoint_id=batch_id,
             skipped=False,
             duration=time.time() - started,
-            bytes_uploaded=sum(int(h.info.get("bytes_uploaded", 0)) for h in handles),
-            files_uploaded=sum(int(h.info.get("files_uploaded", 0)) for h in handles),
-            state_size=sum(int(h.info.get("state_size", 0)) for h in handles),
-            rows_in=sum(int(json.loads(a).get("rows_in", 0)) for a in acks),
-            keys=sum(int(json.loads(a).get("keys", 0)) for a in acks),
             checkpoint_uri=f"{self.job_dir}/{layout.checkpoint_metadata_key(batch_id)}",
             output=output,
-            snapshot_seconds=sum(float(json.loads(a).get("snapshot_seconds", 0)) for a in acks),
             complete_seconds=complete_seconds,
+            **{k: v for k, v in figures.items() if k != "rows"},
         )
 
     def foreach_batch(

@@ -294,6 +294,8 @@ class StateStage:
                 "keys": n_keys,
                 "seconds": round(time.time() - started, 3),
                 "snapshot_seconds": round(snapshot_seconds, 4),
+                "bytes_downloaded": backend.restore_stats.bytes_downloaded,
+                "files_downloaded": backend.restore_stats.files_downloaded,
             }
         )
         nulls = [pa.nulls(1, f.type) for f in out_schema]

@@ -1,0 +1,60 @@
+"""What one micro-batch did: `BatchResult`, and the figures summed from its tasks'
+reports (for the result, the checkpoint history and the metrics)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from statehold.metadata import KeyGroupState
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one micro-batch did. `output` is the batch's output DataFrame (materialised)
+    unless the batch was skipped as an already completed replay."""
+
+    checkpoint_id: int
+    skipped: bool
+    duration: float
+    bytes_uploaded: int = 0
+    files_uploaded: int = 0
+    state_size: int = 0
+    rows_in: int = 0
+    keys: int = 0
+    checkpoint_uri: str = ""
+    output: DataFrame | None = None
+    #: the tasks' snapshots (flush, RocksDB checkpoint, uploads), summed over tasks
+    snapshot_seconds: float = 0.0
+    #: the driver's part of the checkpoint: `_metadata` and the HA publish
+    complete_seconds: float = 0.0
+    #: files the snapshots kept from the previous checkpoint instead of uploading
+    files_reused: int = 0
+    bytes_reused: int = 0
+    #: what the tasks downloaded to restore (not found in their local snapshots)
+    bytes_downloaded: int = 0
+    files_downloaded: int = 0
+
+
+#: The figures only the tasks' reports carry, noted for the checkpoint history.
+NOTED = ("rows", "keys", "snapshot_seconds", "bytes_downloaded", "files_downloaded")
+
+
+def batch_figures(handles: list[KeyGroupState], acks: list[str]) -> dict[str, Any]:
+    """A batch's figures summed over its tasks (handles: the snapshots' own counts;
+    acks: what the tasks measured around them)."""
+    reports = [json.loads(a) for a in acks]
+    figures: dict[str, Any] = {
+        name: sum(int(h.info.get(name, 0)) for h in handles)
+        for name in ("bytes_uploaded", "files_uploaded", "state_size", "files_reused",
+                     "bytes_reused")
+    }
+    for name in ("rows_in", "keys", "bytes_downloaded", "files_downloaded"):
+        figures[name] = sum(int(r.get(name, 0)) for r in reports)
+    figures["rows"] = figures["rows_in"]
+    figures["snapshot_seconds"] = sum(float(r.get("snapshot_seconds", 0)) for r in reports)
+    return figures
