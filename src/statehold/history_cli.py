@@ -1,7 +1,9 @@
-"""``statehold history``: the checkpoint history of a job directory."""
+"""``statehold history`` (the checkpoint history), ``statehold report --html`` and
+``statehold ui`` (the web view of a job directory)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -52,5 +54,38 @@ def history_command(
     emit(result, as_json, render)
 
 
+def report_command(
+    job_dir: JobArg,
+    html: Annotated[Path, typer.Option("--html", help="Write the web view to this file.")],
+    ha: HaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write the web view of a job directory as one self-contained HTML file (charts of
+    the checkpoint history, retained checkpoints and savepoints, storage, cleanup, verify
+    problems; no network needed to view it)."""
+    from statehold.webview import gather, render_html
+
+    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
+        view = gather(job)
+        html.write_text(render_html(view), encoding="utf-8")
+
+    emit(view.summary(str(html)), as_json, lambda: say(f"wrote {html}"))
+
+
+def ui_command(
+    job_dir: JobArg,
+    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (0: any).")] = 8765,
+    ha: HaOption = None,
+) -> None:
+    """Serve the web view on http://127.0.0.1:PORT/ (built afresh on every load) until
+    interrupted."""
+    from statehold.webview import serve
+
+    with handle_errors(False):
+        serve(job_dir, ha, port, announce=say)
+
+
 def register(app: typer.Typer) -> None:
     app.command("history")(history_command)
+    app.command("report")(report_command)
+    app.command("ui")(ui_command)
