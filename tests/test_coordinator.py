@@ -15,7 +15,6 @@ from statehold.ha.base import FencedError, HAStoreError
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.jobdir import OWNER_KEY
 from statehold.layout import Kind, Scope
-from statehold.policy import is_history_record
 from statehold.metadata import (
     KeyGroupRange,
     KeyGroupState,
@@ -24,6 +23,7 @@ from statehold.metadata import (
     read_metadata,
     referenced_keys,
 )
+from statehold.policy import is_history_record
 from statehold.storage import Storage
 
 MAX_PARALLELISM = 8
