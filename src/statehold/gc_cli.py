@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,11 +16,38 @@ from statehold.cli import (
     open_job_for,
 )
 from statehold.cli_output import say
+from statehold.errors import StateholdError
+from statehold.jobdir import open_job
 from statehold.jobstatus import job_status
-from statehold.reconcile import gc
+from statehold.reconcile import GcAllReport, GcReport, gc, job_locations
+from statehold.tools.locate import split_location
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Report what would be deleted; delete nothing.")
+]
+
+
+SparkOption = Annotated[
+    bool,
+    typer.Option(
+        "--spark",
+        help="List and delete on Spark executors (by prefix); the driver only plans.",
+    ),
+]
+MasterOption = Annotated[
+    str | None,
+    typer.Option("--master", help="Spark master for --spark (default: Spark's own setting)."),
+]
+AllJobsOption = Annotated[
+    bool,
+    typer.Option(
+        "--all-jobs",
+        help="JOB_DIR is a checkpoint root: gc every job directory right under it, each "
+        "with its own recorded HA store.",
+    ),
 ]
 
 
@@ -28,30 +55,92 @@ def gc_command(
     job_dir: JobArg,
     dry_run: DryRunOption = False,
     ha: HaOption = None,
+    spark: SparkOption = False,
+    master: MasterOption = None,
+    all_jobs: AllJobsOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Delete every file no retained checkpoint or savepoint references. Safe while the
     job runs: files of its in-flight checkpoints are spared while its lease is fresh."""
-    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
-        report = gc(job, dry_run=dry_run)
+    if all_jobs:
+        _gc_all(job_dir, dry_run=dry_run, spark=spark, master=master, as_json=as_json)
+        return
+    with handle_errors(as_json):
+        if spark:
+            job_uri, _ref = split_location(job_dir)
+            report = _spark_gc(_session(master), job_uri, ha=ha, dry_run=dry_run)
+        else:
+            with open_job_for(job_dir, ha) as job:
+                report = gc(job, dry_run=dry_run)
+    emit(report, as_json, lambda: _render(report))
+
+
+def _render(report: GcReport) -> None:
+    verb = "would delete" if report.dry_run else "deleted"
+    say(
+        f"{report.job_uri}: {verb} {report.orphan_count} orphan(s), "
+        f"{report.orphan_bytes} bytes; kept {report.referenced} referenced file(s)"
+    )
+    if report.live_epoch is not None:
+        say(
+            f"a running attempt (epoch {report.live_epoch}) holds "
+            f"{report.protected_count} in-flight file(s): spared"
+        )
+    for key in report.foreign:
+        say(f"left alone (not made by statehold): {key}")
+    if report.foreign_count > len(report.foreign):
+        say(f"... and {report.foreign_count - len(report.foreign)} more left alone")
+    for key, why in report.quarantined.items():
+        say(f"quarantined (its files are spared): {key}: {why}")
+
+
+def _session(master: str | None) -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    from statehold.spark.session import use_this_python
+
+    use_this_python()
+    builder = SparkSession.builder.appName("statehold-gc")
+    if master:
+        builder = builder.master(master)
+    return builder.getOrCreate()
+
+
+def _spark_gc(session: SparkSession, location: str, *, ha: str | None, dry_run: bool) -> GcReport:
+    from statehold.spark.gc import gc_on_spark
+
+    return gc_on_spark(session, location, ha=ha, dry_run=dry_run)
+
+
+def _gc_all(root: str, *, dry_run: bool, spark: bool, master: str | None, as_json: bool) -> None:
+    """Each job under `root` with its own recorded HA store; one failing job does not
+    stop the others, and makes the exit status 1."""
+    with handle_errors(as_json):
+        locations = job_locations(root)
+    session = _session(master) if spark and locations else None
+    reports: list[GcReport] = []
+    errors: dict[str, str] = {}
+    for location in locations:
+        try:
+            if session is not None:
+                reports.append(_spark_gc(session, location, ha=None, dry_run=dry_run))
+            else:
+                with open_job(location) as job:
+                    reports.append(gc(job, dry_run=dry_run))
+        except StateholdError as e:
+            errors[location] = " ".join(str(e).split())
+    result = GcAllReport(root=root, jobs=reports, errors=errors)
 
     def render() -> None:
-        verb = "would delete" if dry_run else "deleted"
-        say(
-            f"{report.job_uri}: {verb} {report.orphan_count} orphan(s), "
-            f"{report.orphan_bytes} bytes; kept {report.referenced} referenced file(s)"
-        )
-        if report.live_epoch is not None:
-            say(
-                f"a running attempt (epoch {report.live_epoch}) holds "
-                f"{report.protected_count} in-flight file(s): spared"
-            )
-        for key in report.foreign:
-            say(f"left alone (not made by statehold): {key}")
-        for key, why in report.quarantined.items():
-            say(f"quarantined (its files are spared): {key}: {why}")
+        for report in reports:
+            _render(report)
+        for location, error in errors.items():
+            say(f"{location}: error: {error}")
+        say(f"{root}: {len(reports)} job(s) collected, {len(errors)} failed")
 
-    emit(report, as_json, render)
+    emit(result, as_json, render)
+    if errors:
+        raise typer.Exit(1)
 
 
 def status_command(

@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -31,6 +32,7 @@ from statehold.jobresult import read_result
 from statehold.lease import read_lease
 from statehold.metadata import referenced_keys
 from statehold.policy import LiveAttempt, Verdict, View, judge
+from statehold.storage import open_storage
 from statehold.storage.base import FileInfo
 
 #: How many keys of each kind a plan or report names (the counts are always complete).
@@ -339,12 +341,39 @@ def gc(
     return GcReport.of(job.uri, result, dry_run=False, deleted=deleted)
 
 
+#: Top-level directories that make a directory a job directory.
+_JOB_MARKS = (layout.HA_DIR, layout.JOB_DIR, layout.SAVEPOINTS_DIR)
+
+
+def job_locations(root: str, **storage_options: Any) -> list[str]:
+    """The job directories immediately under a checkpoint root (each holds ``_ha/``,
+    ``_job/``, ``savepoints/`` or a ``chk-N/``), as locations to open one by one."""
+    storage = open_storage(root, **storage_options)
+    found: list[str] = []
+    for sub in storage.list_top("")[0]:
+        dirs, _ = storage.list_top(sub)
+        names = {d.rsplit("/", 1)[-1] for d in dirs}
+        if names & set(_JOB_MARKS) or any(n.startswith("chk-") for n in names):
+            found.append(f"{root.rstrip('/')}/{sub}")
+    return found
+
+
+class GcAllReport(BaseModel):
+    """`statehold gc ROOT --all-jobs`: one report per job, and the jobs that failed
+    (location -> error); each job was collected with its own recorded HA store."""
+
+    root: str
+    jobs: list[GcReport]
+    errors: dict[str, str]
+
+
 def referenced_by_job(job: JobDirectory) -> set[str]:
     """Every key a retained checkpoint or a savepoint needs, its `_metadata` included."""
     return job.holders(job.state()).referenced()
 
 
 __all__ = [
+    "GcAllReport",
     "GcInterruptedError",
     "GcReport",
     "LiveAttempt",
@@ -355,6 +384,7 @@ __all__ = [
     "feed",
     "gc",
     "gc_cleaner",
+    "job_locations",
     "live_attempt",
     "outside_guard",
     "plan",

@@ -89,6 +89,11 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
+#: Files of one directory level, and what `Storage.list_top` returns (directories, files).
+Files = list[FileInfo]
+Top = tuple[list[str], Files]
+
+
 class Storage(abc.ABC):
     """Files under one root. Implementations: LocalStorage, S3Storage."""
 
@@ -109,6 +114,23 @@ class Storage(abc.ABC):
     def list(self, prefix: str = "") -> Iterator[FileInfo]:
         for page in self.list_pages(prefix):
             yield from page
+
+    def list_top(self, prefix: str = "") -> Top:
+        """One level under the directory `prefix`: the keys of its subdirectories (no
+        trailing '/') and its own files. How a listing is split by prefix (a Spark gc, a
+        gc over a checkpoint root); backends override this full-listing default with a
+        one-level one."""
+        base = check_prefix(prefix).rstrip("/")
+        start = len(base) + 1 if base else 0
+        dirs: dict[str, None] = {}
+        files: Files = []
+        for info in self.list(base):
+            head, sep, _ = info.key[start:].partition("/")
+            if sep:
+                dirs[info.key[:start] + head] = None
+            else:
+                files.append(info)
+        return sorted(dirs), files
 
     @abc.abstractmethod
     def stat(self, key: str) -> FileInfo | None:

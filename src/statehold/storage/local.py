@@ -169,6 +169,28 @@ class LocalStorage(Storage):
         if page:
             yield page
 
+    def list_top(self, prefix: str = "") -> tuple[list[str], list[FileInfo]]:
+        """See Storage: one `scandir`. A link is listed as a file (never descended)."""
+        prefix = check_prefix(prefix).rstrip("/")
+        rel = prefix + "/" if prefix else ""
+        dirs: list[str] = []
+        files: list[FileInfo] = []
+        try:
+            with os.scandir(self._dir(prefix)) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        dirs.append(rel + entry.name)
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    link = stat.S_ISLNK(st.st_mode)
+                    files.append(FileInfo(rel + entry.name, st.st_size, st.st_mtime, link))
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        return sorted(dirs), files
+
     def stat(self, key: str) -> FileInfo | None:
         """See Storage. A key through a symlink raises UnsafePathError rather than
         returning None: "missing" would mislead verify and restore, and a caller that

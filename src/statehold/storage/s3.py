@@ -178,6 +178,15 @@ class S3Storage(Storage):
                 if page:
                     yield page
 
+    def list_top(self, prefix: str = "") -> tuple[list[str], list[FileInfo]]:
+        """See Storage: one delimited listing (``CommonPrefixes``)."""
+        prefix = check_prefix(prefix).rstrip("/")
+        full = self._full(prefix) if prefix else self.prefix
+        with self._errors(prefix):
+            found = obstore.list_with_delimiter(self._store, full or None)
+        dirs = sorted(self._relative(p) for p in found["common_prefixes"])
+        return dirs, [self._info(meta) for meta in found["objects"]]
+
     def _info(self, meta: ObjectMeta) -> FileInfo:
         return FileInfo(self._relative(meta["path"]), meta["size"], _mtime(meta["last_modified"]))
 

@@ -1,0 +1,324 @@
+"""Maintenance at scale: gc, du and verify over many files, on local disk and S3 (moto).
+
+    python bench/maintenance.py                          # 1,000,000 local, 100,000 on S3
+    python bench/maintenance.py --files 20000 --s3-files 2000 --no-spark   # a smoke run
+
+Local disk: a job directory with `--files` orphans in ``shared/`` beside a live job (a
+running coordinator: three completed checkpoints and a fourth in flight, its lease
+renewed throughout). An identical tree of the same file names is deleted with
+``find DIR -type f -delete`` in the same run; then ``statehold gc`` runs as a child
+process. Reported: gc time over find time, files per second, and the child's peak RSS
+(``wait4``'s ``ru_maxrss``) of gc, du and verify. Afterwards every live file is checked
+by listing and the in-flight checkpoint must complete.
+
+S3 (moto, in this process): `--s3-files` orphans beside a live job; gc's bulk deletes
+(DeleteObjects, 1,000 keys a request) against one DELETE per object (measured on a
+sample), and the local gc against ``statehold gc --spark`` on ``local-cluster[2,1,1024]``
+(its wall time includes starting Spark).
+
+Prints one JSON document (also written to `--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from statehold import layout
+from statehold.coordinator import CheckpointCoordinator
+from statehold.jobdir import open_job
+from statehold.layout import Scope
+from statehold.metadata import KeyGroupRange, KeyGroupState, StateFile, bytes_checksum
+from statehold.storage import Storage, open_storage
+
+RANGES = [KeyGroupRange(start=0, end=3), KeyGroupRange(start=4, end=7)]
+SPARK_MASTER = "local-cluster[2,1,1024]"
+
+
+def snapshot(
+    storage: Storage, coord: CheckpointCoordinator, n: int, kg: KeyGroupRange
+) -> KeyGroupState:
+    """One task's checkpoint: a new shared file and an exclusive one."""
+    metadata_key = layout.checkpoint_metadata_key(n)
+    files = []
+    for scope, key in (
+        (Scope.SHARED, layout.shared_key(coord.epoch, n, f"kg{kg.start}")),
+        (Scope.EXCLUSIVE, layout.exclusive_key(coord.epoch, n, "manifest")),
+    ):
+        data = os.urandom(64)
+        storage.write(key, data)
+        files.append(
+            StateFile(path=layout.relativize(metadata_key, key), scope=scope, size=len(data),
+                      checksum=bytes_checksum(data))
+        )
+    return KeyGroupState(key_groups=kg, files=files)
+
+
+def live_job(storage: Storage) -> CheckpointCoordinator:
+    """A running attempt: checkpoints 1-3 completed, 4 begun with its uploads done."""
+    coord = CheckpointCoordinator.start(
+        open_job(storage, "embedded", job_id="job", create=True), max_parallelism=8, retain=2
+    )
+    coord.wait_reconciled(60)
+    for n in (1, 2, 3, 4):
+        coord.begin(n)
+        for kg in RANGES:
+            coord.acknowledge(n, "agg", snapshot(storage, coord, n, kg))
+        if n < 4:
+            coord.complete(n, {"batch_id": n})
+    coord.cleaner.wait_idle(60)  # checkpoint 1, subsumed, is gone: the rest is live
+    return coord
+
+
+def orphan_names(epoch: int, count: int) -> Iterator[str]:
+    """Data-file names of finished checkpoints (1-3) nobody references: deletable."""
+    for i in range(count):
+        yield f"e{epoch}-c{1 + i % 3}-{i:016x}"
+
+
+def make_files(directory: Path, names: Iterator[str]) -> int:
+    directory.mkdir(parents=True, exist_ok=True)
+    fd_dir = os.open(directory, os.O_RDONLY)
+    count = 0
+    try:
+        for name in names:
+            os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd_dir))
+            count += 1
+    finally:
+        os.close(fd_dir)
+    return count
+
+
+def count_files(root: Path) -> int:
+    return sum(len(files) for _, _, files in os.walk(root))
+
+
+def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run a child to completion with `wait4`: wall time and its own peak RSS (MB)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        result = {
+            "seconds": round(elapsed, 3),
+            "peak_mb": round(usage.ru_maxrss / 1024, 1),
+            "rc": proc.returncode,
+            "stdout": out.read().decode(),
+            "stderr": err.read().decode()[-2000:],
+        }
+    if result["rc"] != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({result['rc']}): {result['stderr']}")
+    return result
+
+
+def statehold(*args: str) -> list[str]:
+    return [sys.executable, "-m", "statehold", *args]
+
+
+def check_live(storage: Storage, coord: CheckpointCoordinator, live_before: set[str]) -> None:
+    """Every file the live job had is still listed, and checkpoint 4 completes."""
+    listed = {i.key for i in storage.list()}
+    lost = live_before - listed
+    if lost:
+        raise SystemExit(f"gc deleted live files: {sorted(lost)[:5]}")
+    coord.complete(4, {"batch_id": 4})
+
+
+def bench_local(work: Path, files: int) -> dict[str, Any]:
+    job_dir = work / "job"
+    storage = open_storage(str(job_dir))
+    coord = live_job(storage)
+    try:
+        live_before = {i.key for i in storage.list()}
+        t = time.perf_counter()
+        make_files(job_dir / layout.SHARED_DIR, orphan_names(coord.epoch, files))
+        build = time.perf_counter() - t
+        twin = work / "find-tree"
+        make_files(twin / layout.SHARED_DIR, orphan_names(coord.epoch, files))
+        for name in live_before:  # the live job's few files too: an identical tree
+            (twin / name).parent.mkdir(parents=True, exist_ok=True)
+            (twin / name).write_bytes((job_dir / name).read_bytes())
+        du = run_measured(statehold("du", str(job_dir), "--json"))
+        verify = run_measured(statehold("verify", str(job_dir), "--json"))
+        find = run_measured(["find", str(twin), "-type", "f", "-delete"])
+        gc = run_measured(statehold("gc", str(job_dir), "--json"))
+        report = json.loads(gc["stdout"])
+        check_live(storage, coord, live_before)
+        left = count_files(job_dir / layout.SHARED_DIR)
+    finally:
+        coord.close()
+    deleted = report["deleted"]
+    if deleted != files:
+        raise SystemExit(f"gc deleted {deleted} of {files} orphans")
+    return {
+        "files": files,
+        "build_seconds": round(build, 1),
+        "find_delete_seconds": find["seconds"],
+        "gc_seconds": gc["seconds"],
+        "gc_over_find": round(gc["seconds"] / find["seconds"], 2),
+        "gc_files_per_second": round(files / gc["seconds"]),
+        "find_files_per_second": round(files / find["seconds"]),
+        "gc_peak_mb": gc["peak_mb"],
+        "du_seconds": du["seconds"],
+        "du_peak_mb": du["peak_mb"],
+        "verify_seconds": verify["seconds"],
+        "verify_peak_mb": verify["peak_mb"],
+        "live_files_kept": len(live_before),
+        "shared_files_left": left,
+    }
+
+
+@contextmanager
+def moto() -> Iterator[dict[str, str]]:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ALLOW_HTTP": "true",
+    }
+    boto3.client(
+        "s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
+        aws_secret_access_key="testing", region_name="us-east-1",
+    ).create_bucket(Bucket="bench")
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+def put_many(storage: Storage, keys: list[str]) -> None:
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: storage.write(k, b""), keys))
+
+
+def s3_gc(uri: str, files: int, spark: bool, env: dict[str, str]) -> dict[str, Any]:
+    storage = open_storage(uri)
+    coord = live_job(storage)
+    try:
+        live_before = {i.key for i in storage.list()}
+        names = [f"{layout.SHARED_DIR}/{n}" for n in orphan_names(coord.epoch, files)]
+        t = time.perf_counter()
+        put_many(storage, names)
+        build = time.perf_counter() - t
+        args = ["gc", uri, "--json"]
+        if spark:
+            args += ["--spark", "--master", SPARK_MASTER]
+        run = run_measured(statehold(*args), env={**os.environ, **env})
+        report = json.loads(run["stdout"])
+        check_live(storage, coord, live_before)
+    finally:
+        coord.close()
+    if report["deleted"] != files:
+        raise SystemExit(f"S3 gc deleted {report['deleted']} of {files}")
+    return {
+        "seconds": run["seconds"],
+        "files_per_second": round(files / run["seconds"]),
+        "peak_mb": run["peak_mb"],
+        "build_seconds": round(build, 1),
+    }
+
+
+def bench_s3(files: int, per_object_sample: int, spark: bool) -> dict[str, Any]:
+    with moto() as env:
+        result: dict[str, Any] = {"files": files}
+        result["gc"] = s3_gc("s3://bench/local-job", files, False, env)
+        # one DELETE per object, on a sample
+        storage = open_storage("s3://bench/per-object")
+        keys = [f"{layout.SHARED_DIR}/{n}" for n in orphan_names(1, per_object_sample)]
+        put_many(storage, keys)
+        t = time.perf_counter()
+        for key in keys:
+            storage.delete_many([key])
+        per_object = per_object_sample / (time.perf_counter() - t)
+        put_many(storage, keys)
+        t = time.perf_counter()
+        storage.delete_many(keys)
+        bulk = per_object_sample / (time.perf_counter() - t)
+        result["per_object_files_per_second"] = round(per_object)
+        result["bulk_files_per_second_same_sample"] = round(bulk)
+        result["bulk_over_per_object"] = round(bulk / per_object, 1)
+        result["gc_over_per_object"] = round(result["gc"]["files_per_second"] / per_object, 1)
+        if spark:
+            result["spark_gc"] = s3_gc("s3://bench/spark-job", files, True, env)
+            result["spark_over_local"] = round(
+                result["spark_gc"]["seconds"] / result["gc"]["seconds"], 2
+            )
+        return result
+
+
+def machine() -> dict[str, Any]:
+    mem = 0
+    try:
+        with open("/proc/meminfo") as f:
+            mem = int(f.readline().split()[1]) // 1024
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "memory_mb": mem,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--files", type=int, default=1_000_000, help="local orphans")
+    ap.add_argument("--s3-files", type=int, default=100_000, help="S3 orphans (0: skip S3)")
+    ap.add_argument("--per-object-sample", type=int, default=2000)
+    ap.add_argument("--no-spark", action="store_true", help="skip the --spark run")
+    ap.add_argument("--work", type=Path, default=None, help="work directory (default: temp)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="statehold-maint-", dir=args.work))
+    try:
+        result: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv)}
+        if args.files:
+            result["local"] = bench_local(work, args.files)
+            print(json.dumps({"local": result["local"]}), file=sys.stderr, flush=True)
+        if args.s3_files:
+            sample = min(args.per_object_sample, args.s3_files)
+            result["s3"] = bench_s3(args.s3_files, sample, not args.no_spark)
+        text = json.dumps(result, indent=2)
+        print(text)
+        if args.out:
+            args.out.write_text(text + "\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""`statehold gc --spark`: the same gc, its listing and deletes run on Spark executors.
+
+The driver only plans: it reads the HA state, the holders and the lease once, makes the
+policy's `View` (plain data: epoch, referenced keys, the live attempt, savepoint names,
+quarantined directories, times and graces), checks the referenced files exist, and
+splits the job directory by prefix (each top-level directory, and its own files). Each
+executor task lists its prefix page by page, asks the same `policy.judge`, and deletes in
+bulk through the same guarded cleaner as a local gc: before every batch it re-runs
+`reconcile.outside_guard`, rebuilt there from the job's URI, storage options, HA store
+URI and the planned epoch and live attempt. So the safety is a local gc's, including
+beside a running job. Only code and plain data travel to executors; nothing stored is
+ever unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from statehold.errors import StateholdError
+from statehold.jobdir import JobDirectory, open_job
+from statehold.policy import Holders, LiveAttempt, View
+from statehold.reconcile import (
+    PAGE_SIZE,
+    GcInterruptedError,
+    GcReport,
+    ReconcileError,
+    ReconcilePlan,
+    check_complete,
+    feed,
+    gc_cleaner,
+    live_attempt,
+    outside_guard,
+    settle,
+    view_for,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: The task that lists the job directory's own files (not its subdirectories).
+ROOT_FILES = ""
+
+
+@dataclass(frozen=True)
+class GcTask:
+    """What one executor needs, as plain data: where the job is, how to open it, what
+    the plan was made under, and the prefix it lists."""
+
+    location: str
+    storage_options: Mapping[str, Any]
+    ha_uri: str
+    job_id: str
+    epoch: int
+    live: LiveAttempt | None
+    view: View
+    prefix: str
+    dry_run: bool
+    page_size: int
+    timeout: float
+
+
+@dataclass
+class GcPart:
+    """One task's result: its part of the plan, what it deleted, and why it stopped."""
+
+    result: ReconcilePlan
+    deleted: int = 0
+    interrupted: str | None = None
+    failed: str | None = None
+
+
+def plain_view(view: View) -> View:
+    """The view without the verified documents (the decision needs only the referenced
+    keys, the quarantined directories and `spare_all_data`): small to ship."""
+    holders = Holders(
+        quarantined=dict(view.holders.quarantined),
+        salvaged=set(view.holders.salvaged),
+        spare_all_data=view.holders.spare_all_data,
+    )
+    return dataclasses.replace(view, holders=holders)
+
+
+def run_task(task: GcTask) -> GcPart:
+    """An executor's part: list `task.prefix`, judge, delete through a guarded cleaner."""
+    job = open_job(task.location, task.ha_uri, job_id=task.job_id, **task.storage_options)
+    with job:
+        part = GcPart(ReconcilePlan(live=task.live))
+        if task.prefix == ROOT_FILES:
+            pages = iter([job.storage.list_top("")[1]])
+        else:
+            pages = job.storage.list_pages(task.prefix, task.page_size)
+        if task.dry_run:
+            for page in pages:
+                part.result.add(page, task.view)
+            return part
+        deleting = gc_cleaner(job, outside_guard(job, task.epoch, task.live))
+        take = feed(deleting)
+        try:
+            try:
+                for page in pages:
+                    deletable = part.result.add(page, task.view)
+                    if deletable:
+                        take(deletable)
+            except StateholdError:
+                pass  # fenced: `settle` says so
+            part.deleted = settle(job.uri, deleting, task.timeout)
+        except GcInterruptedError as e:
+            part.interrupted = str(e)
+        except ReconcileError as e:
+            part.failed = str(e)
+        finally:
+            deleting.close()
+        return part
+
+
+def tasks_for(
+    job: JobDirectory,
+    location: str,
+    storage_options: Mapping[str, Any],
+    *,
+    dry_run: bool,
+    page_size: int,
+    timeout: float,
+) -> tuple[ReconcilePlan, list[GcTask]]:
+    """The driver's plan: the view, the existence check, and one task per prefix."""
+    state = job.state()
+    live = live_attempt(job, state)
+    view = view_for(job, state, live)
+    check_complete(job, state, view)
+    dirs, _ = job.storage.list_top("")
+    shipped = plain_view(view)
+    tasks = [
+        GcTask(
+            location,
+            dict(storage_options),
+            job.ha_uri,
+            job.job_id,
+            state.epoch,
+            live,
+            shipped,
+            prefix,
+            dry_run,
+            page_size,
+            timeout,
+        )
+        for prefix in [ROOT_FILES, *dirs]
+    ]
+    return ReconcilePlan(quarantined=dict(view.holders.quarantined), live=live, state=state), tasks
+
+
+def gc_on_spark(
+    spark: SparkSession,
+    location: str,
+    *,
+    ha: str | None = None,
+    dry_run: bool = False,
+    page_size: int = PAGE_SIZE,
+    timeout: float = 600.0,
+    **storage_options: Any,
+) -> GcReport:
+    """`reconcile.gc` with the listing and the deletes on Spark's executors (see the
+    module docstring). `location` must be reachable from the executors under the same
+    name (a shared filesystem path or an object store URI)."""
+    with open_job(location, ha, **storage_options) as job:
+        total, tasks = tasks_for(
+            job, location, storage_options, dry_run=dry_run, page_size=page_size, timeout=timeout
+        )
+        uri = job.uri
+    parts = spark.sparkContext.parallelize(tasks, len(tasks)).map(run_task).collect()
+    deleted = 0
+    for part in parts:
+        total.merge(part.result)
+        deleted += part.deleted
+    interrupted = [p.interrupted for p in parts if p.interrupted]
+    if interrupted:
+        raise GcInterruptedError(
+            f"{uri}: gc stopped after deleting {deleted} orphan(s): {interrupted[0]}"
+        )
+    failed = [p.failed for p in parts if p.failed]
+    if failed:
+        raise ReconcileError(failed[0])
+    return GcReport.of(uri, total, dry_run=dry_run, deleted=deleted)
+
+
+__all__ = ["GcPart", "GcTask", "gc_on_spark", "plain_view", "run_task", "tasks_for"]

@@ -1,0 +1,180 @@
+"""gc at scale (issue 16): a streamed gc over many pages deletes exactly what the policy,
+asked about the whole listing held in memory, calls deletable; `gc --spark` on a
+local-cluster leaves the same files as a local gc; a gc beside a running job deletes
+nothing live. All proven by listing storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_coordinator import RANGES, SimulatedTask, referenced_by_retained, run_checkpoint
+from test_reconcile import leave_in_flight_mess, start
+
+from statehold import layout
+from statehold.coordinator import CheckpointCoordinator
+from statehold.jobdir import open_job
+from statehold.policy import Verdict, View, judge
+from statehold.reconcile import SAMPLE, gc, live_attempt
+from statehold.storage import Storage, open_storage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def crashed_job(storage: Storage, orphans: int) -> set[str]:
+    """A job whose driver is gone (lease released), with its in-flight mess, `orphans`
+    unreferenced data files of finished checkpoints and a foreign file. Returns the
+    listing."""
+    coord = start(storage)
+    tasks = [SimulatedTask(storage, r, random.Random(7)) for r in RANGES]
+    for n in range(1, 4):
+        run_checkpoint(coord, tasks, n)
+    coord.wait_reconciled(60)
+    leave_in_flight_mess(storage, coord, tasks, 4)
+    coord.close()
+    add_orphans(storage, coord.epoch, orphans)
+    storage.write("notes.txt", b"not statehold's")
+    return listing(storage)
+
+
+def listing(storage: Storage) -> set[str]:
+    """Every key in the job directory."""
+    return {info.key for info in storage.list()}
+
+
+def add_orphans(storage: Storage, epoch: int, count: int) -> None:
+    keys = [f"{layout.SHARED_DIR}/e{epoch}-c{1 + i % 3}-{i:016x}" for i in range(count)]
+    root = getattr(storage, "root", None)
+    if root is not None:
+        (root / layout.SHARED_DIR).mkdir(parents=True, exist_ok=True)
+        for key in keys:
+            (root / key).write_bytes(b"")
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: storage.write(k, b""), keys))
+
+
+def in_memory_deletable(storage: Storage) -> set[str]:
+    """Yesterday's plan: the whole listing in memory, one View over it, every file judged."""
+    with open_job(storage) as job:
+        state = job.state()
+        files = list(storage.list())
+        view = View.of(state.epoch, job.holders(state), live_attempt(job, state), files)
+        return {f.key for f in files if judge(f, view) is Verdict.DELETABLE}
+
+
+@pytest.mark.parametrize("orphans", [2500])
+def test_streamed_gc_over_many_pages_equals_the_in_memory_plan(
+    storage: Storage, orphans: int
+) -> None:
+    orphans = orphans if storage.uri.startswith("file:") else 1200
+    before = crashed_job(storage, orphans)
+    expected = in_memory_deletable(storage)
+    assert len(expected) > SAMPLE  # more orphans than any report names
+    with open_job(storage) as job:
+        report = gc(job, page_size=37)  # many pages
+    after = listing(storage)
+    assert after == before - expected
+    assert report.orphan_count == report.deleted == len(expected)
+    assert len(report.orphans) == SAMPLE and set(report.orphans) <= expected
+    assert report.foreign == ["notes.txt"] and report.scanned == len(before)
+
+
+def test_gc_beside_a_running_job_deletes_nothing_live(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path / "job"))
+    coord = start(storage)
+    tasks = [SimulatedTask(storage, r, random.Random(8)) for r in RANGES]
+    for n in range(1, 4):
+        run_checkpoint(coord, tasks, n)
+    coord.wait_reconciled(60)
+    coord.cleaner.wait_idle(60)
+    coord.begin(4)
+    for task in tasks:
+        coord.acknowledge(4, "agg", task.snapshot(coord.epoch, 4))
+    live = listing(storage)
+    add_orphans(storage, coord.epoch, 1500)
+    with open_job(storage) as job:
+        report = gc(job, page_size=50)
+    assert report.live_epoch == coord.epoch and report.deleted == 1500
+    assert listing(storage) == live  # the orphans gone, every live file still there
+    coord.complete(4)  # the in-flight checkpoint completes with all its files
+    assert referenced_by_retained(storage, coord) <= listing(storage)
+    coord.close()
+
+
+def _clone(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst, symlinks=True)
+
+
+@pytest.mark.spark
+def test_spark_gc_on_local_cluster_equals_local_gc_and_spares_a_running_job(
+    tmp_path: Path,
+) -> None:
+    """One Spark start (a subprocess: the local-cluster master cannot share this run's
+    local session): `gc ROOT --all-jobs --spark` over a stopped job and a running one."""
+    root = tmp_path / "root"
+    stopped = open_storage(str(root / "stopped"))
+    crashed_job(stopped, 1500)
+    twin = tmp_path / "twin"
+    _clone(root / "stopped", twin)
+    with open_job(str(twin)) as job:
+        local = gc(job)
+
+    running = open_storage(str(root / "running"))
+    coord: CheckpointCoordinator = start(running)
+    tasks = [SimulatedTask(running, r, random.Random(9)) for r in RANGES]
+    for n in range(1, 4):
+        run_checkpoint(coord, tasks, n)
+    coord.wait_reconciled(60)
+    coord.cleaner.wait_idle(60)
+    coord.begin(4)
+    for task in tasks:
+        coord.acknowledge(4, "agg", task.snapshot(coord.epoch, 4))
+    live = listing(running)
+    add_orphans(running, coord.epoch, 700)
+    (root / "not-a-job").mkdir()
+
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(
+        [sys.executable, "-m", "statehold", "gc", str(root), "--all-jobs", "--spark",
+         "--master", "local-cluster[2,1,1024]", "--json"],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = {Path(r["job_uri"]).name: r for r in json.loads(done.stdout)["jobs"]}
+    assert set(reports) == {"stopped", "running"}
+
+    relative = {str(p.relative_to(twin)) for p in twin.rglob("*") if p.is_file()}
+    assert listing(stopped) == relative  # the same files left as by the local gc
+    for field in ("scanned", "referenced", "orphan_count", "deleted", "protected_count",
+                  "foreign_count"):
+        assert reports["stopped"][field] == getattr(local, field), field
+
+    assert reports["running"]["live_epoch"] == coord.epoch
+    assert reports["running"]["deleted"] == 700
+    assert listing(running) == live
+    coord.complete(4)
+    assert referenced_by_retained(running, coord) <= listing(running)
+    coord.close()
+
+
+def test_maintenance_benchmark_runs(tmp_path: Path) -> None:
+    """`bench/maintenance.py` end to end with tiny numbers (nothing here is timed)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "maintenance.py"), "--files", "3000",
+         "--s3-files", "300", "--per-object-sample", "50", "--no-spark", "--work",
+         str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["local"]["shared_files_left"] < 10  # only the live job's files
+    assert result["s3"]["files"] == 300
