@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from statehold.ha.base import FencedError
 from statehold.storage.base import Storage, check_key
 
 if TYPE_CHECKING:
@@ -112,7 +113,11 @@ class SyncCleaner(Cleaner):
 
     def discard(self, discard: Discard) -> None:
         if discard:
-            self._status.deleted += self._delete_now(*_checked(discard))
+            try:
+                self._status.deleted += self._delete_now(*_checked(discard))
+            except FencedError:
+                self._status.fenced = True  # reported like AsyncCleaner's (gc reads it)
+                raise
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         return True

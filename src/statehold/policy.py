@@ -175,7 +175,8 @@ class View:
     holders: Holders
     live: LiveAttempt | None
     referenced: frozenset[str]
-    #: Savepoints whose `_metadata` is present (their other files are leftovers).
+    #: Savepoints whose `_metadata` is present and was read as a holder (their other files
+    #: are leftovers).
     savepoints_with_metadata: frozenset[str] = frozenset()
     now: float = field(default_factory=clock.now)
     temp_grace: float = TEMP_GRACE_SECONDS
@@ -190,10 +191,15 @@ class View:
         listing: Iterable[FileInfo] = (),
         **options: float,
     ) -> View:
+        # Only savepoints the holders were read from: one whose `_metadata` appeared
+        # after that (a savepoint being made while this listing runs) is in the making as
+        # far as this view knows, so its files are not leftovers (found by the simulation,
+        # seed 13).
+        known = set(holders.documents) | set(holders.quarantined)
         savepoints = frozenset(
             p.savepoint
             for p in (parse(i.key) for i in listing)
-            if p.kind is Kind.SAVEPOINT_METADATA and p.savepoint is not None
+            if p.kind is Kind.SAVEPOINT_METADATA and p.savepoint is not None and p.key in known
         )
         return cls(epoch, holders, live, frozenset(holders.referenced()), savepoints, **options)
 

@@ -15,13 +15,14 @@ are skipped); once the new job's HA store names a checkpoint, restore does nothi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from statehold import layout
 from statehold.errors import StateholdError
-from statehold.ha.base import CheckpointPointer, HAStore
+from statehold.ha.base import CheckpointPointer, HAStore, HAStoreError
 from statehold.layout import Scope
 from statehold.metadata import (
     CheckpointMetadata,
@@ -120,7 +121,8 @@ def restore_into(
     with ThreadPoolExecutor(max_workers=threads) as pool:
         moved_bytes = sum(pool.map(bring, moves))
 
-    epoch = ha.claim_epoch().epoch
+    newest = max((layout.parse(dst).epoch or 0 for _src, dst, _f in moves), default=0)
+    epoch = _claim_above(ha, newest)
     metadata_key = layout.checkpoint_metadata_key(meta.checkpoint_id)
     relocated = _relocate(meta, source_metadata_key, metadata_key, moves)
     restored = relocated.model_copy(
@@ -153,6 +155,22 @@ def restore_into(
         target.uri, meta.checkpoint_id, meta.job_id, mode, len(moves),
     )
     return RestoreReport(mode, meta.checkpoint_id, len(moves), moved_bytes)
+
+
+def _claim_above(ha: HAStore, floor: int) -> int:
+    """Claim the new job's epoch above every restored file's: the files keep their
+    names, and the deletion policy never deletes a file of an epoch newer than the job's,
+    so a file named by a later epoch of the source would never be reclaimed once no
+    checkpoint needs it (found by the simulation, seed 21). A fresh store is seeded at
+    `floor`; one an interrupted restore already used claims until it is above."""
+    if ha.read().epoch < floor:
+        # (not fresh, or a store that cannot be seeded: claimed past below)
+        with contextlib.suppress(HAStoreError):
+            ha.seed(floor, [])
+    epoch = ha.claim_epoch().epoch
+    while epoch <= floor:
+        epoch = ha.claim_epoch().epoch
+    return epoch
 
 
 def _relocate(

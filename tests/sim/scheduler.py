@@ -190,9 +190,8 @@ class Scheduler:
                 continue
             if a.process.paused_until > now:
                 continue
-            if a.predicate is not None and a.predicate():
-                out.append(a)
-            elif a.wake_at is None or a.wake_at <= now:
+            woken = a.predicate is not None and a.predicate()
+            if woken or a.wake_at is None or a.wake_at <= now:
                 out.append(a)
         return out
 

@@ -228,10 +228,10 @@ class World:
             if rule_kind == kind and any(k.startswith(prefix) for k in keys):
                 self.log("  -> permission denied (rule)")
                 raise InjectedFault(f"{keys[0]}: permission denied (simulated)")
-        if kind != "delete" or method == "delete_prefix":
-            if self.rng.random() < self.cfg.rates[kind]:
-                self.log("  -> transient failure")
-                raise InjectedFault(f"{method} {keys[0]}: transient failure (simulated)")
+        per_call = kind != "delete" or method == "delete_prefix"  # delete_many: per key
+        if per_call and self.rng.random() < self.cfg.rates[kind]:
+            self.log("  -> transient failure")
+            raise InjectedFault(f"{method} {keys[0]}: transient failure (simulated)")
 
     def delete_fault(self, full: str) -> BaseException | None:
         if not self.faults or self.sched.current() is None:
@@ -246,11 +246,16 @@ class World:
     def after_op(self, storage: SimStorage, method: str, keys: list[str], page: Any) -> None:
         actor = self.sched.current()
         job = self._job_of(storage)
-        if job is not None and method == "list" and keys[0] == job.storage.root + "_ha/":
-            if actor is not None and actor.process.kind == "driver":
-                epoch = actor.process.data.get("epoch", 0)
-                head = self.head(job)
-                self.saw_fenced[actor] = bool(epoch and head and head.epoch > epoch)
+        if (
+            job is not None
+            and method == "list"
+            and keys[0] == job.storage.root + "_ha/"
+            and actor is not None
+            and actor.process.kind == "driver"
+        ):
+            epoch = actor.process.data.get("epoch", 0)
+            head = self.head(job)
+            self.saw_fenced[actor] = bool(epoch and head and head.epoch > epoch)
         if job is not None and method == "write":
             for full in keys:
                 m = _LEASE.match(full[len(job.storage.root):])
@@ -775,9 +780,9 @@ class World:
         running = [p for p in drivers if p.paused_until <= now]
         if self.job.retired:
             return
-        if not running and rng.random() < 0.05 or drivers and rng.random() < 0.0015:
-            if len(drivers) < 3:
-                self.spawn_process("driver", self.driver)
+        wanted = not running and rng.random() < 0.05 or drivers and rng.random() < 0.0015
+        if wanted and len(drivers) < 3:
+            self.spawn_process("driver", self.driver)
         r = rng.random()
         if r < 0.003:
             victims = [p for p in self.alive() if p.kind != "restore"]
