@@ -22,6 +22,7 @@ from statehold.spark.api import (
 from statehold.spark.batch import BatchResult
 from statehold.spark.history import read_history_df
 from statehold.spark.job import StatefulJob, replace_output
+from statehold.spark.progress import StateholdProgressListener
 from statehold.spark.reader import iter_state, read_state
 from statehold.spark.session import local_session, use_this_python
 from statehold.spark.task import MalformedInputError, state_key
@@ -38,6 +39,7 @@ __all__ = [
     "PhaseHook",
     "Sink",
     "StatefulJob",
+    "StateholdProgressListener",
     "TaskStates",
     "ValueState",
     "iter_state",

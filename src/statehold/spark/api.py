@@ -22,9 +22,12 @@ State values are JSON data (never pickled): None, bool, int, float, str, lists a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from statehold.backend.state import KeyedState, ListState, MapState, ValueState
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 InputFormat = Literal["rows", "pandas", "arrow"]
 
@@ -71,3 +74,13 @@ __all__ = [
     "TaskStates",
     "ValueState",
 ]
+
+
+def replace_output(path: str, fmt: str = "json") -> Sink:
+    """A sink writing batch N to ``<path>/batch-<N>`` in mode overwrite: a replayed batch
+    replaces its own output (idempotent)."""
+
+    def write(df: DataFrame, batch_id: int) -> None:
+        df.write.mode("overwrite").format(fmt).save(f"{path.rstrip('/')}/batch-{batch_id:08d}")
+
+    return write

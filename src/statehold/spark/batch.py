@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from statehold.backend.keys import all_ranges
 from statehold.metadata import KeyGroupState
 
 if TYPE_CHECKING:
@@ -58,3 +59,16 @@ def batch_figures(handles: list[KeyGroupState], acks: list[str]) -> dict[str, An
     figures["rows"] = figures["rows_in"]
     figures["snapshot_seconds"] = sum(float(r.get("snapshot_seconds", 0)) for r in reports)
     return figures
+
+
+def check_acks(acks: list[str], parallelism: int, max_parallelism: int) -> list[KeyGroupState]:
+    """One handle per task range, exactly the ranges of the current parallelism."""
+    handles = [KeyGroupState.model_validate(json.loads(a)["state"]) for a in acks]
+    got = sorted((h.key_groups.start, h.key_groups.end) for h in handles)
+    want = [(r.start, r.end) for r in all_ranges(parallelism, max_parallelism)]
+    if got != want:
+        raise RuntimeError(
+            f"tasks reported key-group ranges {got}, expected {want} (a task did not run "
+            "or ran twice in the materialised result)"
+        )
+    return handles

@@ -17,22 +17,29 @@ Per batch N, in this order (exactly-once):
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from statehold import layout
-from statehold.backend.keys import all_ranges, check_max_parallelism
+from statehold.backend.keys import check_max_parallelism
 from statehold.coordinator import CheckpointCoordinator
 from statehold.ha.base import HAStore
-from statehold.history import DEFAULT_KEEP
+from statehold.history import DEFAULT_KEEP, HistoryRecord
 from statehold.jobdir import open_job
 from statehold.jobresult import JobOutcome, RetentionPolicy
-from statehold.metadata import CheckpointMetadata, KeyGroupState, RestoreMode
-from statehold.spark.api import BatchFunction, InputFormat, KeyFunction, PhaseHook, Sink
-from statehold.spark.batch import NOTED, BatchResult, batch_figures
+from statehold.metadata import CheckpointMetadata, RestoreMode
+from statehold.spark.api import (
+    BatchFunction,
+    InputFormat,
+    KeyFunction,
+    PhaseHook,
+    Sink,
+    replace_output,
+)
+from statehold.spark.batch import NOTED, BatchResult, batch_figures, check_acks
+from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdProgressListener
 from statehold.spark.task import (
     ACK_COL,
     INTERNAL_COLS,
@@ -49,6 +56,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from statehold.metrics import JobMetrics
+
 log = logging.getLogger("statehold.spark")
 
 class StatefulJob:
@@ -59,7 +68,9 @@ class StatefulJob:
     groups) is fixed when the job is created; ``parallelism`` (the number of Spark tasks
     owning state) may change between runs. ``retain`` completed checkpoints are kept.
     ``on_phase`` is told each batch's progress (see `PhaseHook`). The newest `history`
-    checkpoints leave a record in ``_job/history/`` (`statehold.history`).
+    checkpoints leave a record in ``_job/history/`` (`statehold.history`). With
+    `metrics_port`, the driver serves Prometheus metrics there (`statehold.metrics`; 0:
+    any free port, see ``job.metrics.port``).
     """
 
     def __init__(
@@ -80,6 +91,7 @@ class StatefulJob:
         restore_mode: RestoreMode | str = RestoreMode.NO_CLAIM,
         on_phase: PhaseHook | None = None,
         history: int = DEFAULT_KEEP,
+        metrics_port: int | None = None,
     ) -> None:
         check_max_parallelism(max_parallelism)
         self.spark = spark
@@ -109,6 +121,14 @@ class StatefulJob:
         self.restore_mode = RestoreMode(restore_mode)
         self.on_phase = on_phase
         self.history = history
+        self.metrics: JobMetrics | None = None
+        self._observed: HistoryRecord | None = None
+        #: The newest batches' history records, for `progress_listener`.
+        self.recent = RecentRecords()
+        if metrics_port is not None:
+            from statehold.metrics import JobMetrics
+
+            self.metrics = JobMetrics(job_id, metrics_port)
 
     # -- where things are ----------------------------------------------------------------
     @property
@@ -151,6 +171,8 @@ class StatefulJob:
                 retain=self.retain,
             )
             self._coordinator.history.keep = self.history
+            if self.metrics is not None:
+                self.metrics.attach(self._coordinator.epoch, self._coordinator.cleaner.status)
         return self._coordinator
 
     def latest_checkpoint_id(self) -> int | None:
@@ -201,7 +223,7 @@ class StatefulJob:
             staged = self._stage(df, spec, output_schema)
             ack_rows = staged.where(staged[ACK_COL].isNotNull()).select(ACK_COL).collect()
             acks = [row[0] for row in ack_rows]
-            handles = self._check_acks(acks)
+            handles = check_acks(acks, self.parallelism, self.max_parallelism)
             for state in handles:
                 coord.acknowledge(batch_id, self.operator, state)
             figures = batch_figures(handles, acks)
@@ -217,7 +239,9 @@ class StatefulJob:
             complete_seconds = time.perf_counter() - complete_started
         except BaseException as e:
             coord.abort(batch_id, f"{type(e).__name__}: {e}"[:500])
+            self._observe(coord)
             raise
+        self._observe(coord)
         self._phase("after-complete", batch_id)
         return BatchResult(
             checkpoint_id=batch_id,
@@ -276,6 +300,12 @@ class StatefulJob:
                 f"{self.spark_checkpoint_location})"
             )
 
+    def progress_listener(self, callback: ProgressCallback) -> StateholdProgressListener:
+        """A Spark `StreamingQueryListener` calling ``callback(progress, record)`` with
+        Spark's progress of each micro-batch and statehold's history record of it
+        (statehold.spark.progress says why not inside Spark's progress itself)."""
+        return StateholdProgressListener(self, callback)
+
     def savepoint(self, name: str) -> CheckpointMetadata:
         """Keep the newest checkpoint as savepoint `name` (``savepoints/<name>/``): never
         subsumed, never deleted by any cleanup, only by ``statehold dispose``."""
@@ -298,6 +328,9 @@ class StatefulJob:
         return done
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         if self._coordinator is not None:
             self._coordinator.close()
             self._coordinator.job.close()
@@ -310,6 +343,16 @@ class StatefulJob:
         self.close()
 
     # -- internals -------------------------------------------------------------------------
+    def _observe(self, coord: CheckpointCoordinator) -> None:
+        """The checkpoint's record to the Prometheus metrics and Spark's listeners."""
+        record = coord.history.last
+        if record is None or record is self._observed:
+            return
+        self._observed = record
+        self.recent.add(record)
+        if self.metrics is not None:
+            self.metrics.observe(record)
+
     def _phase(self, phase: str, batch_id: int) -> None:
         if self.on_phase is not None:
             self.on_phase(phase, batch_id)
@@ -402,24 +445,5 @@ class StatefulJob:
         # Materialise once: the acks and the sink must see the same, single run of state.
         return staged.localCheckpoint(eager=True)
 
-    def _check_acks(self, acks: list[str]) -> list[KeyGroupState]:
-        """One handle per task range, exactly the ranges of the current parallelism."""
-        handles = [KeyGroupState.model_validate(json.loads(a)["state"]) for a in acks]
-        got = sorted((h.key_groups.start, h.key_groups.end) for h in handles)
-        want = [(r.start, r.end) for r in all_ranges(self.parallelism, self.max_parallelism)]
-        if got != want:
-            raise RuntimeError(
-                f"tasks reported key-group ranges {got}, expected {want} (a task did not run "
-                "or ran twice in the materialised result)"
-            )
-        return handles
 
-
-def replace_output(path: str, fmt: str = "json") -> Sink:
-    """A sink writing batch N to ``<path>/batch-<N>`` in mode overwrite: a replayed batch
-    replaces its own output (idempotent)."""
-
-    def write(df: DataFrame, batch_id: int) -> None:
-        df.write.mode("overwrite").format(fmt).save(f"{path.rstrip('/')}/batch-{batch_id:08d}")
-
-    return write
+__all__ = ["BatchResult", "StatefulJob", "replace_output"]

@@ -1,0 +1,70 @@
+"""statehold's per-batch figures beside Spark's streaming progress.
+
+PySpark gives a `foreachBatch` function no way to add figures to Spark's own
+`StreamingQueryProgress`: ``observe()`` on the batch DataFrame inside it runs as a
+separate job, and its metrics never reach ``progress.observedMetrics`` (checked with
+PySpark 4.3); custom metrics exist only for JVM data sources and sinks. So statehold
+joins them on the driver instead: `StateholdProgressListener` is a Spark
+`StreamingQueryListener` (PySpark 3.4+) that, for every progress event, looks up the
+job's history record of that batch (checkpoint id = Spark batch id) and hands both to
+your callback. Spark reports a batch's progress after its foreachBatch returned, so the
+record is there (None for a replayed batch statehold skipped).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+from statehold.history import HistoryRecord
+
+if TYPE_CHECKING:
+    from statehold.spark.job import StatefulJob
+
+#: Records kept in memory per job for the listener (the newest ones).
+RECENT = 100
+
+ProgressCallback = Callable[[Any, HistoryRecord | None], None]
+
+
+class RecentRecords:
+    """The newest history records of a job's batches, by checkpoint id (bounded)."""
+
+    def __init__(self, size: int = RECENT) -> None:
+        self.size = size
+        self._records: OrderedDict[int, HistoryRecord] = OrderedDict()
+
+    def add(self, record: HistoryRecord) -> None:
+        self._records[record.checkpoint_id] = record
+        self._records.move_to_end(record.checkpoint_id)
+        while len(self._records) > self.size:
+            self._records.popitem(last=False)
+
+    def get(self, checkpoint_id: int) -> HistoryRecord | None:
+        return self._records.get(checkpoint_id)
+
+
+class StateholdProgressListener(StreamingQueryListener):
+    """Calls ``callback(progress, record)`` for each micro-batch of the queries running
+    `job.foreach_batch`: Spark's `StreamingQueryProgress` and statehold's record of the
+    same batch. Register it with ``spark.streams.addListener(listener)``."""
+
+    def __init__(self, job: StatefulJob, callback: ProgressCallback) -> None:
+        self.job = job
+        self.callback = callback
+
+    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's names
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+        progress = event.progress
+        self.callback(progress, self.job.recent.get(int(progress.batchId)))
+
+    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+        pass
