@@ -41,6 +41,7 @@ from statehold.jobdir import OWNER_KEY, open_job
 from statehold.jobresult import read_result
 from statehold.layout import Kind
 from statehold.metadata import read_metadata, referenced_keys
+from statehold.policy import is_history_record
 from statehold.reconcile import referenced_by_job
 from statehold.storage import Storage, open_storage
 from statehold.tools import locate, verify
@@ -71,7 +72,8 @@ class Outcome:
 
 
 def listing(storage: Storage) -> set[str]:
-    return {info.key for info in storage.list()}
+    """The job directory's files, the checkpoint history's records left out."""
+    return {info.key for info in storage.list() if not is_history_record(info.key)}
 
 
 @contextmanager
