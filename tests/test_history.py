@@ -4,9 +4,11 @@ directory, bounded, kept by the deletion policy, read within bounds, shown by th
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+from faulty import FaultyStorage
 from minipipeline import MiniPipeline, make_batch
 from typer.testing import CliRunner
 
@@ -101,3 +103,26 @@ def test_cli_history(tmp_path: Path) -> None:
     lines = plain.stdout.splitlines()
     assert lines[0].startswith("checkpoint\tepoch\toutcome") and len(lines) == 3
     assert lines[1].split("\t")[:3] == ["1", "1", "completed"]
+
+
+def test_history_moves_with_the_job_directory(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path / "job"))
+    _run(storage, tmp_path / "local", 2, keep=10).close()
+    shutil.copytree(tmp_path / "job", tmp_path / "elsewhere" / "job")
+    moved = history.read_history(open_storage(str(tmp_path / "elsewhere" / "job")))
+    assert [(r.checkpoint_id, r.bytes_uploaded) for r in moved] == [
+        (r.checkpoint_id, r.bytes_uploaded) for r in history.read_history(storage)]
+    assert len(moved) == 2
+
+
+def test_a_failing_history_write_never_fails_the_checkpoint(tmp_path: Path) -> None:
+    storage = FaultyStorage(open_storage(str(tmp_path / "job")))
+    storage.fail_permanently(history.HISTORY_DIR, kinds=("write", "list"))
+    pipeline = _run(storage, tmp_path / "local", 2, keep=10)
+    try:
+        assert [m.checkpoint_id for _, m in pipeline.coord.retained()] == [0, 1]
+        assert pipeline.coord.history.last is not None  # built, just not stored
+    finally:
+        pipeline.close()
+    storage.heal_all()
+    assert history.read_history(storage) == []
