@@ -17,6 +17,7 @@ All keys here are relative to the job directory.
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 import uuid
@@ -127,15 +128,20 @@ def savepoint_metadata_key(name: str) -> str:
     return f"{savepoint_dir(name)}/{METADATA_NAME}"
 
 
+_SPECIAL = {HA_DIR: Kind.HA, JOB_DIR: Kind.JOB, SPARK_DIR: Kind.SPARK}
+
+
+@functools.lru_cache(maxsize=8192)
 def parse(key: str) -> PathInfo:
     """Tell what `key` (relative to the job directory) is. Raises UnsafePathError for any
-    path that is absolute or leaves the job directory."""
+    path that is absolute or leaves the job directory. Cached (a pure function of the
+    key, its result immutable): a gc parses each listed key again when the cleaner
+    checks it, moments after the policy judged it."""
     check_key(key)
     parts = key.split("/")
     top, name = parts[0], parts[-1]
-    special = {HA_DIR: Kind.HA, JOB_DIR: Kind.JOB, SPARK_DIR: Kind.SPARK}
-    if top in special and len(parts) >= 2:
-        return PathInfo(key, special[top])  # their owners manage their own temp files
+    if top in _SPECIAL and len(parts) >= 2:
+        return PathInfo(key, _SPECIAL[top])  # their owners manage their own temp files
     if TEMP_MARKER in name:
         # ".<final name>.tmp-<unique>": the final name still tells epoch and checkpoint
         final = _DATA_NAME.match(name.lstrip(".").split(TEMP_MARKER, 1)[0])

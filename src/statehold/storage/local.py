@@ -17,7 +17,6 @@ import shutil
 import stat
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from statehold.storage.base import (
@@ -41,18 +40,12 @@ TEMP_MARKER = ".tmp-"
 _DIR_ATTEMPTS = 5
 
 
-#: A big delete is split into chunks of this many files, unlinked by up to
-#: `_UNLINK_THREADS` threads at once: unlink releases the GIL and a filesystem serves
-#: several in parallel (a measured speed-up over one at a time, see docs/benchmarks.md).
-_UNLINK_CHUNK = 128
-_UNLINK_THREADS = 8
-
-
-def _unlink_all(paths: list[tuple[str, str]]) -> dict[str, BaseException]:
+def _unlink_all(dir_fd: int, names: list[tuple[str, str]]) -> dict[str, BaseException]:
+    """Unlink each (key, name) in the directory `dir_fd`; the failures by key."""
     failed: dict[str, BaseException] = {}
-    for key, path in paths:
+    for key, name in names:
         try:
-            os.unlink(path)
+            os.unlink(name, dir_fd=dir_fd)
         except FileNotFoundError:
             pass
         except OSError as e:
@@ -255,25 +248,27 @@ class LocalStorage(Storage):
         root. Directories left empty are then removed, up to but not including the root,
         so an aborted checkpoint leaves no empty ``chk-N/``."""
         # check every key before deleting: each distinct parent once (no segment of it a
-        # link), the last segment is unlinked, which never follows a link
-        keys = list(keys)
-        parents: dict[str, str] = {}
-        paths: list[tuple[str, str]] = []
+        # link); names are then unlinked relative to the parent's descriptor (as `find
+        # -delete` does: no path walk per file), and unlink never follows a link
+        groups: dict[str, list[tuple[str, str]]] = {}
         for key in keys:
             parent, _, name = check_key(key).rpartition("/")
-            where = parents.get(parent)
-            if where is None:
-                where = parents[parent] = str(self._dir(parent))
-            paths.append((key, os.path.join(where, name)))
+            groups.setdefault(parent, []).append((key, name))
+        where = {parent: self._dir(parent) for parent in groups}
         failed: dict[str, BaseException] = {}
-        if len(paths) >= 2 * _UNLINK_CHUNK:
-            chunks = [paths[i : i + _UNLINK_CHUNK] for i in range(0, len(paths), _UNLINK_CHUNK)]
-            with ThreadPoolExecutor(min(_UNLINK_THREADS, len(chunks))) as pool:
-                for part in pool.map(_unlink_all, chunks):
-                    failed.update(part)
-        else:
-            failed = _unlink_all(paths)
-        self._remove_empty_dirs({Path(p) for p in parents.values()})
+        for parent, names in groups.items():
+            try:
+                fd = os.open(where[parent], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                continue  # the directory is gone, so are its files
+            except OSError as e:
+                failed.update((key, e) for key, _ in names)
+                continue
+            try:
+                failed.update(_unlink_all(fd, names))
+            finally:
+                os.close(fd)
+        self._remove_empty_dirs(set(where.values()))
         if failed:
             raise DeleteError(failed)
 
