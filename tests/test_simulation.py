@@ -96,10 +96,10 @@ def _metadata_overwritten(monkeypatch: pytest.MonkeyPatch) -> None:
 
 PLANTED: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], int]] = {
     # name: (the break, seeds within which the simulator must find it)
-    "gc-without-liveness-recheck": (_no_liveness_recheck, 60),
+    "gc-without-liveness-recheck": (_no_liveness_recheck, 40),
     "cleaner-without-fence": (_cleaner_without_fence, 30),
-    "lease-lapse-ignored": (_lease_lapse_ignored, 60),
-    "metadata-without-create-if-absent": (_metadata_overwritten, 60),
+    "lease-lapse-ignored": (_lease_lapse_ignored, 40),
+    "metadata-without-create-if-absent": (_metadata_overwritten, 40),
 }
 
 

@@ -43,7 +43,7 @@ from sim import model
 from sim.scheduler import Actor, Killed, Process, Scheduler, SimClock
 from sim.storage import InjectedFault, SimStorage
 from statehold import layout
-from statehold.cleaner import SyncCleaner
+from statehold.cleaner import Discard, SyncCleaner
 from statehold.coordinator import CheckpointCoordinator, CheckpointError
 from statehold.errors import StateholdError
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
@@ -150,6 +150,23 @@ class SimHA(HAStore):
     def seed(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
         self._session()
         return self.inner.seed(epoch, retained)
+
+
+class SimCleaner(SyncCleaner):
+    """The driver's and gc's cleaner in the simulation: deletes in the caller's actor
+    (deterministic) but, like the production AsyncCleaner, never raises into its caller:
+    a fenced guard stops it (status ``fenced``), a failed delete is given up (status
+    ``gave_up``) and left to the next reconcile."""
+
+    def discard(self, discard: Discard) -> None:
+        try:
+            super().discard(discard)
+        except FencedError:
+            pass  # status().fenced is set
+        except StateholdError as e:
+            self._status.failures += 1
+            self._status.gave_up += len(discard.keys) + len(discard.dirs)
+            self._status.last_errors = [*self._status.last_errors[-9:], str(e)]
 
 
 class _Ids:
@@ -499,7 +516,7 @@ class World:
         coord = CheckpointCoordinator.start(
             storage, ha, job_id=model.JOB_ID, max_parallelism=model.MAX_PARALLELISM,
             retain=self.cfg.retain,
-            cleaner=lambda guard: SyncCleaner(storage, guard=guard),
+            cleaner=lambda guard: SimCleaner(storage, guard=guard),
             checkpoint_timeout=self.cfg.checkpoint_timeout, lease_ttl=self.cfg.ttl,
             reconcile_in_background=False, reconcile_every=0, renew_lease_in_background=False,
         )
@@ -570,7 +587,7 @@ class World:
     def _reconcile(self, coord: CheckpointCoordinator) -> None:
         """What the attempt's background reconcile runs, in the driver's own actor."""
         try:
-            reconcile(coord.job, SyncCleaner(coord.storage, guard=coord.check_epoch),
+            reconcile(coord.job, SimCleaner(coord.storage, guard=coord.check_epoch),
                       LiveAttempt(coord.epoch, coord._latest_id()))
             self.count("reconcile")
         except FencedError:
@@ -708,7 +725,7 @@ class World:
             storage = job.storage
             with open_job(storage, self.ha_for(proc, storage)) as jd:
                 if kind == "gc":
-                    report = gc(jd, cleaner=lambda guard: SyncCleaner(storage, guard=guard))
+                    report = gc(jd, cleaner=lambda guard: SimCleaner(storage, guard=guard))
                     self.log(f"{proc.name} gc deleted {report.deleted} (live {report.live_epoch})")
                     self.count("gc")
                     proc.data["ok"] = True
@@ -745,6 +762,7 @@ class World:
                     break
                 except StateholdError as e:
                     self.log(f"{proc.name} restore failed: {e}")
+                    self.sched.sleep(2.0)  # and run again (a permanent failure heals)
                     if mode is RestoreMode.NO_CLAIM or attempt == 49:
                         if mode is RestoreMode.CLAIM:
                             self.violate("restore", f"claim restore never succeeded: {e}")
