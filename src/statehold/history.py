@@ -1,9 +1,9 @@
 """Checkpoint history: one small record per completed or aborted checkpoint, kept in the
 job directory (``_job/history/``) so it travels with it and outlives the driver.
 
-Each record is its own file, created with create-if-absent under a unique name that
-sorts by checkpoint id, then epoch (``c<id>-e<epoch>-<outcome>-<unique>.json``): a zombie
-attempt and the current one never write the same file, and no object store needs
+Each record is its own file, created with create-if-absent under a name that sorts by
+checkpoint id, then epoch (``c<id>-e<epoch>-<outcome>-<hash of the content>.json``): a
+zombie attempt and the current one never write the same file, and no object store needs
 compare-and-set. Records are the `signed` format (JSON with a checksum, read within
 bounds; never pickle). The newest `keep` records are kept; after every ``keep // 10``
 writes the writer lists the folder and deletes what `policy.history_to_prune` names, so
@@ -13,8 +13,9 @@ fails a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Final, Literal
 
@@ -23,7 +24,7 @@ from pydantic import BaseModel, Field
 from statehold import clock, layout, signed
 from statehold.errors import StateholdError
 from statehold.metadata import KeyGroupState
-from statehold.storage.base import Storage
+from statehold.storage.base import AlreadyExistsError, Storage
 
 log = logging.getLogger("statehold.history")
 
@@ -76,8 +77,11 @@ class HistoryRecord(BaseModel):
     reason: Annotated[str, Field(max_length=1000)] | None = None
 
 
-def record_key(record: HistoryRecord) -> str:
-    unique = uuid.uuid4().hex[:8]
+def record_key(record: HistoryRecord, data: bytes) -> str:
+    """The record's file name; its unique part is a hash of its content (`data`), so
+    the name is reproducible (a deterministic simulation replays it) and two writers
+    of the same record write the same file."""
+    unique = hashlib.sha256(data).hexdigest()[:8]
     return (
         f"{HISTORY_DIR}/c{record.checkpoint_id:016d}-e{record.epoch:016d}-"
         f"{record.outcome}-{unique}.json"
@@ -183,7 +187,9 @@ class Recorder:
             )
             self.last = record
             if self.keep > 0:
-                self.storage.create_if_absent(record_key(record), signed.encode(record))
+                data = signed.encode(record)
+                with contextlib.suppress(AlreadyExistsError):  # the same record, written
+                    self.storage.create_if_absent(record_key(record, data), data)
                 self._prune()
             return record
         except Exception as e:  # history is for people: never fail the checkpoint
