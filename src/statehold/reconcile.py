@@ -197,14 +197,18 @@ def plan(
     return result
 
 
-def feed(cleaner: Cleaner, reason: str = "reconcile") -> OnOrphans:
+def feed(cleaner: Cleaner, reason: str = "reconcile", timeout: float = 600.0) -> OnOrphans:
     """Hand each page's orphans to `cleaner`, waiting while it holds `MAX_IN_FLIGHT`
-    undeleted (so a listing of millions never queues millions). A cleaner that was
-    fenced stops the listing with FencedError."""
+    undeleted (so a listing of millions never queues millions), at most `timeout` for
+    one page. A cleaner that was fenced stops the listing with FencedError."""
 
     def take(files: list[FileInfo]) -> None:
         if isinstance(cleaner, AsyncCleaner):
-            cleaner.wait_below(MAX_IN_FLIGHT)
+            if not cleaner.wait_below(MAX_IN_FLIGHT, timeout):
+                raise ReconcileError(
+                    f"deletes made no progress for {timeout:.0f}s: "
+                    f"{'; '.join(cleaner.status().last_errors[-1:]) or 'no error seen'}"
+                )
             if cleaner.status().fenced:
                 raise FencedError("the cleaner was fenced; the listing stops")
         cleaner.discard(Discard(keys=tuple(f.key for f in files), reason=reason))
@@ -333,7 +337,10 @@ def gc(
     result: ReconcilePlan | None = None
     try:
         with contextlib.suppress(FencedError):  # the cleaner was fenced: `settle` says so
-            result = plan(job, live, state=state, on_orphans=feed(deleting), page_size=page_size)
+            result = plan(
+                job, live, state=state, on_orphans=feed(deleting, timeout=timeout),
+                page_size=page_size,
+            )
         deleted = settle(job.uri, deleting, timeout)
     finally:
         deleting.close()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statehold.errors import StateholdError
+from statehold.ha.base import FencedError
 from statehold.jobdir import JobDirectory, open_job
 from statehold.policy import Holders, LiveAttempt, View
 from statehold.reconcile import (
@@ -97,20 +98,22 @@ def run_task(task: GcTask) -> GcPart:
                 part.result.add(page, task.view)
             return part
         deleting = gc_cleaner(job, outside_guard(job, task.epoch, task.live))
-        take = feed(deleting)
+        take = feed(deleting, timeout=task.timeout)
         try:
             try:
                 for page in pages:
                     deletable = part.result.add(page, task.view)
                     if deletable:
                         take(deletable)
-            except StateholdError:
-                pass  # fenced: `settle` says so
+            except FencedError:
+                pass  # the cleaner was fenced: `settle` says so
+            except StateholdError as e:  # e.g. the listing failed: said by the driver
+                part.failed = f"{job.uri}/{task.prefix}: {' '.join(str(e).split())}"
             part.deleted = settle(job.uri, deleting, task.timeout)
         except GcInterruptedError as e:
             part.interrupted = str(e)
         except ReconcileError as e:
-            part.failed = str(e)
+            part.failed = part.failed or str(e)
         finally:
             deleting.close()
         return part
