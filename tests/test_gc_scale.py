@@ -178,3 +178,25 @@ def test_maintenance_benchmark_runs(tmp_path: Path) -> None:
     result = json.loads(done.stdout)
     assert result["local"]["shared_files_left"] < 10  # only the live job's files
     assert result["s3"]["files"] == 300
+
+
+def test_gc_all_jobs_collects_each_job_under_a_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    expected = {}
+    for name in ("a", "b"):
+        storage = open_storage(str(root / name))
+        crashed_job(storage, 40)
+        expected[name] = listing(storage) - in_memory_deletable(storage)
+    (root / "not-a-job").mkdir()
+    (root / "not-a-job" / "file.txt").write_bytes(b"x")
+    done = subprocess.run(
+        [sys.executable, "-m", "statehold", "gc", str(root), "--all-jobs", "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert sorted(Path(r["job_uri"]).name for r in result["jobs"]) == ["a", "b"]
+    assert result["errors"] == {}
+    for name, files in expected.items():
+        assert listing(open_storage(str(root / name))) == files
+    assert (root / "not-a-job" / "file.txt").exists()
