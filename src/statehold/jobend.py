@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from statehold import clock, layout
 from statehold.cleaner import Discard
+from statehold.errors import StateholdError
 from statehold.jobresult import JobOutcome, RetentionPolicy, write_result
 from statehold.layout import Scope
 from statehold.metadata import CheckpointMetadata, decode, encode, referenced_keys
@@ -67,6 +68,14 @@ def savepoint(coordinator: CheckpointCoordinator, name: str) -> CheckpointMetada
     )
     data = encode(meta, target_key)
     storage.create_if_absent(target_key, data)
+    try:
+        # Fenced by now, a newer attempt may have read the savepoints before this one
+        # existed: it does not hold the files this one references in place and may delete
+        # them, so the savepoint is not kept (found by the simulation, seed 10125).
+        coordinator.check_epoch()
+    except StateholdError:
+        storage.delete_many([target_key])  # its copies are left to the reconcile
+        raise
     meta = decode(data, target_key)
     coordinator.registry.register_savepoint(name, _scopes(referenced_keys(meta, target_key)))
     return meta

@@ -199,6 +199,7 @@ class World:
         self.rules: list[tuple[str, str, float]] = []  # (full prefix, kind, until)
         self.renewals: dict[tuple[str, int], list[float]] = {}
         self.saw_fenced: dict[Actor, bool] = {}
+        self.created_by: dict[str, Actor] = {}
         self.counts: dict[str, int] = {}
         self._docs: dict[tuple[str, bytes], Any] = {}
         self._serial = 0
@@ -282,6 +283,8 @@ class World:
                     except (ValueError, KeyError):
                         continue
                     self.renewals.setdefault((job.name, int(m[1])), []).append(at)
+        if method == "create" and actor is not None:
+            self.created_by[keys[0]] = actor
         if (
             self.faults
             and actor is not None
@@ -296,7 +299,11 @@ class World:
         job = self._job_of(storage)
         if actor is None or job is None or job.retired or actor.process.kind != "driver":
             return
-        data = [f for f in fulls if not f[len(job.storage.root):].startswith(_KEPT_DIRS)]
+        data = [
+            f for f in fulls
+            if not f[len(job.storage.root):].startswith(_KEPT_DIRS)
+            and self.created_by.get(f) is not actor  # (taking back its own new document)
+        ]
         if data and self.saw_fenced.get(actor):
             self.violate(
                 "fenced-delete",
