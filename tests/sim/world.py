@@ -140,6 +140,7 @@ class SimHA(HAStore):
         state = self.inner.claim_epoch()
         if self.proc.kind == "driver":
             self.proc.data["epoch"] = state.epoch
+            self.proc.data["inc"] = self.world.job.incarnation  # (of the store it claimed in)
         return state
 
     def publish(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
