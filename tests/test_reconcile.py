@@ -114,7 +114,13 @@ def test_gc_of_a_crashed_job_deletes_its_in_flight_files(storage: Storage) -> No
     an_hour_later = time.time() + 3600
     assert live_attempt(coord.job, coord.ha.read(), now=an_hour_later) is None
     gc_plan = plan(coord.job, None)
-    assert {f.key for f in gc_plan.orphans} == mess
+    # chk-3/ is the one key the next attempt writes again for checkpoint 3: an outside gc
+    # spares it (a delete landing after that write would take a published document);
+    # the attempt that replaces it, or the job's end, removes it.
+    next_chk = {k for k in mess if k.startswith("chk-3/")}
+    assert next_chk, "the mess has a chk-3/ folder"
+    assert {f.key for f in gc_plan.orphans} == mess - next_chk
+    assert next_chk <= set(gc_plan.protected)
     # never anything a retained checkpoint references
     assert not {f.key for f in gc_plan.orphans} & referenced_by_job(coord.job)
 

@@ -110,11 +110,14 @@ def end(
         c.job,
         None,
         bookkeeping_grace=0,
+        spare_next_checkpoints=False,
         on_orphans=lambda files: c._discard(Discard(tuple(f.key for f in files), reason="job end")),
     )
     if policy is RetentionPolicy.DELETE_ALL:
         c._discard(Discard(dirs=(layout.SPARK_DIR,), reason="job ended: delete-all"))
-    if not c.cleaner.wait_idle(timeout) or plan(c.job, None, bookkeeping_grace=0).orphan_count:
+    if not c.cleaner.wait_idle(timeout) or plan(
+        c.job, None, bookkeeping_grace=0, spare_next_checkpoints=False
+    ).orphan_count:
         log.warning("job %s: cleanup unfinished; the entry stays dirty", c.job_id)
         return False
     write_result(c.storage, job_id=c.job_id, epoch=c.epoch, outcome=outcome,

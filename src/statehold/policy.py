@@ -32,6 +32,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from statehold import clock, layout
 from statehold.layout import Kind
@@ -181,6 +182,11 @@ class View:
     now: float = field(default_factory=clock.now)
     temp_grace: float = TEMP_GRACE_SECONDS
     bookkeeping_grace: float = BOOKKEEPING_TEMP_GRACE_SECONDS
+    #: Spare ``chk-N/`` after the newest retained checkpoint even with no attempt running:
+    #: the next attempt writes that very key, and a delete that lands after its write
+    #: (a gc paused between its re-check and its delete) would take a published
+    #: document. Only the attempt that ends the job, which holds the epoch, clears them.
+    spare_next_checkpoints: bool = True
 
     @classmethod
     def of(
@@ -189,7 +195,7 @@ class View:
         holders: Holders,
         live: LiveAttempt | None,
         listing: Iterable[FileInfo] = (),
-        **options: float,
+        **options: Any,
     ) -> View:
         # Only savepoints the holders were read from: one whose `_metadata` appeared
         # after that (a savepoint being made while this listing runs) is in the making as
@@ -202,6 +208,17 @@ class View:
             if p.kind is Kind.SAVEPOINT_METADATA and p.savepoint is not None and p.key in known
         )
         return cls(epoch, holders, live, frozenset(holders.referenced()), savepoints, **options)
+
+    @property
+    def newest_retained(self) -> int:
+        """The newest retained checkpoint's id (-1 if none): holders are the retained
+        checkpoints and the savepoints."""
+        ids = [
+            parse(k).checkpoint_id
+            for k in (*self.holders.documents, *self.holders.quarantined)
+            if k.startswith("chk-")
+        ]
+        return max((i for i in ids if i is not None), default=-1)
 
 
 def judge(info: FileInfo, view: View, *, disposing: str | None = None) -> Verdict:
@@ -226,7 +243,8 @@ def judge(info: FileInfo, view: View, *, disposing: str | None = None) -> Verdic
         return Verdict.REFERENCED
     if view.holders.spare_all_data and parsed.kind in (Kind.SHARED, Kind.EXCLUSIVE):
         return Verdict.PROTECTED
-    if _maybe_live(parsed, info, view):
+    explicit = disposing is not None and info.key.startswith(disposing + "/")
+    if _maybe_live(parsed, info, view, explicit=explicit):
         return Verdict.PROTECTED
     return Verdict.DELETABLE
 
@@ -250,7 +268,18 @@ def _dead_bookkeeping(info: FileInfo, kind: Kind, view: View) -> bool:
     )
 
 
-def _maybe_live(parsed: layout.PathInfo, info: FileInfo, view: View) -> bool:
+def _maybe_live(
+    parsed: layout.PathInfo, info: FileInfo, view: View, *, explicit: bool = False
+) -> bool:
+    if (
+        view.spare_next_checkpoints
+        and not explicit  # a person disposing of that very folder
+        and parsed.epoch is None
+        and parsed.kind in (Kind.CHECKPOINT_METADATA, Kind.CHECKPOINT_OTHER, Kind.TEMP)
+        and parsed.checkpoint_id is not None
+        and parsed.checkpoint_id > view.newest_retained
+    ):
+        return True  # see View.spare_next_checkpoints
     if parsed.kind is Kind.SAVEPOINT_METADATA:
         return True  # a savepoint is deleted only by an explicit dispose
     if parsed.epoch is not None and parsed.epoch > view.epoch:
