@@ -125,6 +125,20 @@ def test_gc_of_a_crashed_job_deletes_its_in_flight_files(storage: Storage) -> No
     assert not {f.key for f in gc_plan.orphans} & referenced_by_job(coord.job)
 
 
+def test_seed_1009_an_older_attempt_starting_late_keeps_a_newer_lease(storage: Storage) -> None:
+    """Found by the simulation (seed 1009): an attempt of epoch 19 that got to its lease
+    after epoch 20 had started removed epoch 20's lease, so an outside gc saw no running
+    attempt and deleted epoch 20's in-flight files, which it then published."""
+    newer = Lease(storage, 20, ttl=60).start(background=False)
+    older = Lease(storage, 19, ttl=60).start(background=False)
+    assert storage.exists(lease_key(20))
+    assert storage.exists(lease_key(19))  # its own; the newer attempt's start removes it
+    Lease(storage, 21, ttl=60).start(background=False)
+    assert not storage.exists(lease_key(19)) and not storage.exists(lease_key(20))
+    newer.stop(release=False)
+    older.stop(release=False)
+
+
 def test_lease_is_per_epoch_and_released(storage: Storage) -> None:
     lease = Lease(storage, 7, ttl=60).start()
     assert lease.is_fresh()

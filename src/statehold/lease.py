@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ from statehold.storage.base import NotFoundError, Storage, StorageError
 log = logging.getLogger("statehold.lease")
 
 DEFAULT_TTL = 120.0
+
+
+_LEASE_KEY = re.compile(rf"^{re.escape(layout.JOB_DIR)}/lease-e(?P<epoch>\d+)\.json$")
 
 
 def lease_key(epoch: int) -> str:
@@ -114,11 +118,13 @@ class Lease:
         """Renew once, remove older epochs' leases, then keep renewing every ttl/4 in a
         background thread (unless `background` is False: then the caller calls `renew`)."""
         self.renew()
-        mine = lease_key(self.epoch)
+        # Only older epochs': a newer attempt's lease is what tells an outside gc that it
+        # runs, and a late-starting older attempt (fenced, but not knowing it yet) must
+        # not remove it (found by the simulation, seed 1009).
         old = [
             info.key
             for info in self.storage.list(layout.JOB_DIR)
-            if info.key.startswith(f"{layout.JOB_DIR}/lease-e") and info.key != mine
+            if (m := _LEASE_KEY.match(info.key)) and int(m["epoch"]) < self.epoch
         ]
         if old:
             try:
