@@ -7,6 +7,7 @@ import time
 
 import pytest
 from faulty import FaultyStorage
+from forwarding import ForwardingStorage
 
 from statehold import layout
 from statehold.async_cleaner import AsyncCleaner
@@ -24,7 +25,7 @@ from statehold.metadata import (
     referenced_keys,
 )
 from statehold.policy import is_history_record
-from statehold.storage import Storage
+from statehold.storage import Storage, StorageError
 
 MAX_PARALLELISM = 8
 RANGES = [KeyGroupRange(start=0, end=3), KeyGroupRange(start=4, end=7)]
@@ -209,6 +210,35 @@ def test_savepoints_are_never_subsumed(storage: Storage) -> None:
     # the savepoint survives a restart too (the registry is rebuilt with it)
     again = start(storage, retain=1)
     run_checkpoint(again, tasks, 8)
+    assert set(referenced_keys(sp, sp_key)) <= listing(storage)
+
+
+class SavepointWriteTimesOut(ForwardingStorage):
+    """A savepoint's `_metadata` create that lands but reports a failure."""
+
+    def create_if_absent(self, key: str, data: bytes) -> None:
+        self.inner.create_if_absent(key, data)
+        if key.startswith("savepoints/"):
+            raise StorageError(f"{key}: timed out (the write landed)")
+
+
+def test_seed_20016_a_savepoint_whose_write_outcome_is_unknown_keeps_its_files(
+    storage: Storage,
+) -> None:
+    """Found by the simulation (seed 20016): the savepoint's document write timed out
+    after landing; the registry did not hold its shared files, and subsume deleted them."""
+    rng = random.Random(17)
+    flaky = SavepointWriteTimesOut(storage)
+    coord = start(flaky, retain=1)
+    tasks = [SimulatedTask(flaky, r, rng) for r in RANGES]
+    run_checkpoint(coord, tasks, 1)
+    with pytest.raises(StorageError, match="timed out"):
+        coord.savepoint("sp")
+    for n in range(2, 6):  # every checkpoint that shared files with it is subsumed
+        run_checkpoint(coord, tasks, n)
+    coord.close()
+    sp_key = layout.savepoint_metadata_key("sp")
+    sp = read_metadata(storage, sp_key)  # it landed
     assert set(referenced_keys(sp, sp_key)) <= listing(storage)
 
 

@@ -21,6 +21,7 @@ from statehold.jobresult import JobOutcome, RetentionPolicy, write_result
 from statehold.layout import Scope
 from statehold.metadata import CheckpointMetadata, decode, encode, referenced_keys
 from statehold.reconcile import plan
+from statehold.storage.base import AlreadyExistsError
 
 if TYPE_CHECKING:
     from statehold.coordinator import CheckpointCoordinator
@@ -67,7 +68,15 @@ def savepoint(coordinator: CheckpointCoordinator, name: str) -> CheckpointMetada
         }
     )
     data = encode(meta, target_key)
-    storage.create_if_absent(target_key, data)
+    # Held from before the document can exist: a write whose outcome is unknown (it may
+    # have landed) must not leave a savepoint whose shared files subsume then deletes
+    # (found by the simulation, seed 20016). A restart's reconcile reads the truth.
+    coordinator.registry.register_savepoint(name, _scopes(referenced_keys(meta, target_key)))
+    try:
+        storage.create_if_absent(target_key, data)
+    except AlreadyExistsError:
+        coordinator.registry.release_savepoint(name)  # not ours: nothing of it is freed
+        raise CheckpointError(f"savepoint {name!r} already exists") from None
     try:
         # Fenced by now, a newer attempt may have read the savepoints before this one
         # existed: it does not hold the files this one references in place and may delete
@@ -76,9 +85,7 @@ def savepoint(coordinator: CheckpointCoordinator, name: str) -> CheckpointMetada
     except StateholdError:
         storage.delete_many([target_key])  # its copies are left to the reconcile
         raise
-    meta = decode(data, target_key)
-    coordinator.registry.register_savepoint(name, _scopes(referenced_keys(meta, target_key)))
-    return meta
+    return decode(data, target_key)
 
 
 def end(
