@@ -40,15 +40,9 @@ from statehold.spark.api import (
 )
 from statehold.spark.batch import NOTED, BatchResult, batch_figures, check_acks
 from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdProgressListener
+from statehold.spark.staging import stage, state_spec
 from statehold.spark.task import (
     ACK_COL,
-    INTERNAL_COLS,
-    KEY_COL,
-    KG_COL,
-    TASK_COL,
-    KeyGroupStage,
-    StateSpec,
-    StateStage,
 )
 from statehold.storage import LocalStorage, Storage, check_key, open_storage
 
@@ -215,12 +209,12 @@ class StatefulJob:
             )
             return BatchResult(batch_id, True, time.time() - started)
         keys = (key,) if isinstance(key, str) else tuple(key)
-        spec = self._spec(
-            df, batch_id, process, output_schema, keys, order_by, input_format, vectorized
+        spec = state_spec(
+            self, df, batch_id, process, output_schema, keys, order_by, input_format, vectorized
         )
         coord.begin(batch_id)
         try:
-            staged = self._stage(df, spec, output_schema)
+            staged = stage(self, df, spec, output_schema)
             ack_rows = staged.where(staged[ACK_COL].isNotNull()).select(ACK_COL).collect()
             acks = [row[0] for row in ack_rows]
             handles = check_acks(acks, self.parallelism, self.max_parallelism)
@@ -367,83 +361,6 @@ class StatefulJob:
         if parsed is None:
             parsed = self._parsed[schema] = self.spark.createDataFrame([], schema).schema
         return parsed
-
-    def _spec(
-        self,
-        df: DataFrame,
-        batch_id: int,
-        process: KeyFunction | BatchFunction,
-        output_schema: StructType | str,
-        keys: tuple[str, ...],
-        order_by: Sequence[str],
-        input_format: InputFormat,
-        vectorized: bool,
-    ) -> StateSpec:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        missing = [c for c in (*keys, *order_by) if c not in df.columns]
-        if missing:
-            raise ValueError(f"columns {missing} not in the input ({df.columns})")
-        clash = [c for c in df.columns if c in (*INTERNAL_COLS, ACK_COL)]
-        if clash:
-            raise ValueError(f"input columns {clash} are reserved by statehold")
-        struct = self._struct(output_schema)
-        if ACK_COL in struct.fieldNames():
-            raise ValueError(f"output column {ACK_COL!r} is reserved by statehold")
-        latest = self.coordinator.latest()
-        restore_key: str | None = None
-        ranges: tuple[str, ...] = ()
-        if latest is not None:
-            restore_key, meta = latest
-            for op in meta.operators:
-                if op.operator == self.operator:
-                    ranges = tuple(r.model_dump_json() for r in op.ranges)
-        return StateSpec(
-            storage_uri=self.storage.uri,
-            storage_options=self.storage_options,
-            job_id=self.job_id,
-            operator=self.operator,
-            epoch=self.coordinator.epoch,
-            checkpoint_id=batch_id,
-            max_parallelism=self.max_parallelism,
-            parallelism=self.parallelism,
-            restore_key=restore_key if ranges else None,
-            restore_ranges=ranges,
-            key_columns=keys,
-            order_by=tuple(order_by),
-            output_schema=to_arrow_schema(struct),
-            input_format=input_format,
-            function=process,
-            vectorized=vectorized,
-            local_dir=self.local_dir,
-            backend_options=self.backend_options,
-        )
-
-    def _stage(self, df: DataFrame, spec: StateSpec, output_schema: StructType | str) -> DataFrame:
-        from pyspark.sql.types import IntegerType, StringType, StructField, StructType
-
-        keyed_schema = StructType(
-            [
-                *df.schema.fields,
-                StructField(KEY_COL, StringType(), False),
-                StructField(KG_COL, IntegerType(), False),
-                StructField(TASK_COL, IntegerType(), False),
-            ]
-        )
-        user = self._struct(output_schema)
-        out_schema = StructType(
-            [StructField(f.name, f.dataType, True, f.metadata) for f in user.fields]
-            + [StructField(ACK_COL, StringType(), True)]
-        )
-        keyed = df.mapInArrow(
-            KeyGroupStage(spec.key_columns, spec.parallelism, spec.max_parallelism),
-            keyed_schema,
-        )
-        staged = keyed.repartitionById(spec.parallelism, TASK_COL).mapInArrow(
-            StateStage(spec), out_schema
-        )
-        # Materialise once: the acks and the sink must see the same, single run of state.
-        return staged.localCheckpoint(eager=True)
 
 
 __all__ = ["BatchResult", "StatefulJob", "replace_output"]
