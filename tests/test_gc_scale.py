@@ -88,10 +88,11 @@ def test_streamed_gc_over_many_pages_equals_the_in_memory_plan(
     assert report.foreign == ["notes.txt"] and report.scanned == len(before)
 
 
-def test_gc_beside_a_running_job_deletes_nothing_live(tmp_path: Path) -> None:
-    storage = open_storage(str(tmp_path / "job"))
+def running_with_checkpoint_in_flight(storage: Storage, seed: int) -> CheckpointCoordinator:
+    """A running attempt: checkpoints 1-3 completed and cleaned up, 4 begun with every
+    task's files uploaded and acknowledged."""
     coord = start(storage)
-    tasks = [SimulatedTask(storage, r, random.Random(8)) for r in RANGES]
+    tasks = [SimulatedTask(storage, r, random.Random(seed)) for r in RANGES]
     for n in range(1, 4):
         run_checkpoint(coord, tasks, n)
     coord.wait_reconciled(60)
@@ -99,6 +100,12 @@ def test_gc_beside_a_running_job_deletes_nothing_live(tmp_path: Path) -> None:
     coord.begin(4)
     for task in tasks:
         coord.acknowledge(4, "agg", task.snapshot(coord.epoch, 4))
+    return coord
+
+
+def test_gc_beside_a_running_job_deletes_nothing_live(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path / "job"))
+    coord = running_with_checkpoint_in_flight(storage, seed=8)
     live = listing(storage)
     add_orphans(storage, coord.epoch, 1500)
     with open_job(storage) as job:
@@ -129,15 +136,7 @@ def test_spark_gc_on_local_cluster_equals_local_gc_and_spares_a_running_job(
         local = gc(job)
 
     running = open_storage(str(root / "running"))
-    coord: CheckpointCoordinator = start(running)
-    tasks = [SimulatedTask(running, r, random.Random(9)) for r in RANGES]
-    for n in range(1, 4):
-        run_checkpoint(coord, tasks, n)
-    coord.wait_reconciled(60)
-    coord.cleaner.wait_idle(60)
-    coord.begin(4)
-    for task in tasks:
-        coord.acknowledge(4, "agg", task.snapshot(coord.epoch, 4))
+    coord = running_with_checkpoint_in_flight(running, seed=9)
     live = listing(running)
     add_orphans(running, coord.epoch, 700)
     (root / "not-a-job").mkdir()
