@@ -95,7 +95,8 @@ Top = tuple[list[str], Files]
 
 
 class Storage(abc.ABC):
-    """Files under one root. Implementations: LocalStorage, S3Storage."""
+    """Files under one root. Implementations: LocalStorage and the object stores
+    (S3Storage, GCSStorage, AzureStorage)."""
 
     #: URI of the root, e.g. ``file:///data/ckpt/job-1`` or ``s3://bucket/ckpt/job-1``.
     uri: str
