@@ -16,7 +16,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from statehold import clock, layout, signed
 from statehold.errors import StateholdError
@@ -24,8 +31,16 @@ from statehold.layout import Scope
 from statehold.storage.base import NotFoundError, Storage, UnsafePathError
 
 FORMAT_NAME: Final = "statehold.checkpoint"
-#: Bump on any change a reader of the previous version would misread.
-FORMAT_VERSION = 1
+#: Bump on any change a reader of the previous version would misread. Version 2 added
+#: `state_schemas`; a document without them is still written as version 1, so a job
+#: without typed state stays readable by an older statehold.
+FORMAT_VERSION = 2
+#: The version of one operator's schema record (`OperatorSchemas.version`).
+SCHEMA_RECORD_VERSION = 1
+#: Characters of one recorded type (Spark's type JSON).
+MAX_SCHEMA_JSON = 1 << 20
+
+SchemaJson = Annotated[str, Field(min_length=1, max_length=MAX_SCHEMA_JSON)]
 
 #: Stored files up to this size are checksummed from memory, larger ones streamed.
 _IN_MEMORY = 16 << 20
@@ -119,6 +134,34 @@ class OperatorState(_Model):
     ranges: signed.Items[KeyGroupState]
 
 
+class VariableSchema(_Model):
+    """How one state variable's values were stored: its kind and, when typed, Spark's
+    type JSON of its values (and of a map's user keys); None is the untyped JSON fallback."""
+
+    kind: str = Field(min_length=1, max_length=64)
+    value: SchemaJson | None = None
+    map_key: SchemaJson | None = None
+
+
+class OperatorSchemas(_Model):
+    """What a restore checks before the operator reads its state: the grouping key's column
+    types and every state variable's schema (see `statehold.state_schema`)."""
+
+    version: signed.Version = SCHEMA_RECORD_VERSION
+    #: Spark's type JSON of the grouping key's columns (a struct); None if unknown.
+    key: SchemaJson | None = None
+    variables: dict[signed.Name, VariableSchema] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_version(self) -> OperatorSchemas:
+        if self.version > SCHEMA_RECORD_VERSION:
+            raise ValueError(
+                f"state schema record version {self.version} is newer than this statehold "
+                f"reads ({SCHEMA_RECORD_VERSION}); upgrade statehold"
+            )
+        return self
+
+
 class Lineage(_Model):
     """Where the state came from when the job was restored from another checkpoint."""
 
@@ -132,7 +175,8 @@ class Lineage(_Model):
 
 class CheckpointMetadata(_Model):
     format: Literal["statehold.checkpoint"] = FORMAT_NAME
-    version: signed.Version = FORMAT_VERSION
+    #: 1 unless the document records state schemas (see FORMAT_VERSION).
+    version: signed.Version = 1
     job_id: signed.Name = Field(min_length=1)
     checkpoint_id: signed.Id
     epoch: signed.Id
@@ -145,8 +189,27 @@ class CheckpointMetadata(_Model):
     max_parallelism: signed.MaxParallelism
     operators: signed.Items[OperatorState] = Field(default_factory=list)
     lineage: Lineage | None = None
+    #: Per operator, the schemas its state was written with (absent before version 2 and
+    #: in jobs that record none).
+    state_schemas: dict[signed.Name, OperatorSchemas] | None = None
     #: SHA-256 of the canonical document without this field; set by `encode`.
     checksum: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_of_content(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "version" not in data and data.get("state_schemas"):
+            return {**data, "version": 2}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _without_absent_schemas(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Leave `state_schemas` out when there are none: the document an older statehold
+        (which forbids unknown fields) wrote and reads."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("state_schemas", 0) is None:
+            del data["state_schemas"]
+        return data
 
     def state_files(self) -> Iterator[tuple[str, KeyGroupState, StateFile]]:
         for op in self.operators:
@@ -169,6 +232,8 @@ def check_paths(meta: CheckpointMetadata, metadata_key: str) -> None:
 def encode(meta: CheckpointMetadata, metadata_key: str) -> bytes:
     """Serialize with its checksum; refuses absolute or escaping paths."""
     check_paths(meta, metadata_key)
+    if meta.state_schemas is not None and meta.version < 2:  # e.g. set by model_copy
+        meta = meta.model_copy(update={"version": 2})
     return signed.encode(meta)
 
 
