@@ -7,9 +7,10 @@ are rules on a file or directory path that stay until `heal()`. Every call is co
 
 Operation kinds:
   * ``delete`` — delete_many (one draw per key), delete_prefix (one draw per call)
-  * ``write``  — write, upload, create_if_absent, and the destination side of copy/move
+  * ``write``  — write, upload, create_if_absent, replace_if_version, and the destination
+    side of copy/move
   * ``list``   — list_pages (one draw per listing)
-  * ``read``   — read, stat, download, and the source side of copy/move
+  * ``read``   — read, read_versioned, stat, download, and the source side of copy/move
 """
 
 from __future__ import annotations
@@ -269,6 +270,14 @@ class FaultyStorage(Storage):
     def create_if_absent(self, key: str, data: bytes) -> None:
         self._call("create_if_absent", "write", check_key(key))
         self.inner.create_if_absent(key, data)
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        self._call("read_versioned", "read", check_key(key))
+        return self.inner.read_versioned(key)
+
+    def replace_if_version(self, key: str, version: str, data: bytes) -> None:
+        self._call("replace_if_version", "write", check_key(key))
+        self.inner.replace_if_version(key, version, data)
 
     def delete_many(self, keys: Iterable[str]) -> None:
         """Per key: a denied or unlucky key fails, every other key is deleted; then

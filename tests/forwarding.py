@@ -38,6 +38,12 @@ class ForwardingStorage(Storage):
     def create_if_absent(self, key: str, data: bytes) -> None:
         self.inner.create_if_absent(key, data)
 
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        return self.inner.read_versioned(key)
+
+    def replace_if_version(self, key: str, version: str, data: bytes) -> None:
+        self.inner.replace_if_version(key, version, data)
+
     def delete_many(self, keys: Iterable[str]) -> None:
         self.inner.delete_many(keys)
 

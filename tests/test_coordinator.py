@@ -283,12 +283,16 @@ def test_an_ambiguous_publish_is_resolved_by_reading_the_ha_store(storage: Stora
     with pytest.raises(HAStoreError):
         coord.complete(3)
     coord.abort(3, "publish failed")
-    assert not storage.exists(layout.checkpoint_metadata_key(3))  # removed at once
+    # Kept, not deleted: a delete landing late could remove a newer attempt's document.
+    leftover = storage.read(layout.checkpoint_metadata_key(3))
     tasks = [task.restore(coord) for task in tasks]
-    run_checkpoint(coord, tasks, 3)  # the retry writes its own _metadata
+    run_checkpoint(coord, tasks, 3)  # the retry replaces the leftover with its own
     assert coord.wait_reconciled(60)
     assert referenced_by_retained(storage, coord) <= listing(storage)
-    assert [p.checkpoint_id for p in ha.read().retained] == [2, 3]
+    retained = ha.read().retained
+    assert [p.checkpoint_id for p in retained] == [2, 3]
+    assert storage.read(layout.checkpoint_metadata_key(3)) != leftover
+    assert read_metadata(storage, retained[-1].metadata).checksum == retained[-1].checksum
     coord.close()
 
 

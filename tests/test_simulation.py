@@ -225,3 +225,94 @@ def test_seed_10125_a_fenced_attempt_keeps_no_savepoint(tmp_path: object) -> Non
         old.savepoint("sp34")
     assert not storage.exists(layout.savepoint_metadata_key("sp34"))
     new.close()
+
+
+@pytest.mark.parametrize("seed", [20006, 20156])
+def test_seed_20006_20156_a_claim_restore_under_way_is_finished(seed: int) -> None:
+    """Seeds 20006 and 20156 (a bug of the model, not of statehold): a claim restore began
+    a few steps before the quiet phase, which killed it half done and then ran the retired
+    source job again, whose retained checkpoint had lost the files already moved (and whose
+    quiet reconcile then refused to delete anything). The quiet phase now finishes a
+    restore under way, as a person re-runs an interrupted claim restore, and checks the
+    job it made."""
+    result, world = run_seed(seed, 3000)
+    assert not result["violations"], world.minimal_trace()
+    assert result["events"]["restore-claim"] >= 1  # type: ignore[index]
+    assert world.job.name.startswith("restored-")
+
+
+def _acknowledge_all(coordinator: object, storage: Storage, checkpoint_id: int) -> None:
+    """Every task of the model's operator uploads its files and acknowledges."""
+    from sim import model
+
+    from statehold import layout
+    from statehold.coordinator import CheckpointCoordinator
+
+    assert isinstance(coordinator, CheckpointCoordinator)
+    epoch = coordinator.epoch
+    for i in range(len(model.RANGES)):
+        data = model.file_bytes({"lo": 0, "hi": 1, "sum": model.delta(checkpoint_id, i)})
+        key = layout.shared_key(epoch, checkpoint_id, f"t{i}")
+        storage.write(key, data)
+        handle = model.handle(data, layout.Scope.SHARED)
+        chain = model.Chain((model.ChainFile(key, handle, 0, checkpoint_id),), checkpoint_id)
+        ex = model.file_bytes({"task": i, "checkpoint": checkpoint_id, "total": 1})
+        ex_key = layout.exclusive_key(epoch, checkpoint_id, f"t{i}")
+        storage.write(ex_key, ex)
+        exclusive = (ex_key, model.handle(ex, layout.Scope.EXCLUSIVE))
+        coordinator.acknowledge(checkpoint_id, model.OPERATOR,
+                                model.key_group_state(checkpoint_id, i, chain, exclusive))
+
+
+def test_seed_10129_a_zombie_never_removes_a_newer_attempts_metadata(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 10129: checkpoint ids are batch ids, reused after a failure. Attempt 1 found a
+    leftover ``chk-1/_metadata``, checked that it was current and 1 unpublished, and paused;
+    attempt 2 replaced the leftover with its own document and published 1; attempt 1 then
+    deleted that published document. The leftover is now replaced only if it is still the
+    version that was checked (If-Match on S3), and nothing deletes it. Here attempt 2 runs
+    exactly inside attempt 1's pause, on local disk and on S3."""
+    from sim import model
+
+    from statehold import layout
+    from statehold.cleaner import SyncCleaner
+    from statehold.coordinator import CheckpointCoordinator, CheckpointError
+    from statehold.ha.embedded import EmbeddedHAStore
+    from statehold.metadata import read_metadata
+
+    def start() -> CheckpointCoordinator:
+        return CheckpointCoordinator.start(
+            storage, EmbeddedHAStore(storage), job_id="j",
+            max_parallelism=model.MAX_PARALLELISM,
+            cleaner=lambda guard: SyncCleaner(storage, guard=guard),
+            reconcile_in_background=False, renew_lease_in_background=False,
+        )
+
+    key = layout.checkpoint_metadata_key(1)
+    storage.write(key, b"a crashed try's torn leftover")
+    zombie = start()
+    zombie.begin(1)
+    _acknowledge_all(zombie, storage, 1)
+    real_listed = statehold.published.listed
+    newer: list[CheckpointCoordinator] = []
+
+    def listed_then_pause(ha: object, epoch: int, checkpoint_id: int, checksum: object) -> bool:
+        answer = real_listed(ha, epoch, checkpoint_id, checksum)  # type: ignore[arg-type]
+        if epoch == zombie.epoch and not newer:  # the zombie's check passed; it pauses
+            newer.append(start())
+            newer[0].begin(1)
+            _acknowledge_all(newer[0], storage, 1)
+            newer[0].complete(1)
+        return answer
+
+    monkeypatch.setattr(statehold.published, "listed", listed_then_pause)
+    with pytest.raises(CheckpointError, match="already written by epoch"):
+        zombie.complete(1)
+    zombie.abort(1, "failed")
+    published = EmbeddedHAStore(storage).read().retained
+    assert [p.checkpoint_id for p in published] == [1]
+    assert read_metadata(storage, key).checksum == published[0].checksum
+    monkeypatch.undo()
+    newer[0].close()
+    start().close()  # the next attempt restores from it

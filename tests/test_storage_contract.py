@@ -21,6 +21,7 @@ import pytest
 from statehold import layout
 from statehold.storage import (
     AlreadyExistsError,
+    ConflictError,
     DeleteError,
     LocalStorage,
     NotFoundError,
@@ -133,6 +134,24 @@ def test_create_if_absent_refuses_second(storage: Storage) -> None:
         storage.create_if_absent("_ha/leader", b"epoch-2")
     assert storage.read("_ha/leader") == b"epoch-1"
     assert keys(storage) == {"_ha/leader"}  # no temp file left behind
+
+
+def test_replace_if_version_only_over_the_version_read(storage: Storage) -> None:
+    """The conditional replace that write-once ``chk-N/_metadata`` relies on: it never
+    lands over a version it did not read, nor on a file that is gone."""
+    storage.write("chk-1/_metadata", b"leftover")
+    data, version = storage.read_versioned("chk-1/_metadata")
+    assert data == b"leftover"
+    storage.replace_if_version("chk-1/_metadata", version, b"mine")
+    assert storage.read("chk-1/_metadata") == b"mine"
+    with pytest.raises(ConflictError):  # a zombie still holding the old version
+        storage.replace_if_version("chk-1/_metadata", version, b"zombie")
+    assert storage.read("chk-1/_metadata") == b"mine"
+    _data, current = storage.read_versioned("chk-1/_metadata")
+    storage.delete_many(["chk-1/_metadata"])
+    with pytest.raises(ConflictError):
+        storage.replace_if_version("chk-1/_metadata", current, b"late")
+    assert keys(storage) == set()  # nothing recreated, no temp file left behind
 
 
 def test_create_if_absent_concurrent_exactly_one_wins(storage: Storage) -> None:

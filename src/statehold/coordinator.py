@@ -291,10 +291,13 @@ class CheckpointCoordinator:
                 log.warning("job %s: checkpoint %d may be published; kept", self.job_id,
                             checkpoint_id)
                 return
-            # Deleted now, not by the asynchronous cleaner: a retry of N (a replayed batch)
-            # writes its own _metadata there, which a lagging delete would remove.
-            self.storage.delete_many([layout.checkpoint_metadata_key(checkpoint_id)])
-        # chk-N/ never goes to the asynchronous cleaner, for the same reason.
+            # Its _metadata is left in place, not deleted: by the time a delete landed, a
+            # newer attempt may have written and published its own document for N (a
+            # replayed batch; simulation, seed 10129). A retry of N replaces it only if
+            # unchanged (`published.write_metadata_once`); the job moving past N, or its
+            # end, removes it.
+        # chk-N/ never goes to the cleaner: a retry of N writes the very same keys, which
+        # a lagging delete would remove.
         chk = layout.checkpoint_dir(checkpoint_id)
         self._discard(
             Discard(

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from statehold import layout
 from statehold.ha.base import FencedError, HAStore
-from statehold.metadata import MetadataError, read_metadata
-from statehold.storage.base import AlreadyExistsError, Storage
+from statehold.metadata import MetadataError, decode
+from statehold.storage.base import AlreadyExistsError, ConflictError, NotFoundError, Storage
 
 
 def listed(ha: HAStore, epoch: int, checkpoint_id: int, checksum: str | None) -> bool:
@@ -32,7 +32,12 @@ def write_metadata_once(
     """Create ``chk-N/_metadata``. An existing document is replaced only if this or an
     older epoch wrote it (an aborted try of N, or a crashed attempt's leftover) and
     the HA store does not list N; a newer attempt's document, or a published one, is
-    never overwritten."""
+    never overwritten.
+
+    The replace is conditional on the version that was checked, and nothing here deletes:
+    checkpoint ids are Spark batch ids, reused after a failure, so a zombie paused between
+    its check and an unconditional delete removed the document a newer attempt had
+    written and published meanwhile (simulation, seed 10129)."""
     from statehold.coordinator import CheckpointError  # that module imports this one
 
     checkpoint_id = layout.parse(metadata_key).checkpoint_id
@@ -44,12 +49,20 @@ def write_metadata_once(
         except AlreadyExistsError:
             pass
         try:
-            existing_epoch = read_metadata(storage, metadata_key).epoch
+            existing, version = storage.read_versioned(metadata_key)
+        except NotFoundError:
+            continue  # removed meanwhile (the job moved past N): create it again
+        try:
+            existing_epoch = decode(existing, metadata_key).epoch
         except MetadataError:
             existing_epoch = -1  # torn or foreign: not a valid document of anyone
         if existing_epoch > epoch:
             raise CheckpointError(f"{metadata_key} was already written by epoch {existing_epoch}")
         if listed(ha, epoch, checkpoint_id, None):  # also FencedError if no longer current
             raise CheckpointError(f"{metadata_key} is published already; not replaced")
-        storage.delete_many([metadata_key])
+        try:
+            storage.replace_if_version(metadata_key, version, data)
+            return
+        except ConflictError:
+            pass  # another attempt wrote it since: look again
     raise CheckpointError(f"could not write {metadata_key}: contention")

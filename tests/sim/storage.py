@@ -12,6 +12,7 @@ only; S3 has been strongly consistent since 2020, so it is off by default.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from statehold.storage.base import (
     AlreadyExistsError,
+    ConflictError,
     DeleteError,
     FileInfo,
     NotFoundError,
@@ -127,6 +129,17 @@ class SimStorage(Storage):
             raise AlreadyExistsError(f"{self.uri}{key}: exists")
         self._put(full, bytes(data))
         self.world.after_op(self, "create", [full], None)
+
+    def replace_if_version(self, key: str, version: str, data: bytes) -> None:
+        """See Storage: compare and put in one step (the version is the content's digest,
+        as `read_versioned` gives it)."""
+        full = self._full(key)
+        self._op("write", "replace", [full])
+        o = self.objects.get(full)
+        if o is None or hashlib.sha256(o.data).hexdigest() != version:
+            raise ConflictError(f"{self.uri}{key}: changed or gone since it was read")
+        self._put(full, bytes(data))
+        self.world.after_op(self, "create", [full], None)  # this actor's document now
 
     def delete_many(self, keys: Iterable[str]) -> None:
         fulls = sorted({self._full(k) for k in keys})

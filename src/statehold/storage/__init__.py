@@ -7,6 +7,7 @@ from urllib.parse import unquote, urlparse
 
 from statehold.storage.base import (
     AlreadyExistsError,
+    ConflictError,
     DeleteError,
     FileInfo,
     NotFoundError,
@@ -19,6 +20,7 @@ from statehold.storage.local import LocalStorage
 
 __all__ = [
     "AlreadyExistsError",
+    "ConflictError",
     "DeleteError",
     "FileInfo",
     "LocalStorage",

@@ -9,6 +9,7 @@ statehold guarantees it never reads or deletes outside the job directory.
 from __future__ import annotations
 
 import abc
+import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,10 @@ class NotFoundError(StorageError, FileNotFoundError):
 
 class AlreadyExistsError(StorageError, FileExistsError):
     """create_if_absent found the file already there."""
+
+
+class ConflictError(StorageError):
+    """replace_if_version found the file changed, or gone, since that version was read."""
 
 
 class DeleteError(StorageError):
@@ -162,6 +167,19 @@ class Storage(abc.ABC):
     def create_if_absent(self, key: str, data: bytes) -> None:
         """Atomically create `key`; AlreadyExistsError if it exists. The only primitive
         the embedded HA store needs for fencing."""
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        """Content and an opaque token of this version of it, for `replace_if_version`.
+        Default: a digest of the content (object stores use their ETag)."""
+        data = self.read(key)
+        return data, hashlib.sha256(data).hexdigest()
+
+    def replace_if_version(self, key: str, version: str, data: bytes) -> None:
+        """Atomically replace `key` with `data` only if it still holds the version
+        `read_versioned` returned; ConflictError if it changed or is gone. What lets an
+        attempt replace a leftover document without ever removing a newer attempt's
+        (a check, then an unconditional delete, lost the race to a pause in between)."""
+        raise StorageError(f"{self.uri}: this backend has no conditional replace")
 
     @abc.abstractmethod
     def delete_many(self, keys: Iterable[str]) -> None:

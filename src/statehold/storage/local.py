@@ -12,6 +12,8 @@ it stops links that are there, not an adversary swapping them in at the same mom
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
 import os
 import shutil
 import stat
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from statehold.storage.base import (
     AlreadyExistsError,
+    ConflictError,
     DeleteError,
     FileInfo,
     NotFoundError,
@@ -237,6 +240,29 @@ class LocalStorage(Storage):
             os.link(tmp, path)  # atomic, fails if the target exists
         except FileExistsError as e:
             raise AlreadyExistsError(f"{self.uri}/{key} already exists") from e
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def replace_if_version(self, key: str, version: str, data: bytes) -> None:
+        """See Storage. The version is the content's digest; the compare and the rename
+        over it happen under an exclusive lock on the file's directory, which every
+        conditional replace there takes (a process paused inside it holds the others
+        back; a killed one releases it)."""
+        path = self._path(key)
+        tmp = self._write_temp(path, data, None)
+        try:
+            fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    current = path.read_bytes()
+                except FileNotFoundError:
+                    raise ConflictError(f"{self.uri}/{key}: gone since it was read") from None
+                if hashlib.sha256(current).hexdigest() != version:
+                    raise ConflictError(f"{self.uri}/{key}: changed since it was read")
+                os.replace(tmp, path)
+            finally:
+                os.close(fd)  # releases the lock
         finally:
             tmp.unlink(missing_ok=True)
 

@@ -26,6 +26,7 @@ import obstore.exceptions as obe
 
 from statehold.storage.base import (
     AlreadyExistsError,
+    ConflictError,
     DeleteError,
     FileInfo,
     NotFoundError,
@@ -232,6 +233,35 @@ class ObjectStorage(Storage):
         path = self._path(key)
         with self._errors(key):
             obstore.put(self._store, path, data, mode="create")
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        """See Storage: the content, and its ETag and version (GCS's generation) from the
+        same GET, as one token."""
+        path = self._path(key)
+        with self._errors(key):
+            result = obstore.get(self._store, path)
+            data = bytes(result.bytes())
+        e_tag, version = result.meta.get("e_tag"), result.meta.get("version")
+        if not e_tag and not version:
+            raise StorageError(f"{self.uri}/{key}: the store gave no ETag or version")
+        return data, f"{e_tag or ''}\n{version or ''}"
+
+    def replace_if_version(self, key: str, version: str, data: bytes) -> None:
+        """See Storage: a conditional PUT on the version read (``If-Match`` on S3 and
+        Azure, the generation on GCS)."""
+        path = self._path(key)
+        e_tag, _, object_version = version.partition("\n")
+        mode: dict[str, str] = {}
+        if e_tag:
+            mode["e_tag"] = e_tag
+        if object_version:
+            mode["version"] = object_version
+        try:
+            obstore.put(self._store, path, data, mode=mode)  # type: ignore[arg-type]
+        except (*_NOT_FOUND, obe.PreconditionError) as e:
+            raise ConflictError(f"{self.uri}/{key}: changed or gone since it was read") from e
+        except obe.BaseError as e:
+            raise StorageError(f"{self.uri}/{key}: {e}") from e
 
     def delete_many(self, keys: Iterable[str]) -> None:
         checked = list(dict.fromkeys(check_key(k) for k in keys))  # check all first
