@@ -532,7 +532,7 @@ def test_stored_state_is_json_never_pickle(storage: Storage, tmp_path: Path) -> 
             n += 1
     finally:
         db.close()
-    assert n == 50 * 4 + 1
+    assert n == 50 * 5 + 1  # value, 2 list elements (an entry each), 2 map entries; obj
     src = Path(__file__).parents[1] / "src" / "statehold" / "backend"
     uses_pickle = re.compile(r"\bimport\s+(c?pickle|dill|cloudpickle)\b|pickle\.(loads?|dumps?)")
     for py in src.glob("*.py"):

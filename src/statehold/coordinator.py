@@ -36,6 +36,7 @@ from statehold.layout import Scope
 from statehold.lease import DEFAULT_TTL, Lease
 from statehold.metadata import (
     CheckpointMetadata,
+    EventTime,
     KeyGroupState,
     Lineage,
     OperatorState,
@@ -210,7 +211,10 @@ class CheckpointCoordinator:
         pending.acks.setdefault(operator, []).append(state)
 
     def complete(
-        self, checkpoint_id: int, source_position: Mapping[str, Any] | None = None
+        self,
+        checkpoint_id: int,
+        source_position: Mapping[str, Any] | None = None,
+        event_time: EventTime | None = None,
     ) -> CheckpointMetadata:
         pending = self._pending.get(checkpoint_id)
         if pending is None:
@@ -234,6 +238,7 @@ class CheckpointCoordinator:
             max_parallelism=self.max_parallelism,
             operators=operators,
             lineage=self.lineage,
+            event_time=event_time,
         )
         data = encode(meta, metadata_key)
         meta = decode(data, metadata_key)  # carries the checksum now

@@ -173,6 +173,16 @@ class Lineage(_Model):
     source_needed: bool = True
 
 
+class EventTime(_Model):
+    """Time after a checkpoint of a job with a stateful processor: its time mode, the
+    event-time watermark (ms) the next batch uses, and its earliest pending timer (ms),
+    so a driver knows, also after a restart, whether a batch without input is due."""
+
+    time_mode: Literal["none", "processingtime", "eventtime"] = "none"
+    watermark_ms: int | None = None
+    next_timer_ms: int | None = None
+
+
 class CheckpointMetadata(_Model):
     format: Literal["statehold.checkpoint"] = FORMAT_NAME
     #: 1 unless the document records state schemas (see FORMAT_VERSION).
@@ -192,13 +202,17 @@ class CheckpointMetadata(_Model):
     #: Per operator, the schemas its state was written with (absent before version 2 and
     #: in jobs that record none).
     state_schemas: dict[signed.Name, OperatorSchemas] | None = None
+    #: Watermark and timers (jobs with a stateful processor only).
+    event_time: EventTime | None = None
     #: SHA-256 of the canonical document without this field; set by `encode`.
     checksum: str = ""
 
     @model_validator(mode="before")
     @classmethod
     def _version_of_content(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "version" not in data and data.get("state_schemas"):
+        if isinstance(data, dict) and "version" not in data and (
+            data.get("state_schemas") or data.get("event_time")
+        ):
             return {**data, "version": 2}
         return data
 
@@ -207,8 +221,9 @@ class CheckpointMetadata(_Model):
         """Leave `state_schemas` out when there are none: the document an older statehold
         (which forbids unknown fields) wrote and reads."""
         data = handler(self)
-        if isinstance(data, dict) and data.get("state_schemas", 0) is None:
-            del data["state_schemas"]
+        for name in ("state_schemas", "event_time"):  # event_time: the same, version 2
+            if isinstance(data, dict) and data.get(name, 0) is None:
+                del data[name]
         return data
 
     def state_files(self) -> Iterator[tuple[str, KeyGroupState, StateFile]]:
@@ -232,7 +247,8 @@ def check_paths(meta: CheckpointMetadata, metadata_key: str) -> None:
 def encode(meta: CheckpointMetadata, metadata_key: str) -> bytes:
     """Serialize with its checksum; refuses absolute or escaping paths."""
     check_paths(meta, metadata_key)
-    if meta.state_schemas is not None and meta.version < 2:  # e.g. set by model_copy
+    has_new = meta.state_schemas is not None or meta.event_time is not None
+    if has_new and meta.version < 2:  # e.g. set by model_copy
         meta = meta.model_copy(update={"version": 2})
     return signed.encode(meta)
 

@@ -116,6 +116,22 @@ class RocksKV:
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self.range(prefix, None, prefix)
 
+    def last(self, prefix: bytes) -> bytes | None:
+        """The greatest key starting with `prefix` (list state's newest element)."""
+        it = self.db.iter()
+        try:
+            it.seek_for_prev(prefix + b"\xff" * 16)
+            if it.valid():
+                key = bytes(it.key())
+                if key.startswith(prefix):
+                    return key
+            return None
+        finally:
+            del it
+
+    def delete_range(self, lower: bytes, upper: bytes) -> None:
+        self.db.delete_range(lower, upper)
+
     def range(
         self, lower: bytes, upper: bytes | None, prefix: bytes = b""
     ) -> Iterator[tuple[bytes, bytes]]:

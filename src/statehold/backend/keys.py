@@ -11,8 +11,17 @@ without looking at individual keys. The full key is::
 
     key_group:2 | state name (UTF-8) | 0x00 | kind:1 | key type:1 | len(key):4 | key | suffix
 
-``kind`` is the state primitive (value / list / map), ``key type`` says whether the user
-key was a str or bytes, and ``suffix`` is the map entry's key (canonical JSON) for maps.
+``kind`` is the state primitive (value / list / map; upper case: the same with a TTL,
+whose stored values start with their 8-byte expiry), ``key type`` says whether the user
+key was a str or bytes, and ``suffix`` is the map entry's key (encoded by the map's key
+codec) for maps and the element's 8-byte sequence number for lists (one entry per
+element, so appending never rewrites a list).
+
+The empty state name (refused for users) holds statehold's own entries per key group:
+a key's timers (kind ``t``: the usual key part, then the 8-byte expiry; value empty),
+the timers ordered by time (kind ``T``: ``expiry | key type | len | key``) and the TTL
+index (kind ``X``: ``expiry | the expiring entry's full key``). Times are milliseconds,
+stored as int64 + 2**63 big-endian, so byte order is time order.
 """
 
 from __future__ import annotations
@@ -35,6 +44,38 @@ class StateKind(Enum):
     VALUE = b"v"
     LIST = b"l"
     MAP = b"m"
+    #: the same with a TTL: stored values start with their expiry (`encode_time`)
+    VALUE_TTL = b"V"
+    LIST_TTL = b"L"
+    MAP_TTL = b"M"
+    #: statehold's own entries under the empty state name (see the module docstring)
+    TIMER = b"t"
+    TIMER_INDEX = b"T"
+    TTL_INDEX = b"X"
+
+    @property
+    def has_ttl(self) -> bool:
+        return self in (StateKind.VALUE_TTL, StateKind.LIST_TTL, StateKind.MAP_TTL)
+
+    @property
+    def base(self) -> StateKind:
+        """The primitive without its TTL flag."""
+        return _BASE.get(self, self)
+
+    def with_ttl(self, ttl: bool) -> StateKind:
+        return _WITH_TTL[self] if ttl else self
+
+
+_BASE = {
+    StateKind.VALUE_TTL: StateKind.VALUE,
+    StateKind.LIST_TTL: StateKind.LIST,
+    StateKind.MAP_TTL: StateKind.MAP,
+}
+_WITH_TTL = {v: k for k, v in _BASE.items()}
+#: Kinds whose entries are indexes, not a key's state (no user key right after the kind).
+INDEX_KINDS = (StateKind.TIMER_INDEX, StateKind.TTL_INDEX)
+#: Reserved for statehold's own entries; user state names must not start with it.
+RESERVED_PREFIX = "__statehold"
 
 
 _STR, _BYTES = b"s", b"b"
@@ -108,25 +149,41 @@ def range_bounds(key_groups: KeyGroupRange) -> tuple[bytes, bytes]:
 
 
 def check_state_name(name: str) -> str:
-    if not name or "\x00" in name:
-        raise ValueError(f"bad state name {name!r}: must be non-empty and without NUL")
+    if not name or "\x00" in name or name.startswith(RESERVED_PREFIX):
+        raise ValueError(
+            f"bad state name {name!r}: must be non-empty, without NUL and not start with "
+            f"{RESERVED_PREFIX!r}"
+        )
     return name
+
+
+def key_part(key: Key) -> bytes:
+    """``key type | len | key``: a user key inside a RocksDB key."""
+    raw = key_bytes(key)
+    return b"".join((_STR if isinstance(key, str) else _BYTES, len(raw).to_bytes(4, "big"), raw))
 
 
 def entry_prefix(key_group: int, state_name: str, kind: StateKind, key: Key) -> bytes:
     """Everything before the suffix: one (state, key) pair's entries share this prefix."""
-    raw = key_bytes(key)
-    return b"".join(
-        (
-            group_prefix(key_group),
-            check_state_name(state_name).encode("utf-8"),
-            b"\x00",
-            kind.value,
-            _STR if isinstance(key, str) else _BYTES,
-            len(raw).to_bytes(4, "big"),
-            raw,
-        )
-    )
+    name = b"" if kind is StateKind.TIMER else check_state_name(state_name).encode("utf-8")
+    return b"".join((group_prefix(key_group), name, b"\x00", kind.value, key_part(key)))
+
+
+def index_prefix(key_group: int, kind: StateKind) -> bytes:
+    """Where an index (`INDEX_KINDS`) of one key group starts."""
+    return group_prefix(key_group) + b"\x00" + kind.value
+
+
+_TIME_OFFSET = 1 << 63
+
+
+def encode_time(ms: int) -> bytes:
+    """A time in milliseconds as 8 bytes whose byte order is time order."""
+    return (int(ms) + _TIME_OFFSET).to_bytes(8, "big")
+
+
+def decode_time(data: bytes) -> int:
+    return int.from_bytes(data[:8], "big") - _TIME_OFFSET
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +201,8 @@ def decode_key(raw: bytes) -> DecodedKey:
         sep = raw.index(b"\x00", 2)
         name = raw[2:sep].decode("utf-8")
         kind = StateKind(raw[sep + 1 : sep + 2])
+        if kind in INDEX_KINDS:
+            return DecodedKey(int.from_bytes(raw[:2], "big"), name, kind, b"", raw[sep + 2 :])
         tag = raw[sep + 2 : sep + 3]
         n = int.from_bytes(raw[sep + 3 : sep + 7], "big")
         body = raw[sep + 7 : sep + 7 + n]
@@ -153,3 +212,12 @@ def decode_key(raw: bytes) -> DecodedKey:
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"not a statehold state key: {raw[:40]!r}") from e
     return DecodedKey(int.from_bytes(raw[:2], "big"), name, kind, key, raw[sep + 7 + n :])
+
+
+def decode_key_part(data: bytes) -> tuple[Key, bytes]:
+    """Inverse of `key_part`: the user key and the bytes after it."""
+    tag, n = data[:1], int.from_bytes(data[1:5], "big")
+    body = data[5 : 5 + n]
+    if len(body) != n or tag not in (_STR, _BYTES):
+        raise ValueError(f"not a statehold key part: {data[:40]!r}")
+    return (body.decode("utf-8") if tag == _STR else body), data[5 + n :]

@@ -22,7 +22,14 @@ from typing import Any
 from rocksdict import Rdict, WriteOptions
 
 from statehold.backend.engine import MAX_SIZE_AMP, RocksKV, StateBackendError, raw_options
-from statehold.backend.keys import Key, StateKind, check_max_parallelism, decode_key, range_bounds
+from statehold.backend.keys import (
+    INDEX_KINDS,
+    Key,
+    StateKind,
+    check_max_parallelism,
+    decode_key,
+    range_bounds,
+)
 from statehold.backend.local_snapshots import (
     local_pool,
     new_snapshot_dir,
@@ -46,7 +53,14 @@ from statehold.backend.snapshot import (
     SnapshotStats,
     write_snapshot,
 )
-from statehold.backend.state import KeyedState, ListState, MapState, ValueState, decode_value
+from statehold.backend.state import (
+    TIMERS_NAME,
+    KeyedState,
+    ListState,
+    MapState,
+    ValueState,
+    fold_entry,
+)
 from statehold.metadata import KeyGroupRange, KeyGroupState
 from statehold.storage.base import Storage, check_key
 
@@ -94,6 +108,8 @@ class TaskStateBackend:
         self._pending: dict[int, PendingSnapshot] = {}
         self._db: Rdict | None = None
         self._kv: RocksKV | None = None
+        #: The processing time (ms) state TTLs are measured on (None: the wall clock).
+        self.now_ms: int | None = None
         if size_amplification < 1:
             raise ValueError("size_amplification must be a positive percentage")
         self._options = raw_options(size_amplification)
@@ -187,7 +203,7 @@ class TaskStateBackend:
 
     def for_key(self, key: Key) -> KeyedState:
         """All state of `key` (which must belong to this task's key groups)."""
-        state = KeyedState(self._require_kv(), key, self.max_parallelism)
+        state = KeyedState(self._require_kv(), key, self.max_parallelism, self.now_ms)
         if state.key_group not in self.key_groups:
             raise ValueError(
                 f"key {key!r} is in key group {state.key_group}, not in this task's "
@@ -206,23 +222,21 @@ class TaskStateBackend:
 
     def items(self) -> Iterator[tuple[Key, dict[str, Any]]]:
         """Every key of this task's range with all its state: (key, {state name: value});
-        list state as a list, map state as a dict. Grouped per key group, so memory is
-        bounded by the state of one key group."""
+        list state as a list, map state as a dict, timers (expiry ms) under
+        `TIMERS_NAME`. Grouped per key group, so memory is bounded by the state of one key
+        group."""
         kv = self._require_kv()
         lower, upper = range_bounds(self.key_groups)
         group = -1
         current: dict[Key, dict[str, Any]] = {}
         for raw, data in kv.range(lower, upper):
             d = decode_key(raw)
+            if d.kind in INDEX_KINDS:
+                continue
             if d.key_group != group:
                 yield from current.items()
                 current, group = {}, d.key_group
-            states = current.setdefault(d.key, {})
-            value = decode_value(d.kind, d.suffix, data)
-            if d.kind is StateKind.MAP:
-                states.setdefault(d.state_name, {})[value[0]] = value[1]
-            else:
-                states[d.state_name] = value
+            fold_entry(current.setdefault(d.key, {}), d, data)
         yield from current.items()
 
     def state_names(self) -> set[str]:
@@ -240,7 +254,16 @@ class TaskStateBackend:
                     if not raw.startswith(prefix):
                         break
                     name = decode_key(raw).state_name
-                    names.add(name)
+                    if name:
+                        names.add(name)
+                    else:  # statehold's own entries: timers show as TIMERS_NAME
+                        it.seek(prefix + b"\x00" + StateKind.TIMER.value)
+                        if it.valid() and bytes(it.key()).startswith(
+                            prefix + b"\x00" + StateKind.TIMER.value
+                        ):
+                            names.add(TIMERS_NAME)
+                        it.seek(prefix + b"\x01")
+                        continue
                     it.seek(prefix + name.encode("utf-8") + b"\x01")
         finally:
             del it

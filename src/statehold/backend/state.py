@@ -1,25 +1,45 @@
 """State primitives bound to one key: ValueState, ListState, MapState.
 
-Values are stored as compact UTF-8 JSON (strict: no NaN/Infinity), never pickled, so
-stored state is plain data that any tool can read and that can never run code when read.
-So values must be JSON-serializable: None, bool, int, float, str, and lists / dicts (with
-str keys) of those; tuples come back as lists. Map keys must be JSON scalars (str, int,
-float, bool, None); each map entry is its own RocksDB entry, so large maps stay cheap.
+A value becomes bytes through its variable's codec (`statehold.state_schema.codec_for`:
+strict UTF-8 JSON without a schema, never pickled), so stored state is plain data that
+any tool can read and that can never run code when read. Without a schema, values must be
+JSON data: None, bool, int, float, str, and lists / dicts (with str keys) of those; tuples
+come back as lists; JSON map keys are scalars. Every map entry and every list element is its own RocksDB entry, so large maps
+stay cheap and appending to a list never rewrites it.
+
+With a TTL a stored value starts with its 8-byte expiry (the batch's processing time plus
+the TTL, renewed by every write); an expired value is never returned, and the TTL index
+(`statehold.backend.ttl`) lets the checkpoint's sweep delete it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar
 
-from statehold.backend.keys import Key, StateKind, entry_prefix, key_group_of
+from statehold.backend.keys import (
+    DecodedKey,
+    Key,
+    StateKind,
+    decode_time,
+    encode_time,
+    entry_prefix,
+    index_prefix,
+    key_group_of,
+)
 
 T = TypeVar("T")
 K = TypeVar("K")
 V = TypeVar("V")
 
 _SCALARS = (str, int, float, bool, type(None))
+#: The column / state name under which a key's timers appear to readers.
+TIMERS_NAME = "__statehold_timers"
+#: What a TTL may be given as: milliseconds, or a timedelta.
+TTL = int | timedelta
 
 
 class KV(Protocol):
@@ -29,6 +49,12 @@ class KV(Protocol):
     def put(self, key: bytes, value: bytes) -> None: ...
     def delete(self, key: bytes) -> None: ...
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+    def last(self, prefix: bytes) -> bytes | None: ...
+
+
+class Codec(Protocol):
+    def encode(self, value: Any) -> bytes: ...
+    def decode(self, data: bytes) -> Any: ...
 
 
 def dumps(value: Any) -> bytes:
@@ -43,91 +69,203 @@ def loads(data: bytes) -> Any:
     return json.loads(data.decode("utf-8"))
 
 
-def map_key_bytes(map_key: Any) -> bytes:
+class _Json:
+    def encode(self, value: Any) -> bytes:
+        return dumps(value)
+
+    def decode(self, data: bytes) -> Any:
+        return loads(data)
+
+
+class _JsonMapKey:
     """Canonical JSON of a map key, so equal keys always hit the same entry."""
+
+    def encode(self, value: Any) -> bytes:
+        return map_key_bytes(value)
+
+    def decode(self, data: bytes) -> Any:
+        return loads(data)
+
+
+JSON: Codec = _Json()
+JSON_MAP_KEY: Codec = _JsonMapKey()
+
+
+def map_key_bytes(map_key: Any) -> bytes:
+    """Canonical JSON of a (JSON) map key, so equal keys always hit the same entry."""
     if not isinstance(map_key, _SCALARS):
         raise TypeError(f"map keys must be str, int, float, bool or None, not {map_key!r}")
     return dumps(map_key)
 
 
-def decode_value(kind: StateKind, suffix: bytes, data: bytes) -> Any:
-    """Decode one stored entry (for readers that walk the raw store)."""
-    if kind is StateKind.MAP:
-        return loads(suffix), loads(data)
-    return loads(data)
+def ttl_ms(ttl: TTL | None) -> int | None:
+    """A TTL in milliseconds (None: no TTL); refuses a non-positive one."""
+    if ttl is None:
+        return None
+    ms = int(ttl.total_seconds() * 1000) if isinstance(ttl, timedelta) else int(ttl)
+    if ms <= 0:
+        raise ValueError(f"a TTL must be positive, not {ttl!r}")
+    return ms
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def ttl_index_key(entry: bytes, expiry_ms: int) -> bytes:
+    """The TTL index entry saying `entry` (a full RocksDB key) may expire at `expiry_ms`."""
+    return index_prefix(int.from_bytes(entry[:2], "big"), StateKind.TTL_INDEX) + (
+        encode_time(expiry_ms) + entry
+    )
 
 
 class _Bound:
-    def __init__(self, kv: KV, prefix: bytes) -> None:
+    """One (state, key) pair: its prefix, codec, and TTL (with the batch's clock)."""
+
+    def __init__(
+        self,
+        kv: KV,
+        prefix: bytes,
+        codec: Codec = JSON,
+        ttl: int | None = None,
+        now: Callable[[], int] = wall_clock_ms,
+    ) -> None:
         self._kv = kv
         self._prefix = prefix
+        self._codec = codec
+        self._ttl = ttl
+        self._now = now
+
+    def _encode(self, entry: bytes, value: Any) -> bytes:
+        data = self._codec.encode(value)
+        if self._ttl is None:
+            return data
+        expiry = self._now() + self._ttl
+        self._kv.put(ttl_index_key(entry, expiry), b"")
+        return encode_time(expiry) + data
+
+    def _decode(self, data: bytes | None) -> tuple[bool, Any]:
+        """(live, value): an expired entry is not live."""
+        if data is None:
+            return False, None
+        if self._ttl is not None:
+            if decode_time(data) <= self._now():
+                return False, None
+            data = data[8:]
+        return True, self._codec.decode(data)
 
 
 class ValueState(_Bound, Generic[T]):
     """One value per key."""
 
     def get(self, default: T | None = None) -> T | None:
-        data = self._kv.get(self._prefix)
-        return default if data is None else loads(data)
+        live, value = self._decode(self._kv.get(self._prefix))
+        return value if live else default
+
+    def exists(self) -> bool:
+        return self._decode(self._kv.get(self._prefix))[0]
 
     def update(self, value: T) -> None:
-        self._kv.put(self._prefix, dumps(value))
+        self._kv.put(self._prefix, self._encode(self._prefix, value))
 
     def clear(self) -> None:
         self._kv.delete(self._prefix)
 
 
 class ListState(_Bound, Generic[T]):
-    """A list per key, stored as one JSON array (append is read-modify-write: keep it
-    small, or use MapState for large collections)."""
+    """A list per key: one entry per element (suffix: 8-byte sequence number), so append
+    writes only the new elements."""
+
+    def _elements(self) -> Iterator[tuple[bytes, bytes]]:
+        return self._kv.scan(self._prefix)
+
+    def __iter__(self) -> Iterator[T]:
+        n = len(self._prefix)
+        for raw, data in self._elements():
+            if len(raw) == n:  # an older format: the whole list as one JSON array
+                yield from loads(data)
+                continue
+            live, value = self._decode(data)
+            if live:
+                yield value
 
     def get(self) -> list[T]:
-        data = self._kv.get(self._prefix)
-        return [] if data is None else loads(data)
+        return list(self)
+
+    def exists(self) -> bool:
+        return any(True for _ in self)
 
     def append(self, value: T) -> None:
         self.extend([value])
 
     def extend(self, values: Iterable[T]) -> None:
-        self.update(self.get() + list(values))
+        last = self._kv.last(self._prefix)
+        n = len(self._prefix)
+        seq = 0 if last is None or len(last) == n else int.from_bytes(last[n:], "big") + 1
+        for value in values:
+            entry = self._prefix + seq.to_bytes(8, "big")
+            self._kv.put(entry, self._encode(entry, value))
+            seq += 1
 
     def update(self, values: Iterable[T]) -> None:
         items = list(values)
-        if items:
-            self._kv.put(self._prefix, dumps(items))
-        else:
-            self.clear()
+        self.clear()
+        self.extend(items)
 
     def clear(self) -> None:
-        self._kv.delete(self._prefix)
+        for raw in [k for k, _ in self._elements()]:
+            self._kv.delete(raw)
+
+    # Spark's names
+    put = update
+    append_value = append
+    append_list = extend
 
 
 class MapState(_Bound, Generic[K, V]):
-    """A map per key; every entry is its own store entry."""
+    """A map per key; every entry is its own store entry (suffix: the encoded map key)."""
+
+    def __init__(
+        self,
+        kv: KV,
+        prefix: bytes,
+        codec: Codec = JSON,
+        ttl: int | None = None,
+        now: Callable[[], int] = wall_clock_ms,
+        key_codec: Codec = JSON_MAP_KEY,
+    ) -> None:
+        super().__init__(kv, prefix, codec, ttl, now)
+        self._key_codec = key_codec
+
+    def _entry(self, map_key: K) -> bytes:
+        return self._prefix + self._key_codec.encode(map_key)
 
     def get(self, map_key: K, default: V | None = None) -> V | None:
-        data = self._kv.get(self._prefix + map_key_bytes(map_key))
-        return default if data is None else loads(data)
+        live, value = self._decode(self._kv.get(self._entry(map_key)))
+        return value if live else default
 
     def put(self, map_key: K, value: V) -> None:
-        self._kv.put(self._prefix + map_key_bytes(map_key), dumps(value))
+        entry = self._entry(map_key)
+        self._kv.put(entry, self._encode(entry, value))
 
     def put_all(self, entries: dict[K, V]) -> None:
         for k, v in entries.items():
             self.put(k, v)
 
     def contains(self, map_key: K) -> bool:
-        return self._kv.get(self._prefix + map_key_bytes(map_key)) is not None
+        return self._decode(self._kv.get(self._entry(map_key)))[0]
 
     __contains__ = contains
 
     def remove(self, map_key: K) -> None:
-        self._kv.delete(self._prefix + map_key_bytes(map_key))
+        self._kv.delete(self._entry(map_key))
 
     def items(self) -> Iterator[tuple[K, V]]:
         n = len(self._prefix)
         for raw, data in self._kv.scan(self._prefix):
-            yield loads(raw[n:]), loads(data)
+            live, value = self._decode(data)
+            if live:
+                yield self._key_codec.decode(raw[n:]), value
 
     def keys(self) -> Iterator[K]:
         return (k for k, _ in self.items())
@@ -136,31 +274,110 @@ class MapState(_Bound, Generic[K, V]):
         return (v for _, v in self.items())
 
     def is_empty(self) -> bool:
-        return next(iter(self._kv.scan(self._prefix)), None) is None
+        return next(self.items(), None) is None
+
+    def exists(self) -> bool:
+        return not self.is_empty()
 
     def clear(self) -> None:
         for raw in [k for k, _ in self._kv.scan(self._prefix)]:
             self._kv.delete(raw)
 
+    # Spark's names
+    get_value = get
+    update_value = put
+    contains_key = contains
+    remove_key = remove
+    iterator = items
+
+
+def _codec(schema: Any) -> Codec:
+    if schema is None:
+        return JSON
+    from statehold.state_schema import codec_for
+
+    return codec_for(schema)
+
 
 class KeyedState:
     """All state of one key, for a per-key user function, e.g.
     ``st = backend.for_key("user-1"); st.value("n").update((st.value("n").get() or 0) + 1)``.
+
+    `schema` picks a variable's codec (`statehold.state_schema.codec_for`; None: JSON);
+    `ttl` (milliseconds or a timedelta) expires its values `ttl` after their last write,
+    measured on `now_ms` (the batch's processing time; default: the wall clock).
     """
 
-    def __init__(self, kv: KV, key: Key, max_parallelism: int) -> None:
+    def __init__(
+        self, kv: KV, key: Key, max_parallelism: int, now_ms: int | None = None
+    ) -> None:
         self.key = key
         self.key_group = key_group_of(key, max_parallelism)
         self._kv = kv
+        self._now: Callable[[], int] = wall_clock_ms if now_ms is None else (lambda: now_ms)
 
-    def _prefix(self, name: str, kind: StateKind) -> bytes:
-        return entry_prefix(self.key_group, name, kind, self.key)
+    def _prefix(self, name: str, kind: StateKind, ttl: int | None) -> bytes:
+        return entry_prefix(self.key_group, name, kind.with_ttl(ttl is not None), self.key)
 
-    def value(self, name: str) -> ValueState[Any]:
-        return ValueState(self._kv, self._prefix(name, StateKind.VALUE))
+    def value(self, name: str, schema: Any = None, ttl: TTL | None = None) -> ValueState[Any]:
+        ms = ttl_ms(ttl)
+        return ValueState(
+            self._kv, self._prefix(name, StateKind.VALUE, ms), _codec(schema), ms, self._now
+        )
 
-    def list(self, name: str) -> ListState[Any]:
-        return ListState(self._kv, self._prefix(name, StateKind.LIST))
+    def list(self, name: str, schema: Any = None, ttl: TTL | None = None) -> ListState[Any]:
+        ms = ttl_ms(ttl)
+        return ListState(
+            self._kv, self._prefix(name, StateKind.LIST, ms), _codec(schema), ms, self._now
+        )
 
-    def map(self, name: str) -> MapState[Any, Any]:
-        return MapState(self._kv, self._prefix(name, StateKind.MAP))
+    def map(
+        self,
+        name: str,
+        key_schema: Any = None,
+        value_schema: Any = None,
+        ttl: TTL | None = None,
+    ) -> MapState[Any, Any]:
+        ms = ttl_ms(ttl)
+        key_codec = JSON_MAP_KEY if key_schema is None else _codec(key_schema)
+        return MapState(
+            self._kv,
+            self._prefix(name, StateKind.MAP, ms),
+            _codec(value_schema),
+            ms,
+            self._now,
+            key_codec,
+        )
+
+
+def decode_value(kind: StateKind, suffix: bytes, data: bytes) -> Any:
+    """Decode one stored JSON entry (for readers that walk the raw store): a map entry as
+    (map key, value), anything else as its value (a TTL's expiry left out)."""
+    if kind.has_ttl:
+        data = data[8:]
+    if kind.base is StateKind.MAP:
+        return JSON_MAP_KEY.decode(suffix), loads(data)
+    return loads(data)
+
+
+def fold_entry(states: dict[str, Any], d: DecodedKey, data: bytes) -> None:
+    """Add one stored entry of a key to `states` (state name -> value): list state as a
+    list, map state as a dict, the key's timers (expiry ms) under `TIMERS_NAME`. Index
+    entries belong to no key: the caller skips them."""
+    kind = d.kind
+    if kind is StateKind.TIMER:
+        states.setdefault(TIMERS_NAME, []).append(decode_time(d.suffix))
+        return
+    base = kind.base
+    if base is StateKind.MAP:
+        k, v = decode_value(kind, d.suffix, data)
+        states.setdefault(d.state_name, {})[k] = v
+    elif base is StateKind.LIST:
+        items = states.setdefault(d.state_name, [])
+        value = decode_value(kind, d.suffix, data)
+        if d.suffix:
+            items.append(value)
+        else:
+            items.extend(value)
+    else:
+        states[d.state_name] = decode_value(kind, d.suffix, data)

@@ -39,6 +39,14 @@ class BatchResult:
     #: what the tasks downloaded to restore (not found in their local snapshots)
     bytes_downloaded: int = 0
     files_downloaded: int = 0
+    #: stateful processors: the watermark (ms) after this batch, its earliest pending
+    #: timer (ms), late input rows (dropped or processed), timers fired, TTL'd entries
+    #: the sweep deleted (those also with per-key functions)
+    watermark_ms: int | None = None
+    next_timer_ms: int | None = None
+    late_rows: int = 0
+    timers_fired: int = 0
+    ttl_expired: int = 0
 
 
 #: The figures only the tasks' reports carry, noted for the checkpoint history.
@@ -54,8 +62,13 @@ def batch_figures(handles: list[KeyGroupState], acks: list[str]) -> dict[str, An
         for name in ("bytes_uploaded", "files_uploaded", "state_size", "files_reused",
                      "bytes_reused")
     }
-    for name in ("rows_in", "keys", "bytes_downloaded", "files_downloaded"):
-        figures[name] = sum(int(r.get(name, 0)) for r in reports)
+    for name in ("rows_in", "keys", "bytes_downloaded", "files_downloaded", "late_rows",
+                 "timers_fired", "ttl_expired"):
+        figures[name] = sum(int(r.get(name) or 0) for r in reports)
+    events = [r["max_event_ms"] for r in reports if r.get("max_event_ms") is not None]
+    figures["max_event_ms"] = max(events) if events else None
+    timers = [r["next_timer_ms"] for r in reports if r.get("next_timer_ms") is not None]
+    figures["next_timer_ms"] = min(timers) if timers else None
     figures["rows"] = figures["rows_in"]
     figures["snapshot_seconds"] = sum(float(r.get("snapshot_seconds", 0)) for r in reports)
     return figures

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from statehold import layout
@@ -29,7 +30,7 @@ from statehold.ha.base import HAStore
 from statehold.history import DEFAULT_KEEP, HistoryRecord
 from statehold.jobdir import open_job
 from statehold.jobresult import JobOutcome, RetentionPolicy
-from statehold.metadata import CheckpointMetadata, RestoreMode
+from statehold.metadata import CheckpointMetadata, EventTime, RestoreMode
 from statehold.spark.api import (
     BatchFunction,
     InputFormat,
@@ -41,9 +42,7 @@ from statehold.spark.api import (
 from statehold.spark.batch import NOTED, BatchResult, batch_figures, check_acks
 from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdProgressListener
 from statehold.spark.staging import stage, state_spec
-from statehold.spark.task import (
-    ACK_COL,
-)
+from statehold.spark.task import ACK_COL, StateSpec
 from statehold.storage import LocalStorage, Storage, check_key, open_storage
 
 if TYPE_CHECKING:
@@ -51,8 +50,20 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from statehold.metrics import JobMetrics
+    from statehold.processor.runner import LateRows
 
 log = logging.getLogger("statehold.spark")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _millis(delay: int | timedelta) -> int:
+    ms = int(delay.total_seconds() * 1000) if isinstance(delay, timedelta) else int(delay)
+    if ms < 0:
+        raise ValueError(f"watermark delay must not be negative: {delay!r}")
+    return ms
 
 class StatefulJob:
     """Keyed state for a PySpark pipeline, checkpointed into one job directory.
@@ -187,13 +198,103 @@ class StatefulJob:
         input_format: InputFormat = "rows",
         vectorized: bool = False,
         source_position: Mapping[str, Any] | None = None,
+        processing_time_ms: int | None = None,
     ) -> BatchResult:
         """Process one batch `df` into checkpoint `batch_id` (default: the latest + 1).
 
         With a `sink`, it writes the output before the checkpoint completes (exactly
         once); without one, the checkpoint completes first and ``result.output`` is yours
         to write. `order_by` orders the rows of a key within the batch (else Spark's
-        shuffle order, which is not deterministic across runs)."""
+        shuffle order, which is not deterministic across runs). `processing_time_ms`: the
+        batch's processing time for state TTLs (default: now)."""
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        return self._run(
+            df,
+            output_schema,
+            batch_id,
+            sink,
+            source_position,
+            lambda bid: state_spec(
+                self, df, bid, process, output_schema, keys, order_by, input_format,
+                vectorized, processing_time_ms or _now_ms(),
+            ),
+        )
+
+    def transform_with_state(
+        self,
+        df: DataFrame,
+        processor: Any,
+        output_schema: StructType | str,
+        *,
+        key: str | Sequence[str] = "key",
+        time_mode: str = "None",
+        event_time_column: str | None = None,
+        watermark_delay: int | timedelta = 0,
+        late_rows: LateRows = "drop",
+        batch_id: int | None = None,
+        sink: Sink | None = None,
+        order_by: Sequence[str] = (),
+        input_format: InputFormat | None = None,
+        source_position: Mapping[str, Any] | None = None,
+        processing_time_ms: int | None = None,
+    ) -> BatchResult:
+        """Run a `statehold.processor.StatefulProcessor` (or a class written for Spark's
+        ``transformWithStateInPandas``) over one batch `df` into checkpoint `batch_id`.
+
+        ``time_mode``: None, ProcessingTime or EventTime (timers' clock). With
+        ``event_time_column`` (a timestamp, or integer milliseconds) the watermark after
+        the batch is the newest event time seen minus ``watermark_delay`` (ms or a
+        timedelta), never moving back; it is kept in the checkpoint and the next batch runs
+        with it: its rows at or before it are late (``late_rows``: "drop", counted, or
+        "process") and its event-time timers at or before it fire. `df` may be empty: a
+        batch then only fires timers (see `timers_due`). ``processing_time_ms``: the
+        batch's processing time (default: now), for TTLs and processing-time timers.
+        ``input_format``: as in `run_batch` (default "rows"; "pandas" for a Spark class)."""
+        from statehold.spark.processing import event_time_after, processor_spec
+
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        delay_ms = _millis(watermark_delay)
+        pspec, fmt = processor_spec(
+            self, df, processor, keys, time_mode, event_time_column, late_rows,
+            processing_time_ms or _now_ms(), input_format,
+        )
+        return self._run(
+            df,
+            output_schema,
+            batch_id,
+            sink,
+            source_position,
+            lambda bid: state_spec(
+                self, df, bid, processor, output_schema, keys, order_by, fmt, False,
+                pspec.processing_time_ms, pspec,
+            ),
+            lambda figures: event_time_after(pspec, delay_ms, figures),
+        )
+
+    def timers_due(self, processing_time_ms: int | None = None) -> bool:
+        """Whether the newest checkpoint has a timer due in the next batch: at or before
+        its watermark (event time) or `processing_time_ms` (default now; processing
+        time). A driver runs a batch without input while this holds."""
+        latest = self.coordinator.latest()
+        clock = None if latest is None else latest[1].event_time
+        if clock is None or clock.next_timer_ms is None:
+            return False
+        if clock.time_mode == "eventtime":
+            return clock.watermark_ms is not None and clock.next_timer_ms <= clock.watermark_ms
+        if clock.time_mode == "processingtime":
+            return clock.next_timer_ms <= (processing_time_ms or _now_ms())
+        return False
+
+    def _run(
+        self,
+        df: DataFrame,
+        output_schema: StructType | str,
+        batch_id: int | None,
+        sink: Sink | None,
+        source_position: Mapping[str, Any] | None,
+        make_spec: Callable[[int], StateSpec],
+        event_time: Callable[[dict[str, Any]], EventTime] | None = None,
+    ) -> BatchResult:
         if batch_id is None:
             latest_id = self.latest_checkpoint_id()
             batch_id = 0 if latest_id is None else latest_id + 1
@@ -208,10 +309,7 @@ class StatefulJob:
                 latest[1].checkpoint_id,
             )
             return BatchResult(batch_id, True, time.time() - started)
-        keys = (key,) if isinstance(key, str) else tuple(key)
-        spec = state_spec(
-            self, df, batch_id, process, output_schema, keys, order_by, input_format, vectorized
-        )
+        spec = make_spec(batch_id)
         coord.begin(batch_id)
         try:
             staged = stage(self, df, spec, output_schema)
@@ -228,8 +326,9 @@ class StatefulJob:
                 sink(output, batch_id)
                 self._phase("after-sink", batch_id)
             position = {"spark_batch_id": batch_id, **dict(source_position or {})}
+            clock = None if event_time is None else event_time(figures)
             complete_started = time.perf_counter()
-            coord.complete(batch_id, position)
+            coord.complete(batch_id, position, clock)
             complete_seconds = time.perf_counter() - complete_started
         except BaseException as e:
             coord.abort(batch_id, f"{type(e).__name__}: {e}"[:500])
@@ -244,7 +343,8 @@ class StatefulJob:
             checkpoint_uri=f"{self.job_dir}/{layout.checkpoint_metadata_key(batch_id)}",
             output=output,
             complete_seconds=complete_seconds,
-            **{k: v for k, v in figures.items() if k != "rows"},
+            watermark_ms=None if clock is None else clock.watermark_ms,
+            **{k: v for k, v in figures.items() if k not in ("rows", "max_event_ms")},
         )
 
     def foreach_batch(

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
+    from statehold.processor.runner import ProcessorSpec
     from statehold.spark.job import StatefulJob
 
 
@@ -36,12 +37,16 @@ def state_spec(
     order_by: Sequence[str],
     input_format: InputFormat,
     vectorized: bool,
+    processing_time_ms: int | None = None,
+    processor: ProcessorSpec | None = None,
 ) -> StateSpec:
     """What every task of batch `batch_id` needs: the checkpoint to restore its key groups
     from, the user's function and the output schema (refusing reserved columns)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    missing = [c for c in (*keys, *order_by) if c not in df.columns]
+    event_column = processor.event_time_column if processor is not None else None
+    wanted = (*keys, *order_by, *([event_column] if event_column else []))
+    missing = [c for c in wanted if c not in df.columns]
     if missing:
         raise ValueError(f"columns {missing} not in the input ({df.columns})")
     clash = [c for c in df.columns if c in (*INTERNAL_COLS, ACK_COL)]
@@ -77,6 +82,8 @@ def state_spec(
         vectorized=vectorized,
         local_dir=job.local_dir,
         backend_options=job.backend_options,
+        processing_time_ms=processing_time_ms,
+        processor=processor,
     )
 
 def stage(

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -33,6 +33,10 @@ from statehold.backend.keys import key_group_of, task_of, task_range
 from statehold.errors import StateholdError
 from statehold.metadata import KeyGroupState
 from statehold.spark.api import BatchFunction, InputFormat, KeyedState, KeyFunction
+from statehold.spark.output import Output
+
+if TYPE_CHECKING:
+    from statehold.processor.runner import ProcessorSpec
 
 KEY_COL = "__statehold_key"
 KG_COL = "__statehold_kg"
@@ -114,6 +118,10 @@ class StateSpec:
     vectorized: bool
     local_dir: str | None = None
     backend_options: Mapping[str, Any] = field(default_factory=dict)
+    #: the batch's processing time (ms): state TTLs are measured on it
+    processing_time_ms: int | None = None
+    #: set when the function is a stateful processor (`transform_with_state`)
+    processor: ProcessorSpec | None = None
 
 
 class _States:
@@ -132,69 +140,6 @@ class _States:
             raise KeyError(f"key {key!r} is not in this task's key groups")
         state: KeyedState = self._backend.for_key(skey)
         return state
-
-
-def _is_frame(out: Any) -> bool:
-    return isinstance(out, pa.RecordBatch | pa.Table) or (
-        hasattr(out, "to_dict") and hasattr(out, "columns")  # pandas.DataFrame
-    )
-
-
-def _to_table(out: Any, schema: pa.Schema) -> pa.Table:
-    """A table, record batch or pandas.DataFrame as a table of exactly the output schema."""
-    if isinstance(out, pa.RecordBatch):
-        out = pa.Table.from_batches([out])
-    if isinstance(out, pa.Table):
-        return out.select(schema.names).cast(schema)
-    return pa.Table.from_pandas(out[list(schema.names)], schema=schema, preserve_index=False)
-
-
-def _rows_to_table(rows: list[Any], schema: pa.Schema) -> pa.Table:
-    """Rows that are all dicts or all tuples (in output-schema order) as one table."""
-    if isinstance(rows[0], Mapping):
-        return pa.Table.from_pylist(rows, schema=schema)
-    columns = list(zip(*rows, strict=True))
-    return pa.Table.from_arrays(
-        [pa.array(list(c), type=f.type) for c, f in zip(columns, schema, strict=True)],
-        schema=schema,
-    )
-
-
-class _Output:
-    """What the user function returns, gathered over all keys of a task: rows (dicts or
-    tuples) are buffered and converted to Arrow once per run of the same kind, not once
-    per key, which costs more than a small key's whole processing."""
-
-    def __init__(self, schema: pa.Schema) -> None:
-        self._schema = schema
-        self._tables: list[pa.Table] = []
-        self._rows: list[Any] = []
-        self._dicts = False
-
-    def add(self, out: Any) -> None:
-        if out is None:
-            return
-        if _is_frame(out):
-            self._flush()
-            table = _to_table(out, self._schema)
-            if table.num_rows:
-                self._tables.append(table)
-            return
-        for row in out:
-            is_dict = isinstance(row, Mapping)
-            if self._rows and is_dict != self._dicts:
-                self._flush()
-            self._dicts = is_dict
-            self._rows.append(row)
-
-    def _flush(self) -> None:
-        if self._rows:
-            self._tables.append(_rows_to_table(self._rows, self._schema))
-            self._rows = []
-
-    def tables(self) -> list[pa.Table]:
-        self._flush()
-        return self._tables
 
 
 def internal_output_schema(user: pa.Schema) -> pa.Schema:
@@ -258,12 +203,16 @@ class StateStage:
             restore,
             **dict(spec.backend_options),
         )
+        backend.now_ms = spec.processing_time_ms
         out_schema = spec.output_schema
-        output = _Output(out_schema)
+        output = Output(out_schema)
         n_keys = 0
+        report: dict[str, Any] = {}
         try:
-            if table is not None and table.num_rows:
-                groups = _split_by_key(table, spec)
+            if spec.processor is not None:
+                report, n_keys = _run_processor(spec, backend, table, output)
+            elif table is not None and table.num_rows:
+                groups = [(k, rows) for _, k, rows in _split_by_key(table, spec)]
                 n_keys = len(groups)
                 states = _States(backend, spec, task)
                 if spec.vectorized:
@@ -273,6 +222,12 @@ class StateStage:
                     fn_key: KeyFunction = spec.function  # type: ignore[assignment]
                     for key, rows in groups:
                         output.add(fn_key(key, rows, states.for_key(key)))
+            if spec.processor is None and spec.processing_time_ms is not None:
+                from statehold.backend.ttl import sweep_expired
+
+                report["ttl_expired"] = sweep_expired(
+                    backend._require_kv(), key_groups, spec.processing_time_ms
+                )
             snapshot_started = time.perf_counter()
             handle: KeyGroupState = backend.snapshot(
                 storage, spec.epoch, spec.checkpoint_id, _metadata_key(spec.checkpoint_id)
@@ -296,6 +251,7 @@ class StateStage:
                 "snapshot_seconds": round(snapshot_seconds, 4),
                 "bytes_downloaded": backend.restore_stats.bytes_downloaded,
                 "files_downloaded": backend.restore_stats.files_downloaded,
+                **report,
             }
         )
         nulls = [pa.nulls(1, f.type) for f in out_schema]
@@ -308,15 +264,33 @@ def _metadata_key(checkpoint_id: int) -> str:
     return checkpoint_metadata_key(checkpoint_id)
 
 
-def _split_by_key(table: pa.Table, spec: StateSpec) -> list[tuple[Any, Any]]:
+def _run_processor(
+    spec: StateSpec, backend: Any, table: pa.Table | None, output: Output
+) -> tuple[dict[str, Any], int]:
+    """The processor's batch in this task (statehold.processor.runner): its report and
+    the number of keys with rows."""
+    from statehold.processor.runner import filter_late, run_processor
+
+    assert spec.processor is not None
+    filtered = filter_late(table, spec.processor)
+    rows = filtered.table
+    groups = _split_by_key(rows, spec) if rows is not None and rows.num_rows else []
+    report = run_processor(
+        spec.processor, backend, groups, output, len(spec.key_columns), spec.input_format
+    )
+    report.update(late_rows=filtered.late_rows, max_event_ms=filtered.max_event_ms)
+    return report, len(groups)
+
+
+def _split_by_key(table: pa.Table, spec: StateSpec) -> list[tuple[str, Any, Any]]:
     """Consecutive runs of equal keys in a table sorted by key (stable within a key), each
-    with its rows in the function's input format. Rows are converted to Python once for
-    the whole table, not once per key."""
+    as (state key, key value(s), rows in the function's input format). Rows are converted
+    to Python once for the whole table, not once per key."""
     skeys = table.column(KEY_COL).to_pylist()
     key_cols = [table.column(c).to_pylist() for c in spec.key_columns]
     user = table.drop_columns(list(INTERNAL_COLS))
     as_rows = user.to_pylist() if spec.input_format == "rows" else None
-    groups: list[tuple[Any, Any]] = []
+    groups: list[tuple[str, Any, Any]] = []
     start = 0
     for i in range(1, len(skeys) + 1):
         if i == len(skeys) or skeys[i] != skeys[start]:
@@ -328,6 +302,6 @@ def _split_by_key(table: pa.Table, spec: StateSpec) -> list[tuple[Any, Any]]:
                 rows = user.slice(start, i - start).to_pandas()
             else:
                 rows = user.slice(start, i - start)
-            groups.append((key, rows))
+            groups.append((skeys[start], key, rows))
             start = i
     return groups

@@ -1,0 +1,69 @@
+"""How a processor's methods are called: statehold's snake_case ones as they are, or the
+camelCase ones of a class written for Spark 4.x (``pyspark.sql.streaming``'s
+`StatefulProcessor`, or ours after an import change) with Spark's argument shapes:
+
+* the key as a tuple of the key columns' values;
+* rows as an iterator: of one pandas.DataFrame (``input_format="pandas"``, Spark's
+  ``transformWithStateInPandas``, the default for such a class), or of `pyspark.sql.Row`
+  (``input_format="rows"``, Spark's ``transformWithState``);
+* ``handleExpiredTimer`` optional (no output when missing).
+
+The handle, `TimerValues` and `ExpiredTimerInfo` answer to Spark's method names, and the
+output (an iterator of DataFrames or Rows) is taken as it comes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from statehold.processor.api import ExpiredTimerInfo, StatefulProcessor, TimerValues
+
+
+def is_spark_style(processor: Any) -> bool:
+    """True if `processor` implements Spark's ``handleInputRows`` and not ours."""
+    native = getattr(type(processor), "handle_input_rows", None)
+    overridden = native is not None and native is not StatefulProcessor.handle_input_rows
+    return not overridden and callable(getattr(processor, "handleInputRows", None))
+
+
+def _rows_iter(rows: Any, input_format: str) -> Iterator[Any]:
+    if input_format == "rows":
+        from pyspark.sql import Row
+
+        return (Row(**r) for r in rows)
+    return iter([rows])
+
+
+class ProcessorCalls:
+    """One interface over both styles, for the task that runs the processor."""
+
+    def __init__(self, processor: Any, input_format: str) -> None:
+        self.processor = processor
+        self.input_format = input_format
+        self.spark_style = is_spark_style(processor)
+
+    def init(self, handle: Any) -> None:
+        self.processor.init(handle)
+
+    def rows(self, key: Any, rows: Any, timer_values: TimerValues) -> Any:
+        if not self.spark_style:
+            return self.processor.handle_input_rows(key, rows, timer_values)
+        return self.processor.handleInputRows(
+            key if isinstance(key, tuple) else (key,),
+            _rows_iter(rows, self.input_format),
+            timer_values,
+        )
+
+    def timer(self, key: Any, timer_values: TimerValues, info: ExpiredTimerInfo) -> Any:
+        if not self.spark_style:
+            return self.processor.handle_expired_timer(key, timer_values, info)
+        fire = getattr(self.processor, "handleExpiredTimer", None)
+        if fire is None:
+            return None
+        return fire(key if isinstance(key, tuple) else (key,), timer_values, info)
+
+    def close(self) -> None:
+        close = getattr(self.processor, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,151 @@
+"""One task's batch of a stateful processor: late rows, input rows per key, due timers,
+the TTL sweep, close. Runs inside the Spark task (`statehold.spark.task.StateStage`),
+on the task's open backend, before its snapshot.
+
+Order (as in Spark): ``init``; ``handle_input_rows`` per key with rows (key-group, key
+order); ``handle_expired_timer`` per timer due at the batch's clock (earliest first; a
+timer is deleted just before its call; one registered during this phase that is already
+due fires in the next batch); the TTL sweep; ``close``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from statehold.backend.keys import Key
+from statehold.backend.ttl import sweep_expired
+from statehold.errors import InvalidArgumentError
+from statehold.processor.api import ExpiredTimerInfo, TimeMode, TimerValues
+from statehold.processor.compat import ProcessorCalls
+from statehold.processor.handle import StatefulProcessorHandle
+
+if TYPE_CHECKING:
+    from statehold.backend.rocks import TaskStateBackend
+    from statehold.spark.output import Output
+
+LateRows = Literal["drop", "process"]
+
+
+@dataclass(frozen=True)
+class ProcessorSpec:
+    """What a task needs to run a processor for one batch (plain picklable data)."""
+
+    processor: Any
+    time_mode: TimeMode
+    #: the batch's processing time (TTL, processing-time timers)
+    processing_time_ms: int
+    #: the watermark the batch runs with (None: no event time seen yet)
+    watermark_ms: int | None
+    event_time_column: str | None
+    late_rows: LateRows
+    #: one key column of type string: the state key is the value itself
+    string_key: bool
+
+    def timer_values(self) -> TimerValues:
+        if self.time_mode is TimeMode.NONE:
+            return TimerValues(-1, -1)
+        if self.time_mode is TimeMode.PROCESSING_TIME:
+            return TimerValues(self.processing_time_ms, -1)
+        return TimerValues(self.processing_time_ms, self.watermark_ms or 0)
+
+    def threshold(self) -> int | None:
+        """Timers with expiry at or before this fire (None: none fire)."""
+        if self.time_mode is TimeMode.PROCESSING_TIME:
+            return self.processing_time_ms
+        if self.time_mode is TimeMode.EVENT_TIME:
+            return self.watermark_ms
+        return None
+
+
+def event_time_ms(column: pa.ChunkedArray | pa.Array, name: str) -> pa.Array:
+    """An event-time column as int64 epoch milliseconds: a timestamp (any unit), or an
+    integer taken as milliseconds."""
+    t = column.type
+    if pa.types.is_timestamp(t):
+        return pc.cast(pc.cast(column, pa.timestamp("ms", t.tz)), pa.int64())
+    if pa.types.is_integer(t):
+        return pc.cast(column, pa.int64())
+    raise InvalidArgumentError(
+        f"event-time column {name!r} must be a timestamp or integer milliseconds, not {t}"
+    )
+
+
+@dataclass
+class Filtered:
+    table: pa.Table | None
+    max_event_ms: int | None = None
+    late_rows: int = 0
+
+
+def filter_late(table: pa.Table | None, spec: ProcessorSpec) -> Filtered:
+    """The batch's newest event time, and its late rows (event time at or before the
+    watermark) counted and, with ``late_rows="drop"``, removed."""
+    if table is None or not table.num_rows or spec.event_time_column is None:
+        return Filtered(table)
+    ms = event_time_ms(table.column(spec.event_time_column), spec.event_time_column)
+    newest = pc.max(ms).as_py()
+    if spec.watermark_ms is None:
+        return Filtered(table, newest)
+    late = pc.fill_null(pc.less_equal(ms, spec.watermark_ms), False)
+    n_late = int(pc.sum(late).as_py() or 0)
+    if n_late and spec.late_rows == "drop":
+        table = table.filter(pc.invert(late))
+    return Filtered(table, newest, n_late)
+
+
+def user_key(state_key: Key, spec: ProcessorSpec, n_columns: int) -> Any:
+    """The key value(s) a state key was made of (`statehold.spark.task.state_key`)."""
+    if isinstance(state_key, bytes) or spec.string_key:
+        return state_key
+    values = json.loads(state_key)
+    return tuple(values) if n_columns > 1 else values
+
+
+def run_processor(
+    spec: ProcessorSpec,
+    backend: TaskStateBackend,
+    groups: Sequence[tuple[Key, Any, Any]],
+    output: Output,
+    n_key_columns: int,
+    input_format: str,
+) -> dict[str, Any]:
+    """Run the processor over `groups` ((state key, key value, rows) per key) and the
+    due timers; return the figures for the task's report."""
+    kv = backend._require_kv()
+    handle = StatefulProcessorHandle(
+        kv,
+        backend.key_groups,
+        backend.max_parallelism,
+        spec.time_mode,
+        spec.processing_time_ms,
+        spec.watermark_ms or 0,
+    )
+    calls = ProcessorCalls(spec.processor, input_format)
+    values = spec.timer_values()
+    calls.init(handle)
+    for skey, key, rows in groups:
+        handle._bind(skey)
+        output.add(calls.rows(key, rows, values))
+    fired = 0
+    threshold = spec.threshold()
+    if threshold is not None:
+        for expiry, group, skey in handle.timers.due(threshold):
+            handle.timers.delete(group, skey, expiry)
+            handle._bind(skey, group)
+            key = user_key(skey, spec, n_key_columns)
+            output.add(calls.timer(key, values, ExpiredTimerInfo(expiry)))
+            fired += 1
+    expired = sweep_expired(kv, backend.key_groups, spec.processing_time_ms)
+    calls.close()
+    return {
+        "timers_fired": fired,
+        "ttl_expired": expired,
+        "next_timer_ms": handle.timers.next_expiry(),
+    }
+
