@@ -4,8 +4,8 @@ A value becomes bytes through its variable's codec (`statehold.state_schema.code
 strict UTF-8 JSON without a schema, never pickled), so stored state is plain data that
 any tool can read and that can never run code when read. Without a schema, values must be
 JSON data: None, bool, int, float, str, and lists / dicts (with str keys) of those; tuples
-come back as lists; JSON map keys are scalars. Every map entry and every list element is its own RocksDB entry, so large maps
-stay cheap and appending to a list never rewrites it.
+come back as lists; JSON map keys are scalars. Every map entry and every list element is
+its own RocksDB entry, so large maps stay cheap and appending never rewrites a list.
 
 With a TTL a stored value starts with its 8-byte expiry (the batch's processing time plus
 the TTL, renewed by every write); an expired value is never returned, and the TTL index

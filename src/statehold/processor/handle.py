@@ -9,6 +9,7 @@ time. Names follow Spark's ``StatefulProcessorHandle`` in snake_case and in came
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -169,6 +170,13 @@ class StatefulProcessorHandle:
         self._key: Key | None = None
         self._key_group = -1
         self._version = 0
+        #: name -> (kind, recorded schema JSON or None) of every variable declared
+        self.declared: dict[str, tuple[str, str | None]] = {}
+
+    def _declare(self, variable: _Variable, *codecs: Codec) -> None:
+        schemas = [getattr(c, "schema_json", lambda: None)() for c in codecs]
+        record = json.dumps(schemas) if any(s is not None for s in schemas) else None
+        self.declared[variable.name] = (variable.kind.name.lower(), record)
 
     # -- the current key (set by the runner) ----------------------------------------------
     def _now(self) -> int:
@@ -193,12 +201,18 @@ class StatefulProcessorHandle:
     def get_value_state(
         self, name: str, schema: Any = None, ttl: TTLLike = None
     ) -> ValueStateVariable:
-        return ValueStateVariable(self, name, _codec(schema), TTLConfig.of(ttl))
+        codec = _codec(schema)
+        var = ValueStateVariable(self, name, codec, TTLConfig.of(ttl))
+        self._declare(var, codec)
+        return var
 
     def get_list_state(
         self, name: str, schema: Any = None, ttl: TTLLike = None
     ) -> ListStateVariable:
-        return ListStateVariable(self, name, _codec(schema), TTLConfig.of(ttl))
+        codec = _codec(schema)
+        var = ListStateVariable(self, name, codec, TTLConfig.of(ttl))
+        self._declare(var, codec)
+        return var
 
     def get_map_state(
         self,
@@ -208,7 +222,10 @@ class StatefulProcessorHandle:
         ttl: TTLLike = None,
     ) -> MapStateVariable:
         key_codec = JSON_MAP_KEY if user_key_schema is None else _codec(user_key_schema)
-        return MapStateVariable(self, name, _codec(value_schema), TTLConfig.of(ttl), key_codec)
+        codec = _codec(value_schema)
+        var = MapStateVariable(self, name, codec, TTLConfig.of(ttl), key_codec)
+        self._declare(var, key_codec, codec)
+        return var
 
     def delete_if_exists(self, name: str) -> None:
         """Delete the variable `name` for every key of this task's key groups."""
