@@ -1,5 +1,8 @@
 """Shared fixtures: a real S3 protocol server (moto) on 127.0.0.1, and storage roots on
-both backends so every storage-touching test runs on local disk and on S3."""
+both backends so every storage-touching test runs on local disk and on S3 (the storage
+contract runs on Azure (Azurite) and GCS (fake-gcs-server) too). Before the tests run,
+`pytest_collection_finish` provisions what the collected tests need
+(tests/infra/provision.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,9 @@ from pathlib import Path
 import pytest
 
 from statehold.storage import Storage, open_storage
+from tests.infra.object_stores import AzuriteServer, GCSServer, azurite_server, gcs_server
+
+__all__ = ["azurite_server", "gcs_server"]  # session fixtures, for every test module
 
 
 @dataclass(frozen=True)
@@ -72,23 +78,95 @@ _counter = itertools.count()
 StorageFactory = Callable[[], Storage]
 
 
-@pytest.fixture(params=["local", "s3"])
-def storage_factory(
-    request: pytest.FixtureRequest, tmp_path: Path
+#: Object store backends: the server fixture and the URI scheme of each.
+OBJECT_STORES = {"s3": ("s3_server", "s3"), "gcs": ("gcs_server", "gs"),
+                 "azure": ("azurite_server", "az")}
+
+
+Server = S3Server | GCSServer | AzuriteServer
+
+
+def object_store_server(request: pytest.FixtureRequest, backend: str) -> Server:
+    server: Server = request.getfixturevalue(OBJECT_STORES[backend][0])
+    return server
+
+
+def storage_factory_for(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
 ) -> StorageFactory:
-    """Makes fresh, empty storage roots on the parametrized backend."""
+    """Makes fresh, empty storage roots on `backend` ("local", "s3", "gcs", "azure")."""
 
     def make() -> Storage:
         n = next(_counter)
-        if request.param == "local":
+        if backend == "local":
             return open_storage(str(tmp_path / f"root-{n}"))
-        server: S3Server = request.getfixturevalue("s3_server")
-        return open_storage(f"s3://{server.bucket}/t{os.getpid()}-{n}", **server.options)
+        server = object_store_server(request, backend)
+        bucket = server.container if isinstance(server, AzuriteServer) else server.bucket
+        scheme = OBJECT_STORES[backend][1]
+        return open_storage(f"{scheme}://{bucket}/t{os.getpid()}-{n}", **server.options)
 
     return make
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StorageFactory:
+    """Makes fresh, empty storage roots on the parametrized backend."""
+    return storage_factory_for(request, tmp_path, request.param)
 
 
 @pytest.fixture
 def storage(storage_factory: StorageFactory) -> Storage:
     """A fresh, empty storage root (a job directory), on local disk and on S3."""
     return storage_factory()
+
+
+# -- provisioning (tests/infra/provision.py) ------------------------------------------------
+#: Fixture names, and what the tests that use them need installed.
+FIXTURE_NEEDS = {
+    "spark": ("java",),
+    "zk_server": ("zookeeper",),
+    "azurite_server": ("azurite",),
+    "kafka_broker": ("kafka-broker", "spark-kafka"),
+}
+#: Test modules (name prefixes), and what they need beyond their fixtures.
+MODULE_NEEDS = {
+    "test_kafka": ("kafka-broker", "spark-kafka"),
+    "test_s3a": ("hadoop-aws",),
+    "test_webview": ("chromium",),
+}
+
+
+def needed_components(items: list[pytest.Item]) -> list[str]:
+    """What the collected tests need (everything under CI or STATEHOLD_PROVISION=all)."""
+    from tests.infra import provision
+
+    if os.environ.get("CI") == "true" or os.environ.get("STATEHOLD_PROVISION") == "all":
+        return list(provision.ALL)
+    needed: dict[str, None] = {}
+    for item in items:
+        for name in getattr(item, "fixturenames", ()):
+            for component in FIXTURE_NEEDS.get(name, ()):
+                needed[component] = None
+        module = item.nodeid.rsplit("/", 1)[-1]
+        for prefix, components in MODULE_NEEDS.items():
+            if module.startswith(prefix):
+                needed.update(dict.fromkeys(components))
+    return list(needed)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Install what the collected tests need, once per session (a file lock keeps
+    parallel runs from racing); STATEHOLD_PROVISION=0 turns it off."""
+    if os.environ.get("STATEHOLD_PROVISION") == "0" or session.config.option.collectonly:
+        return
+    from tests.infra import provision
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(line, flush=True)
+
+    provision.provision(needed_components(session.items), say)

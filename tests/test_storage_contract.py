@@ -1,4 +1,5 @@
-"""One contract for every Storage backend, run on local disk and on a real S3 server (moto).
+"""One contract for every Storage backend, run on local disk, on an S3 server (moto), on
+Azurite (Azure Blob) and on fake-gcs-server (GCS, behind tests/infra/gcs_front.py).
 
 Whatever the backend, statehold relies on: exact recursive listing by directory prefix,
 atomic write/create, idempotent bulk delete, copies that do not alias later writes, and
@@ -34,6 +35,26 @@ from statehold.storage.s3 import S3Storage
 
 if TYPE_CHECKING:
     from conftest import S3Server, StorageFactory
+
+BACKENDS = ["local", "s3", "gcs", "azure"]
+
+
+@pytest.fixture(params=BACKENDS)
+def storage_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StorageFactory:
+    """Here every backend, the object stores' emulators included (conftest's default
+    covers local disk and S3 only, to keep the rest of the suite short)."""
+    from conftest import storage_factory_for
+
+    return storage_factory_for(request, tmp_path, request.param)
+
+
+def backend_env(request: pytest.FixtureRequest, storage: Storage) -> dict[str, str]:
+    """The environment a subprocess needs to open `storage` from its URI alone."""
+    from conftest import OBJECT_STORES, object_store_server
+
+    backend = next((b for b, (_, scheme) in OBJECT_STORES.items()
+                    if storage.uri.startswith(f"{scheme}://")), None)
+    return {} if backend is None else object_store_server(request, backend).env
 
 
 def keys(storage: Storage, prefix: str = "") -> set[str]:
@@ -360,7 +381,7 @@ def test_child(storage: Storage) -> None:
 _WRITER = """
 import sys
 from statehold.storage import open_storage
-storage = open_storage(sys.argv[1])  # S3 settings from the AWS_* environment
+storage = open_storage(sys.argv[1])  # store settings from the environment
 size = int(sys.argv[2])
 i = 0
 while True:
@@ -370,11 +391,13 @@ while True:
 """
 
 
-def test_interrupted_write_leaves_old_or_new_content(storage: Storage, s3_server: S3Server) -> None:
+def test_interrupted_write_leaves_old_or_new_content(
+    storage: Storage, request: pytest.FixtureRequest
+) -> None:
     """Kill a writer process in the middle of its writes: the file holds one whole
     version, and anything else left behind is a temp file that parse() calls TEMP."""
     size = 2 * 1024 * 1024
-    env = {**os.environ, **s3_server.env}
+    env = {**os.environ, **backend_env(request, storage)}
     proc = subprocess.Popen(
         [sys.executable, "-c", _WRITER, storage.uri, str(size)],
         stdout=subprocess.PIPE,

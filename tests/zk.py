@@ -1,4 +1,5 @@
-"""A real ZooKeeper server for tests, from Debian's `zookeeper` package.
+"""A real ZooKeeper server for tests, from Apache ZooKeeper's jars on Maven Central
+(fetched into a cache by tests/infra/provision.py and jvm.py).
 
 Use it with `from tests.zk import zk_server` in a test module (or `pytest_plugins =
 ["tests.zk"]`). The fixture is session-scoped: one standalone server on 127.0.0.1 and a
@@ -18,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
-INSTALL_HINT = "apt-get install zookeeper"
+INSTALL_HINT = "apt-get install default-jre-headless"
 #: Bound on how long a (re)start may take before the fixture gives up.
 START_TIMEOUT = 60.0
 
@@ -47,8 +47,9 @@ class ZooKeeperServer:
 
     host = "127.0.0.1"
 
-    def __init__(self, java: str, workdir: Path) -> None:
+    def __init__(self, java: str, workdir: Path, classpath: str) -> None:
         self.java = java
+        self.classpath = classpath
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -97,7 +98,7 @@ class ZooKeeperServer:
                     "-XX:TieredStopAtLevel=1",
                     "-Dzookeeper.admin.enableServer=false",
                     "-cp",
-                    str(ZOOKEEPER_JAR),
+                    self.classpath,
                     MAIN_CLASS,
                     str(self.config),
                 ],
@@ -166,12 +167,14 @@ def _find_java() -> str:
 @pytest.fixture(scope="session")
 def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
     """A real ZooKeeper on 127.0.0.1; `.hosts` is its `host:port`."""
-    if not ZOOKEEPER_JAR.exists():
-        pytest.fail(
-            f"ZooKeeper is not installed ({ZOOKEEPER_JAR} is missing); "
-            f"install it with `{INSTALL_HINT}`"
-        )
-    server = ZooKeeperServer(_find_java(), tmp_path_factory.mktemp("zookeeper"))
+    from tests.infra import provision
+
+    provision.require("zookeeper")
+    try:
+        classpath = provision.zookeeper_classpath()
+    except Exception as e:  # jvm.ArtifactError: no mvn, or the registry did not serve it
+        pytest.fail(f"ZooKeeper's jars could not be fetched: {e}")
+    server = ZooKeeperServer(_find_java(), tmp_path_factory.mktemp("zookeeper"), classpath)
     server.start()
     try:
         yield server
