@@ -273,21 +273,26 @@ class ObjectStorage(Storage):
 
     def _delete_batch(self, keys: list[str], failed: dict[str, BaseException]) -> None:
         if self.bulk_delete:
-            try:
-                obstore.delete(self._store, [self._full(k) for k in keys])
-                return
-            except (*_NOT_FOUND, obe.BaseError):
-                # S3 reports no missing keys; Azure's batch and others report them as
-                # errors, and any failure of the bulk request hides which keys it hit.
-                pass
-        # One DELETE per key, concurrently; a missing key is success.
+            for _ in range(2):  # a bulk request (a POST) is not retried by obstore itself
+                try:
+                    obstore.delete(self._store, [self._full(k) for k in keys])
+                    return
+                except _NOT_FOUND:
+                    break  # S3 reports no missing keys; Azure's batch does, as an error
+                except obe.BaseError:
+                    pass  # e.g. a pooled connection the server had closed
+        # One DELETE per key, concurrently, so the failures name their keys; a missing
+        # key is success.
         def delete_one(key: str) -> None:
-            try:
-                obstore.delete(self._store, self._full(key))
-            except _NOT_FOUND:
-                pass
-            except obe.BaseError as e:
-                failed[key] = e
+            for attempt in range(3):
+                try:
+                    obstore.delete(self._store, self._full(key))
+                    return
+                except _NOT_FOUND:
+                    return
+                except obe.BaseError as e:
+                    if attempt == 2:
+                        failed[key] = e
 
         with ThreadPoolExecutor(min(DELETE_CONCURRENCY, max(1, len(keys)))) as pool:
             list(pool.map(delete_one, keys))
