@@ -7,8 +7,8 @@ Local disk: a job directory with `--files` orphans in ``shared/`` beside a live 
 running coordinator: three completed checkpoints and a fourth in flight, its lease
 renewed throughout). An identical tree of the same file names is deleted with
 ``find DIR -type f -delete`` in the same run; then ``statehold gc`` runs as a child
-process. Reported: gc time over find time, files per second, and the child's peak RSS
-(``wait4``'s ``ru_maxrss``) of gc, du and verify. Afterwards every live file is checked
+process. Reported: gc time over find time, files per second, and the child's own peak
+RSS (its ``VmHWM`` at exit) of gc, du and verify. Afterwards every live file is checked
 by listing and the in-flight checkpoint must complete.
 
 S3 (moto, in this process): `--s3-files` orphans beside a live job; gc's bulk deletes
@@ -106,19 +106,37 @@ def count_files(root: Path) -> int:
     return sum(len(files) for _, _, files in os.walk(root))
 
 
+#: Runs `python -m statehold ARGS` and, at exit, writes its own peak RSS (VmHWM, kB) to
+#: $BENCH_PEAK_FILE. Not `wait4`'s ru_maxrss: Linux carries the parent's high-water mark
+#: across fork and exec, so a child of this process (which holds moto and its objects)
+#: would report this process's memory, not its own.
+_PEAK = """
+import atexit, os, runpy, sys
+def _peak():
+    with open("/proc/self/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    with open(os.environ["BENCH_PEAK_FILE"], "w") as out:
+        out.write(str(kb))
+atexit.register(_peak)
+sys.argv = ["statehold", *sys.argv[1:]]
+runpy.run_module("statehold", run_name="__main__", alter_sys=True)
+"""
+
+
 def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run a child to completion with `wait4`: wall time and its own peak RSS (MB)."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    """Run a child to completion: wall time and (for statehold) its own peak RSS (MB)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile(suffix=".peak") as peak:
+        env = {**(env or os.environ), "BENCH_PEAK_FILE": peak.name}
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc = subprocess.run(cmd, stdout=out, stderr=err, env=env, check=False)
         elapsed = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
+        kb = Path(peak.name).read_text().strip()
         result = {
             "seconds": round(elapsed, 3),
-            "peak_mb": round(usage.ru_maxrss / 1024, 1),
+            "peak_mb": round(int(kb) / 1024, 1) if kb else None,
             "rc": proc.returncode,
             "stdout": out.read().decode(),
             "stderr": err.read().decode()[-2000:],
@@ -129,7 +147,7 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str,
 
 
 def statehold(*args: str) -> list[str]:
-    return [sys.executable, "-m", "statehold", *args]
+    return [sys.executable, "-c", _PEAK, *args]
 
 
 def check_live(storage: Storage, coord: CheckpointCoordinator, live_before: set[str]) -> None:

@@ -38,7 +38,7 @@ from statehold import clock, layout
 from statehold.layout import Kind
 from statehold.metadata import CheckpointMetadata, referenced_keys
 from statehold.registry import SharedStateRegistry
-from statehold.storage.base import FileInfo, UnsafePathError
+from statehold.storage.base import FileInfo, UnsafePathError, check_key
 
 #: An interrupted write in ``_ha/`` or ``_job/`` younger than this may be a starting
 #: attempt's claim, made before it has a lease to show.
@@ -249,6 +249,66 @@ def judge(info: FileInfo, view: View, *, disposing: str | None = None) -> Verdic
     return Verdict.DELETABLE
 
 
+#: Directories whose plain files `judge_names` can decide from the name alone.
+_DATA_DIRS = (layout.SHARED_DIR, layout.EXCLUSIVE_DIR)
+_DATA_NAME = re.compile(r"e(\d+)-c(\d+)-[A-Za-z0-9._-]+")
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def judge_names(
+    directory: str, names: list[str], view: View
+) -> dict[Verdict | None, list[str]]:
+    """`judge` for many plain files (not links) of one directory at once, as their
+    names, without their size or mtime: the same decisions, for a gc over millions of
+    files. Only a data file's name in ``shared/`` or ``exclusive/`` (``eE-cC-...``, not an
+    interrupted write) decides alone; every other name is returned under None, to be
+    stat'ed and given to `judge`."""
+    out: dict[Verdict | None, list[str]] = {v: [] for v in (*Verdict, None)}
+    quarantined = any((directory + "/").startswith(d) for d in view.holders.quarantined_dirs())
+    if directory not in _DATA_DIRS or quarantined:
+        out[None] = list(names)
+        return out
+    referenced, live, epoch = view.referenced, view.live, view.epoch
+    spare_all = view.holders.spare_all_data
+    undecided, kept, protected, deletable = (
+        out[None], out[Verdict.REFERENCED], out[Verdict.PROTECTED], out[Verdict.DELETABLE]
+    )
+    match, prefix, temp = _DATA_NAME.fullmatch, directory + "/", layout.TEMP_MARKER
+    for name in names:
+        m = match(name)
+        if m is None or temp in name:
+            undecided.append(name)
+        elif prefix + name in referenced:
+            kept.append(name)
+        elif spare_all:
+            protected.append(name)
+        else:
+            # what `_maybe_live` says of a data file: an epoch after the plan's, or the
+            # running attempt's files after its newest completed checkpoint
+            e = int(m[1])
+            if e > epoch or (
+                live is not None and e == live.epoch and int(m[2]) > live.after_checkpoint
+            ):
+                protected.append(name)
+            else:
+                deletable.append(name)
+    return out
+
+
+def check_discardable_names(directory: str, names: list[str]) -> list[str]:
+    """`check_discardable` for many files of one directory: in ``shared/`` and
+    ``exclusive/`` every plain name is data, so the directory decides once."""
+    if directory in _DATA_DIRS:
+        plain = _PLAIN_NAME.fullmatch
+        for name in names:
+            if plain(name) is None or name in (".", ".."):
+                check_discardable(check_key(f"{directory}/{name}"))
+        return names
+    for name in names:
+        check_discardable(check_key(f"{directory}/{name}" if directory else name))
+    return names
+
+
 def _dead_bookkeeping(info: FileInfo, kind: Kind, view: View) -> bool:
     """Leftovers of the HA store's and the job entries' own writes that nobody can use:
     the lease of an epoch older than the job's (it vouches for nothing), and, when no
@@ -358,9 +418,11 @@ __all__ = [
     "Verdict",
     "View",
     "check_discardable",
+    "check_discardable_names",
     "history_to_prune",
     "is_history_record",
     "judge",
+    "judge_names",
     "load_holders",
     "parse",
     "salvage",

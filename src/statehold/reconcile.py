@@ -15,15 +15,16 @@ files of a checkpoint that is then published.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
 from statehold import layout
 from statehold.async_cleaner import AsyncCleaner
+from statehold.bulk_delete import BulkDeleter, OnDeleted
 from statehold.cleaner import Cleaner, Discard, Guard
 from statehold.errors import StateholdError
 from statehold.ha.base import FencedError, HAState
@@ -31,12 +32,11 @@ from statehold.jobdir import JobDirectory
 from statehold.jobresult import read_result
 from statehold.lease import read_lease
 from statehold.metadata import referenced_keys
-from statehold.policy import LiveAttempt, Verdict, View, judge
+from statehold.policy import LiveAttempt, View
 from statehold.storage import open_storage
 from statehold.storage.base import FileInfo
+from statehold.sweep import SAMPLE, OnListed, OnNames, ReconcilePlan, sweep
 
-#: How many keys of each kind a plan or report names (the counts are always complete).
-SAMPLE = 1000
 #: Files per listing page: what a plan holds of the listing at a time.
 PAGE_SIZE = 1000
 #: Orphans handed to a cleaner and not yet deleted before the listing waits for it.
@@ -46,64 +46,6 @@ _STAT_THREADS = 16
 
 #: Called with each page's deletable files, in listing order.
 OnOrphans = Callable[[list[FileInfo]], None]
-
-
-@dataclass
-class ReconcilePlan:
-    """Counts of what the listing held, with a bounded sample of keys of each kind: a
-    plan streams the listing, so its memory does not grow with the number of files."""
-
-    scanned: int = 0
-    referenced: int = 0
-    #: A sample (the first `SAMPLE` listed) of the deletable files; `orphan_count` counts them all.
-    orphans: list[FileInfo] = field(default_factory=list)
-    orphan_count: int = 0
-    orphan_bytes: int = 0
-    protected: list[str] = field(default_factory=list)
-    protected_count: int = 0
-    foreign: list[str] = field(default_factory=list)
-    foreign_count: int = 0
-    #: Documents that cannot be verified (key -> why): their files are spared.
-    quarantined: dict[str, str] = field(default_factory=dict)
-    live: LiveAttempt | None = None
-    #: The HA state the plan was made under.
-    state: HAState | None = None
-
-    def add(self, page: Iterable[FileInfo], view: View) -> list[FileInfo]:
-        """Judge one page of the listing by the policy; return its deletable files."""
-        deletable: list[FileInfo] = []
-        for info in page:
-            self.scanned += 1
-            verdict = judge(info, view)
-            if verdict is Verdict.REFERENCED:
-                self.referenced += 1
-            elif verdict is Verdict.FOREIGN:
-                self.foreign_count += 1
-                if len(self.foreign) < SAMPLE:
-                    self.foreign.append(info.key)
-            elif verdict is Verdict.PROTECTED:
-                self.protected_count += 1
-                if len(self.protected) < SAMPLE:
-                    self.protected.append(info.key)
-            elif verdict is Verdict.DELETABLE:
-                deletable.append(info)
-                self.orphan_count += 1
-                self.orphan_bytes += info.size
-                if len(self.orphans) < SAMPLE:
-                    self.orphans.append(info)
-        return deletable
-
-    def merge(self, other: ReconcilePlan) -> None:
-        """Add the counts and samples of a plan over another part of the listing."""
-        self.scanned += other.scanned
-        self.referenced += other.referenced
-        self.orphan_count += other.orphan_count
-        self.orphan_bytes += other.orphan_bytes
-        self.protected_count += other.protected_count
-        self.foreign_count += other.foreign_count
-        self.orphans.extend(other.orphans[: SAMPLE - len(self.orphans)])
-        self.protected.extend(other.protected[: SAMPLE - len(self.protected)])
-        self.foreign.extend(other.foreign[: SAMPLE - len(self.foreign)])
 
 
 class ReconcileError(StateholdError):
@@ -179,21 +121,24 @@ def plan(
     *,
     state: HAState | None = None,
     on_orphans: OnOrphans | None = None,
+    on_names: OnNames | None = None,
+    on_listed: OnListed | None = None,
     page_size: int = PAGE_SIZE,
     **options: float,
 ) -> ReconcilePlan:
     """List the job directory page by page and ask the policy about every file; each
-    page's deletable files go to `on_orphans` as they come (nothing of the listing is
-    kept beyond the counts and samples). `options`: `now`, `temp_grace`,
-    `bookkeeping_grace` (see `policy.View`)."""
+    page's deletable files go to `on_names` (by name, where the store lists names: see
+    `sweep`) or `on_orphans` as they come (nothing of the listing is kept beyond the
+    counts and samples). `options`: `now`, `temp_grace`, `bookkeeping_grace` (see
+    `policy.View`)."""
     state = state or job.state()
     view = view_for(job, state, live, **options)
     check_complete(job, state, view)
     result = ReconcilePlan(quarantined=dict(view.holders.quarantined), live=live, state=state)
-    for page in job.storage.list_pages("", page_size):
-        deletable = result.add(page, view)
-        if deletable and on_orphans is not None:
-            on_orphans(deletable)
+    sweep(
+        job.storage, view, result, page_size=page_size, on_names=on_names,
+        on_infos=on_orphans, on_listed=on_listed,
+    )
     return result
 
 
@@ -201,19 +146,44 @@ def feed(cleaner: Cleaner, reason: str = "reconcile", timeout: float = 600.0) ->
     """Hand each page's orphans to `cleaner`, waiting while it holds `MAX_IN_FLIGHT`
     undeleted (so a listing of millions never queues millions), at most `timeout` for
     one page. A cleaner that was fenced stops the listing with FencedError."""
+    wait = _waiter(cleaner, timeout)
 
     def take(files: list[FileInfo]) -> None:
-        if isinstance(cleaner, AsyncCleaner):
-            if not cleaner.wait_below(MAX_IN_FLIGHT, timeout):
-                raise ReconcileError(
-                    f"deletes made no progress for {timeout:.0f}s: "
-                    f"{'; '.join(cleaner.status().last_errors[-1:]) or 'no error seen'}"
-                )
-            if cleaner.status().fenced:
-                raise FencedError("the cleaner was fenced; the listing stops")
+        wait()
         cleaner.discard(Discard(keys=tuple(f.key for f in files), reason=reason))
 
     return take
+
+
+def feed_names(cleaner: Cleaner, timeout: float = 600.0) -> OnNames:
+    """`feed` for the orphans a listing gave by name: whole batches of one directory to
+    a `BulkDeleter`, keys to any other cleaner."""
+    wait = _waiter(cleaner, timeout)
+
+    def take(directory: str, names: list[str]) -> None:
+        wait()
+        if isinstance(cleaner, BulkDeleter):
+            cleaner.discard_names(directory, names)
+        else:
+            base = f"{directory}/" if directory else ""
+            cleaner.discard(Discard(keys=tuple(base + n for n in names), reason="gc"))
+
+    return take
+
+
+def _waiter(cleaner: Cleaner, timeout: float) -> Callable[[], None]:
+    def wait() -> None:
+        if isinstance(cleaner, AsyncCleaner | BulkDeleter) and not cleaner.wait_below(
+            MAX_IN_FLIGHT, timeout
+        ):
+            raise ReconcileError(
+                f"deletes made no progress for {timeout:.0f}s: "
+                f"{'; '.join(cleaner.status().last_errors[-1:]) or 'no error seen'}"
+            )
+        if cleaner.status().fenced:
+            raise FencedError("the cleaner was fenced; the listing stops")
+
+    return wait
 
 
 def reconcile(
@@ -286,15 +256,33 @@ class GcReport(BaseModel):
         )
 
 
-def gc_cleaner(job: JobDirectory, guard: Guard) -> Cleaner:
-    """The outside gc's default cleaner: batched, retried, guarded before every batch."""
-    return AsyncCleaner(
+@dataclass(frozen=True)
+class GcProgress:
+    """What a progress display hands to `gc`: `listed(files)` after each judged page
+    (in the listing's thread), `deleted(files, bytes)` after each delete batch (in a
+    deleting thread; bytes where the store tells, else 0)."""
+
+    listed: OnListed | None = None
+    deleted: OnDeleted | None = None
+
+
+#: Delete batches in flight at once: one on a local disk (a directory's lock serialises
+#: unlinks: more threads were measured slower), several requests on an object store.
+LOCAL_DELETE_WORKERS = 1
+REMOTE_DELETE_WORKERS = 4
+
+
+def gc_cleaner(
+    job: JobDirectory, guard: Guard, on_deleted: OnDeleted | None = None
+) -> BulkDeleter:
+    """The outside gc's default cleaner: batches of names, retried, guarded before every
+    batch (`bulk_delete`)."""
+    local = job.storage.uri.startswith("file:")
+    return BulkDeleter(
         job.storage,
         guard=guard,
-        max_attempts=20,
-        initial_delay=0.05,
-        max_delay=5.0,
-        name="statehold-gc",
+        workers=LOCAL_DELETE_WORKERS if local else REMOTE_DELETE_WORKERS,
+        on_deleted=on_deleted,
     )
 
 
@@ -322,29 +310,36 @@ def gc(
     timeout: float = 600.0,
     cleaner: Callable[[Guard], Cleaner] | None = None,
     page_size: int = PAGE_SIZE,
+    progress: GcProgress | None = None,
 ) -> GcReport:
     """Reconcile a job directory from outside the job; safe while the job runs (see the
     module docstring for the protocol). The listing is streamed: each page's orphans go
     to the cleaner as they are listed, and the guard runs before every delete batch.
     `cleaner` makes the cleaner from the re-check (its guard); default `gc_cleaner`."""
+    progress = progress or GcProgress()
     state = job.state()
     live = live_attempt(job, state)
     if dry_run:
-        planned = plan(job, live, state=state, page_size=page_size)
+        planned = plan(job, live, state=state, page_size=page_size, on_listed=progress.listed)
         return GcReport.of(job.uri, planned, dry_run=True, deleted=0)
     guard = outside_guard(job, state, live)
-    deleting = cleaner(guard) if cleaner is not None else gc_cleaner(job, guard)
+    deleting = (
+        cleaner(guard) if cleaner is not None else gc_cleaner(job, guard, progress.deleted)
+    )
     result: ReconcilePlan | None = None
     try:
         with contextlib.suppress(FencedError):  # the cleaner was fenced: `settle` says so
             result = plan(
                 job, live, state=state, on_orphans=feed(deleting, timeout=timeout),
+                on_names=feed_names(deleting, timeout), on_listed=progress.listed,
                 page_size=page_size,
             )
         deleted = settle(job.uri, deleting, timeout)
     finally:
         deleting.close()
     assert result is not None
+    if isinstance(deleting, BulkDeleter):
+        result.orphan_bytes += deleting.freed  # the files it was given by name
     return GcReport.of(job.uri, result, dry_run=False, deleted=deleted)
 
 
@@ -382,6 +377,7 @@ def referenced_by_job(job: JobDirectory) -> set[str]:
 __all__ = [
     "GcAllReport",
     "GcInterruptedError",
+    "GcProgress",
     "GcReport",
     "LiveAttempt",
     "ReconcileError",
@@ -389,6 +385,7 @@ __all__ = [
     "SAMPLE",
     "check_complete",
     "feed",
+    "feed_names",
     "gc",
     "gc_cleaner",
     "job_locations",

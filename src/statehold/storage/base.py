@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import hashlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from statehold.errors import StateholdError
@@ -94,6 +94,21 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
+@dataclass(slots=True)
+class NamePage:
+    """A page of a listing for a caller that judges names in bulk: `names` are plain
+    files of one `directory` ('' = the root), not stat'ed (their size and mtime were not
+    needed to list them); `infos` are listed files of any directory with their stat
+    (links, and every file on a backend whose listing gives the stat for free)."""
+
+    directory: str = ""
+    names: list[str] = field(default_factory=list)
+    infos: list[FileInfo] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.names) + len(self.infos)
+
+
 #: Files of one directory level, and what `Storage.list_top` returns (directories, files).
 Files = list[FileInfo]
 Top = tuple[list[str], Files]
@@ -105,6 +120,8 @@ class Storage(abc.ABC):
 
     #: URI of the root, e.g. ``file:///data/ckpt/job-1`` or ``s3://bucket/ckpt/job-1``.
     uri: str
+    #: Listings come in key order (object stores): a caller may stop past a key.
+    lists_in_key_order = False
 
     @abc.abstractmethod
     def child(self, prefix: str) -> Storage:
@@ -116,6 +133,24 @@ class Storage(abc.ABC):
         """All files under the directory `prefix` ('' = the root), recursively, in pages.
         Keys are relative to this storage's root. Order is not guaranteed. A missing
         directory lists as empty."""
+
+    def list_name_pages(
+        self, prefix: str = "", page_size: int = 1000, start: str | None = None
+    ) -> Iterator[NamePage]:
+        """`list_pages` for a caller that judges names in bulk (a gc over millions of
+        files): a backend whose stat costs a call per file (a local disk) lists plain
+        files as names; this default hands every file over with its stat. `start`: a
+        backend that lists in key order (an object store) may begin at that key; the
+        caller still filters, since others list everything."""
+        for page in self.list_pages(prefix, page_size):
+            yield NamePage(infos=page)
+
+    def delete_names(self, directory: str, names: list[str]) -> int:
+        """Delete the files `names` of `directory` ('' = the root) as `delete_many`
+        does; the bytes they held where the backend learns them on the way (else 0)."""
+        base = check_prefix(directory).rstrip("/")
+        self.delete_many([f"{base}/{n}" if base else n for n in names])
+        return 0
 
     def list(self, prefix: str = "") -> Iterator[FileInfo]:
         for page in self.list_pages(prefix):

@@ -26,6 +26,7 @@ from statehold.storage.base import (
     ConflictError,
     DeleteError,
     FileInfo,
+    NamePage,
     NotFoundError,
     Storage,
     StorageError,
@@ -164,6 +165,76 @@ class LocalStorage(Storage):
                         page = []
         if page:
             yield page
+
+    def list_name_pages(
+        self, prefix: str = "", page_size: int = 1000, start: str | None = None
+    ) -> Iterator[NamePage]:
+        """See Storage: regular files as names, from `scandir`'s entry types alone (no
+        `lstat`, like `find -type f`); links and other entries with their own lstat."""
+        prefix = check_prefix(prefix).rstrip("/")
+        stack = [(str(self._dir(prefix)), prefix)]
+        while stack:
+            path, rel = stack.pop()
+            try:
+                it = os.scandir(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            names: list[str] = []
+            infos: list[FileInfo] = []
+            with it:
+                for entry in it:
+                    try:
+                        if entry.is_file(follow_symlinks=False):  # the common case first
+                            names.append(entry.name)
+                        elif entry.is_dir(follow_symlinks=False):
+                            stack.append((entry.path, f"{rel}/{entry.name}" if rel else entry.name))
+                            continue
+                        else:
+                            st = entry.stat(follow_symlinks=False)
+                            key = f"{rel}/{entry.name}" if rel else entry.name
+                            link = stat.S_ISLNK(st.st_mode)
+                            infos.append(FileInfo(key, st.st_size, st.st_mtime, link))
+                    except FileNotFoundError:
+                        continue  # deleted while listing
+                    if len(names) + len(infos) >= page_size:
+                        yield NamePage(rel, names, infos)
+                        names, infos = [], []
+            if names or infos:
+                yield NamePage(rel, names, infos)
+
+    def delete_names(self, directory: str, names: list[str]) -> int:
+        """See Storage: the directory is checked for links once and opened with
+        `O_NOFOLLOW`; each name is lstat'ed (for the bytes) and unlinked relative to it.
+        Raises UnsafePathError, deleting nothing, if a name is not a plain file name."""
+        directory = check_prefix(directory).rstrip("/")
+        for name in names:
+            if "/" in name:
+                raise UnsafePathError(f"not a file name: {name!r}")
+            check_key(name)
+        where = self._dir(directory)
+        try:
+            fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return 0  # the directory is gone, so are its files
+        except OSError as e:
+            raise DeleteError({f"{directory}/{n}" if directory else n: e for n in names}) from e
+        freed = 0
+        failed: dict[str, BaseException] = {}
+        try:
+            for name in names:
+                try:
+                    freed += os.stat(name, dir_fd=fd, follow_symlinks=False).st_size
+                    os.unlink(name, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    failed[f"{directory}/{name}" if directory else name] = e
+        finally:
+            os.close(fd)
+        self._remove_empty_dirs([where])
+        if failed:
+            raise DeleteError(failed)
+        return freed
 
     def list_top(self, prefix: str = "") -> tuple[list[str], list[FileInfo]]:
         """See Storage: one `scandir`. A link is listed as a file (never descended)."""
