@@ -29,6 +29,7 @@ from statehold.storage.base import (
     ConflictError,
     DeleteError,
     FileInfo,
+    NamePage,
     NotFoundError,
     Storage,
     StorageError,
@@ -100,6 +101,7 @@ class ObjectStorage(Storage):
     delete_batch: ClassVar[int] = 1000
     #: False where the store has no bulk delete that obstore uses: keys go one DELETE each.
     bulk_delete: ClassVar[bool] = True
+    lists_in_key_order = True
 
     _store: Any  # an obstore store (S3Store, GCSStore, AzureStore)
     bucket: str
@@ -167,6 +169,27 @@ class ObjectStorage(Storage):
                 page = [self._info(meta) for meta in chunk]
                 if page:
                     yield page
+
+    def list_name_pages(
+        self, prefix: str = "", page_size: int = 1000, start: str | None = None
+    ) -> Iterator[NamePage]:
+        """See Storage: every file with its stat (a listing gives them); from `start` on
+        (listed after it, and a HEAD of `start` itself), in key order."""
+        if start is None:
+            yield from super().list_name_pages(prefix, page_size)
+            return
+        prefix = check_prefix(prefix).rstrip("/")
+        full = self._full(prefix) if prefix else self.prefix
+        first = self.stat(start) if start.startswith(prefix) else None
+        if first is not None:
+            yield NamePage(infos=[first])
+        stream = obstore.list(
+            self._store, full + "/" if full else None, offset=self._full(check_key(start)),
+            chunk_size=page_size,
+        )
+        with self._errors(prefix):
+            for chunk in stream:
+                yield NamePage(infos=[self._info(meta) for meta in chunk])
 
     def list_top(self, prefix: str = "") -> tuple[list[str], list[FileInfo]]:
         """See Storage: one delimited listing (common prefixes)."""
