@@ -130,6 +130,9 @@ FIXTURE_NEEDS = {
 }
 #: Test modules (name prefixes), and what they need beyond their fixtures.
 MODULE_NEEDS = {
+    # Their storage backends take servers by name at run time (`getfixturevalue`).
+    "test_storage_contract": ("azurite",),
+    "test_object_stores": ("azurite",),
     "test_kafka": ("kafka-broker", "spark-kafka"),
     "test_s3a": ("hadoop-aws",),
     "test_webview": ("chromium",),

@@ -46,6 +46,9 @@ def make_session() -> SparkSession:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
+    from tests.infra import provision
+
+    provision.require("java")  # skips, naming the install command, where it is missing
     session = make_session()
     session.sparkContext.setLogLevel("ERROR")
     yield session
