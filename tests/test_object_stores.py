@@ -62,3 +62,27 @@ def test_pipeline_resumes_from_the_object_store(
     storage = open_storage(root, **server.options).child("job")
     assert storage.exists(layout.checkpoint_metadata_key(2))
     assert stored_state(storage) == ref.state
+
+
+def test_uri_forms_open_the_right_store() -> None:
+    """No request is made: a store's client is only configured here."""
+    from statehold.storage.azure import AzureStorage
+    from statehold.storage.gcs import GCSStorage
+
+    gs = open_storage("gcs://bucket/a/b/", bearer_token="t")
+    assert isinstance(gs, GCSStorage) and gs.uri == "gs://bucket/a/b"
+    az = open_storage("abfss://cont@acct.dfs.core.windows.net/p/q", account_key="a2V5")
+    assert isinstance(az, AzureStorage) and (az.bucket, az.prefix) == ("cont", "p/q")
+    assert az.uri == "az://cont/p/q" and az.endpoint == "acct"  # the account, from the host
+    assert isinstance(open_storage("azure://cont", account_name="acct"), AzureStorage)
+
+
+def test_abfs_uri_on_azurite(azurite_server: Any) -> None:
+    """``abfs://container@account…`` names the account; the rest comes from options."""
+    options = {k: v for k, v in azurite_server.options.items() if k != "account_name"}
+    uri = f"abfs://{azurite_server.container}@devstoreaccount1.dfs.core.windows.net/abfs"
+    storage = open_storage(uri, **options)
+    storage.write("k", b"v")
+    same = open_storage(f"az://{azurite_server.container}/abfs", **azurite_server.options)
+    assert same.read("k") == b"v"
+    assert storage.delete_prefix("") == 1
