@@ -316,3 +316,49 @@ def test_seed_10129_a_zombie_never_removes_a_newer_attempts_metadata(
     monkeypatch.undo()
     newer[0].close()
     start().close()  # the next attempt restores from it
+
+
+def test_seed_10117_disposing_of_a_whole_job_keeps_its_epochs(tmp_path: object) -> None:
+    """Seeds 10117, 20070, 30027, 30150, 30161, 10099: a driver claimed epoch 35 just
+    before a whole-job dispose, which then deleted everything, the embedded HA store
+    with it; the driver ran on and left files and a ``chk-1/_metadata`` of epoch 35 in
+    the emptied directory, where the next attempts started again from epoch 1: no
+    reconcile may delete a file of a newer epoch than the job's, and no attempt below 35
+    may replace that document, so checkpoint 1 never completed. The dispose now leaves
+    the HA store (its epoch, nothing retained): the job's epochs only grow."""
+    from pathlib import Path
+
+    from sim import model
+
+    from statehold import tools
+    from statehold.coordinator import CheckpointCoordinator
+    from statehold.ha.embedded import EmbeddedHAStore
+    from statehold.storage.local import LocalStorage
+
+    storage = LocalStorage(Path(str(tmp_path)))
+
+    def start() -> CheckpointCoordinator:
+        return CheckpointCoordinator.start(
+            storage, EmbeddedHAStore(storage), job_id="j",
+            max_parallelism=model.MAX_PARALLELISM, reconcile_in_background=False,
+            renew_lease_in_background=False,
+        )
+
+    first = start()
+    first.begin(1)
+    _acknowledge_all(first, storage, 1)
+    first.complete(1)
+    first.close()
+    tools.dispose(storage, force=True)
+    assert not any(i.key.startswith(("chk-", "shared/", "exclusive/")) for i in storage.list())
+    after = start()
+    assert after.epoch > first.epoch
+    assert after.latest() is None
+    after.close()
+
+
+@pytest.mark.parametrize("seed", [10117, 20070, 30027, 30150, 30161, 10099])
+def test_seed_10117_and_kin_replay_clean(seed: int) -> None:
+    result, world = run_seed(seed, 3000)
+    assert not result["violations"], world.minimal_trace()
+    assert result["events"].get("start-dispose")  # type: ignore[attr-defined]

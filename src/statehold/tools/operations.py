@@ -18,7 +18,7 @@ from statehold.cleaner import Discard, SyncCleaner
 from statehold.ha.base import CheckpointPointer, HAStore
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.open import EMBEDDED
-from statehold.jobdir import JobDirectory, open_job, write_owner
+from statehold.jobdir import OWNER_KEY, JobDirectory, open_job, write_owner
 from statehold.layout import Kind, Scope
 from statehold.metadata import (
     MetadataError,
@@ -269,6 +269,12 @@ def _dispose_one(t: Target, *, force: bool, dry_run: bool) -> DisposeReport:
     return report
 
 
+def _kept_by_dispose(key: str) -> bool:
+    """What disposing of a whole job leaves: the embedded HA store (its epoch, nothing
+    retained) and the owner record naming it."""
+    return key.startswith(f"{layout.HA_DIR}/") or key == OWNER_KEY
+
+
 def _dispose_job(job: JobDirectory, *, force: bool, dry_run: bool) -> DisposeReport:
     state = job.state()
     files = listing(job)
@@ -287,9 +293,9 @@ def _dispose_job(job: JobDirectory, *, force: bool, dry_run: bool) -> DisposeRep
         path="",
         forced=force,
         dry_run=dry_run,
-        deleted=sorted(i.key for i in files),
-        deleted_bytes=sum(i.size for i in files),
-        kept=[],
+        deleted=sorted(i.key for i in files if not _kept_by_dispose(i.key)),
+        deleted_bytes=sum(i.size for i in files if not _kept_by_dispose(i.key)),
+        kept=sorted(i.key for i in files if _kept_by_dispose(i.key)),
     )
     if dry_run:
         return report
@@ -299,7 +305,12 @@ def _dispose_job(job: JobDirectory, *, force: bool, dry_run: bool) -> DisposeRep
         claimed = job.ha.claim_epoch()
         job.ha.publish(claimed.epoch, [])
         outside_guard(job, job.state(), None)()
-        job.storage.delete_prefix("")
+        # All but the embedded HA store and its owner record: the job's epochs must never
+        # start again from 1. A driver that claimed its epoch just before this one and
+        # runs on would write files and a chk-N/_metadata named by an epoch above every
+        # new attempt's, which no reconcile may delete and no new attempt may replace
+        # (found by the simulation, seeds 10117, 20070, 30027).
+        job.storage.delete_many([i.key for i in job.storage.list() if not _kept_by_dispose(i.key)])
     except StorageError as e:
         raise ToolError(f"deleting {job.uri} failed: {one_line(e)}") from e
     return report
