@@ -233,9 +233,28 @@ def test_seed_20006_20156_a_claim_restore_under_way_is_finished(seed: int) -> No
     a few steps before the quiet phase, which killed it half done and then ran the retired
     source job again, whose retained checkpoint had lost the files already moved (and whose
     quiet reconcile then refused to delete anything). The quiet phase now finishes a
-    restore under way, as a person re-runs an interrupted claim restore, and checks the
-    job it made."""
-    result, world = run_seed(seed, 3000)
+    restore under way, as a person re-runs an interrupted claim restore. A seed's run
+    changes with the code, so the claim restore is started here on purpose, a few steps
+    before the quiet phase, once the job has a retained checkpoint."""
+    from sim.world import Config, World
+
+    from statehold.metadata import RestoreMode
+
+    class ClaimBeforeQuiet(World):
+        started = False
+
+        def environment(self) -> None:
+            head = self.head(self.job)
+            if not self.started and self.step > 300 and head and head.retained:
+                self.started = True
+                self._start_restore(RestoreMode.CLAIM)
+                self.cfg.steps = self.step + 8  # the quiet phase comes mid-restore
+                return
+            super().environment()
+
+    world = ClaimBeforeQuiet(Config(seed=seed, steps=2500))
+    result = world.run()
+    assert world.started
     assert not result["violations"], world.minimal_trace()
     assert result["events"]["restore-claim"] >= 1  # type: ignore[index]
     assert world.job.name.startswith("restored-")
