@@ -453,3 +453,17 @@ def test_local_copy_is_a_hard_link(tmp_path: Path) -> None:
     a.copy("shared/f", "shared/f", target=b)  # no-claim copy into another job directory
     assert os.stat(a.root / "shared" / "f").st_nlink == 3
     assert b.read("shared/f") == b"data"
+
+
+def test_list_name_pages_from_a_start_key(storage: Storage) -> None:
+    """Whatever a backend lists from `start`, each file comes once; an object store
+    lists only `start` and what follows it."""
+    write_many(storage, ["d/a", "d/b", "d/c", "d/d", "e/x"])
+    listed: list[str] = []
+    for page in storage.list_name_pages("d", page_size=2, start="d/b"):
+        listed += [info.key for info in page.infos]
+        listed += [f"{page.directory}/{n}" if page.directory else n for n in page.names]
+    assert len(listed) == len(set(listed))
+    assert {"d/b", "d/c", "d/d"} <= set(listed) <= {"d/a", "d/b", "d/c", "d/d"}
+    if not isinstance(storage, LocalStorage):
+        assert sorted(listed) == ["d/b", "d/c", "d/d"]

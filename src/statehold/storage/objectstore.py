@@ -183,13 +183,15 @@ class ObjectStorage(Storage):
         first = self.stat(start) if start.startswith(prefix) else None
         if first is not None:
             yield NamePage(infos=[first])
+        offset = self._full(check_key(start))
         stream = obstore.list(
-            self._store, full + "/" if full else None, offset=self._full(check_key(start)),
-            chunk_size=page_size,
+            self._store, full + "/" if full else None, offset=offset, chunk_size=page_size,
         )
         with self._errors(prefix):
             for chunk in stream:
-                yield NamePage(infos=[self._info(meta) for meta in chunk])
+                # S3 starts after `offset` itself; obstore's Azure client (and
+                # fake-gcs-server) list everything, so keep only what follows it.
+                yield NamePage(infos=[self._info(m) for m in chunk if m["path"] > offset])
 
     def list_top(self, prefix: str = "") -> tuple[list[str], list[FileInfo]]:
         """See Storage: one delimited listing (common prefixes)."""
