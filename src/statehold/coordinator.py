@@ -39,6 +39,7 @@ from statehold.metadata import (
     EventTime,
     KeyGroupState,
     Lineage,
+    OperatorSchemas,
     OperatorState,
     decode,
     encode,
@@ -215,6 +216,7 @@ class CheckpointCoordinator:
         checkpoint_id: int,
         source_position: Mapping[str, Any] | None = None,
         event_time: EventTime | None = None,
+        state_schemas: dict[str, OperatorSchemas] | None = None,
     ) -> CheckpointMetadata:
         pending = self._pending.get(checkpoint_id)
         if pending is None:
@@ -239,6 +241,7 @@ class CheckpointCoordinator:
             operators=operators,
             lineage=self.lineage,
             event_time=event_time,
+            state_schemas=state_schemas,
         )
         data = encode(meta, metadata_key)
         meta = decode(data, metadata_key)  # carries the checksum now

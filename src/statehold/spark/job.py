@@ -30,7 +30,7 @@ from statehold.ha.base import HAStore
 from statehold.history import DEFAULT_KEEP, HistoryRecord
 from statehold.jobdir import open_job
 from statehold.jobresult import JobOutcome, RetentionPolicy
-from statehold.metadata import CheckpointMetadata, EventTime, RestoreMode
+from statehold.metadata import CheckpointMetadata, EventTime, OperatorSchemas, RestoreMode
 from statehold.spark.api import (
     BatchFunction,
     InputFormat,
@@ -258,6 +258,9 @@ class StatefulJob:
             self, df, processor, keys, time_mode, event_time_column, late_rows,
             processing_time_ms or _now_ms(), input_format,
         )
+        from statehold.state_record import for_batch
+
+        schemas = for_batch(self, df, processor, keys, fmt)  # refuses what cannot be read
         return self._run(
             df,
             output_schema,
@@ -269,6 +272,7 @@ class StatefulJob:
                 pspec.processing_time_ms, pspec,
             ),
             lambda figures: event_time_after(pspec, delay_ms, figures),
+            schemas,
         )
 
     def timers_due(self, processing_time_ms: int | None = None) -> bool:
@@ -294,6 +298,7 @@ class StatefulJob:
         source_position: Mapping[str, Any] | None,
         make_spec: Callable[[int], StateSpec],
         event_time: Callable[[dict[str, Any]], EventTime] | None = None,
+        schemas: dict[str, OperatorSchemas] | None = None,
     ) -> BatchResult:
         if batch_id is None:
             latest_id = self.latest_checkpoint_id()
@@ -328,7 +333,7 @@ class StatefulJob:
             position = {"spark_batch_id": batch_id, **dict(source_position or {})}
             clock = None if event_time is None else event_time(figures)
             complete_started = time.perf_counter()
-            coord.complete(batch_id, position, clock)
+            coord.complete(batch_id, position, clock, schemas)
             complete_seconds = time.perf_counter() - complete_started
         except BaseException as e:
             coord.abort(batch_id, f"{type(e).__name__}: {e}"[:500])
