@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statehold.backend.keys import Key
-from statehold.backend.ttl import sweep_expired
 from statehold.errors import InvalidArgumentError
 from statehold.processor.api import ExpiredTimerInfo, TimeMode, TimerValues
 from statehold.processor.compat import ProcessorCalls
@@ -141,11 +140,11 @@ def run_processor(
             key = user_key(skey, spec, n_key_columns)
             output.add(calls.timer(key, values, ExpiredTimerInfo(expiry)))
             fired += 1
-    expired = sweep_expired(kv, backend.key_groups, spec.processing_time_ms)
     calls.close()
     return {
         "timers_fired": fired,
-        "ttl_expired": expired,
         "next_timer_ms": handle.timers.next_expiry(),
+        # name -> [kind, recorded schema or None], for the driver to record
+        "declared": {name: list(v) for name, v in handle.declared.items()},
     }
 

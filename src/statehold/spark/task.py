@@ -222,12 +222,8 @@ class StateStage:
                     fn_key: KeyFunction = spec.function  # type: ignore[assignment]
                     for key, rows in groups:
                         output.add(fn_key(key, rows, states.for_key(key)))
-            if spec.processor is None and spec.processing_time_ms is not None:
-                from statehold.backend.ttl import sweep_expired
-
-                report["ttl_expired"] = sweep_expired(
-                    backend._require_kv(), key_groups, spec.processing_time_ms
-                )
+            if spec.processing_time_ms is not None:
+                report.update(_expire(backend, spec.processing_time_ms))
             snapshot_started = time.perf_counter()
             handle: KeyGroupState = backend.snapshot(
                 storage, spec.epoch, spec.checkpoint_id, _metadata_key(spec.checkpoint_id)
@@ -262,6 +258,15 @@ def _metadata_key(checkpoint_id: int) -> str:
     from statehold.layout import checkpoint_metadata_key
 
     return checkpoint_metadata_key(checkpoint_id)
+
+
+def _expire(backend: Any, now_ms: int) -> dict[str, Any]:
+    """Sweep the task's expired TTL state; compact if that left much garbage."""
+    from statehold.backend.ttl import compact_if_garbage, sweep_expired
+
+    expired = sweep_expired(backend._require_kv(), backend.key_groups, now_ms)
+    compacted = bool(expired) and compact_if_garbage(backend._require_db())
+    return {"ttl_expired": expired, "ttl_compactions": int(compacted)}
 
 
 def _run_processor(
