@@ -13,11 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from statehold.storage import Storage, open_storage
 from tests.infra.object_stores import AzuriteServer, GCSServer, azurite_server, gcs_server
 
 __all__ = ["azurite_server", "gcs_server"]  # session fixtures, for every test module
+
+# Property tests check results, never speed: a machine busy with Spark and servers must not
+# turn a slow example into a failure (Hypothesis' default deadline is 200 ms per example).
+settings.register_profile("statehold", deadline=None)
+settings.load_profile("statehold")
 
 
 @dataclass(frozen=True)
