@@ -22,6 +22,7 @@ from statehold.examples.running_totals import LAST_N, OUTPUT_SCHEMA, update_tota
 from statehold.metadata import read_metadata, referenced_keys
 from statehold.spark import StatefulJob
 from statehold.spark.reader import StateReadError, iter_state, read_state
+from statehold.state_cli import Format, dump_state
 from statehold.storage import Storage
 
 pytestmark = pytest.mark.spark
@@ -120,6 +121,20 @@ def test_iter_state_and_savepoint(job: Job) -> None:
         list(iter_state(job.uri, "nope", **job.options))
 
 
+class Recorder:
+    """A `tools.Progress` that remembers its phases and counts."""
+
+    def __init__(self) -> None:
+        self.phases: list[tuple[str, int | None]] = []
+        self.done = 0
+
+    def start(self, description: str, total: int | None, unit: str = "bytes") -> None:
+        self.phases.append((unit, total))
+
+    def advance(self, amount: int) -> None:
+        self.done += amount
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_cli_state(job: Job, tmp_path: Path, fmt: str) -> None:
     out = tmp_path / f"out-{fmt}"
@@ -138,6 +153,10 @@ def test_cli_state(job: Job, tmp_path: Path, fmt: str) -> None:
         else:
             got.update(decoded(pq.read_table(out / name).to_pylist()))
     assert got == job.expected[1]
+    # The progress the CLI draws on a terminal counts every key written.
+    seen = Recorder()
+    dump_state(f"{job.uri}/chk-1", tmp_path / "again", Format(fmt), progress=seen)
+    assert seen.phases == [("keys", None)] and seen.done == doc["rows"]
     # The output directory must be empty: a second run refuses.
     again = runner.invoke(app, ["state", job.uri, "--out", str(out), "--format", fmt])
     assert again.exit_code == 1

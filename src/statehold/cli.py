@@ -5,7 +5,8 @@ any problem exits non-zero with one line ``statehold: error: ...`` on stderr (an
 ``--json``, an ``{"ok": false, "error": ..., "problems": [...]}`` document on stdout).
 
 Human-readable output (`statehold.cli_output`) depends on where it goes. To a terminal:
-rich tables and highlighting, progress bars on stderr, rich ``--help``. To a pipe or a
+rich tables and highlighting, progress of long work on stderr (`RichProgress`: only when
+stdout and stderr are both terminals), rich ``--help``. To a pipe or a
 file: never wrapped or styled, whatever ``COLUMNS`` says: one line per message, a table
 as a tab-separated header line and one tab-separated line per row, no progress, and
 plain ``--help`` with each paragraph on one line.
@@ -137,8 +138,10 @@ def emit(result: BaseModel, as_json: bool, render: Callable[[], None]) -> None:
 @app.command("list")
 def list_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None) -> None:
     """Retained checkpoints, chk-N directories not retained (flagged), and savepoints."""
-    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
-        result = tools.list_checkpoints(job)
+    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
+        job_dir, ha
+    ) as job:
+        result = tools.list_checkpoints(job, progress=progress)
 
     emit(result, as_json, lambda: show_listing(result))
     if result.problems:
@@ -214,8 +217,10 @@ def diff_command(
 def du_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None) -> None:
     """Bytes by scope and by checkpoint (each shared file's bytes split evenly among the
     retained checkpoints and savepoints referencing it), and unreferenced bytes."""
-    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
-        result = tools.du(job)
+    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
+        job_dir, ha
+    ) as job:
+        result = tools.du(job, progress=progress)
 
     emit(result, as_json, lambda: show_usage(result))
 
@@ -264,9 +269,11 @@ def dispose_command(
 ) -> None:
     """Delete a checkpoint, a savepoint or a job directory; files that a retained
     checkpoint or another savepoint references are always kept."""
-    with handle_errors(as_json), open_job_for(target, ha) as job:
+    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
+        target, ha
+    ) as job:
         located = tools.locate(job, split_location(target)[1])
-        result = tools.dispose(located, force=force, dry_run=dry_run)
+        result = tools.dispose(located, force=force, dry_run=dry_run, progress=progress)
 
     def render() -> None:
         verb = "would delete" if result.dry_run else "deleted"

@@ -8,7 +8,8 @@ The choice is made at each write, from whether the stream is a terminal (``isatt
 * stdout anything else (a pipe, a file): one plain line per message, never wrapped, no
   escape codes; a table is a tab-separated header line, then one tab-separated line per
   row (a tab or line break inside a cell becomes a space).
-* progress bars only when stderr is a terminal.
+* progress (one transient line per phase, on stderr) only when stdout and stderr are
+  both terminals and ``--json`` is not given.
 * ``--help`` and usage errors: rich panels when stdout and stderr are both terminals,
   otherwise click's plain text with every paragraph and option help on one line.
 """
@@ -17,19 +18,19 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TextIO
 
-from rich import box
+from rich import box, filesize
 from rich.console import Console
 from rich.progress import (
     BarColumn,
-    DownloadColumn,
+    ProgressColumn,
+    Task,
     TextColumn,
     TimeRemainingColumn,
-    TransferSpeedColumn,
 )
 from rich.progress import Progress as RichBar
 from rich.table import Table
@@ -87,20 +88,41 @@ def table(
     Console(emoji=False).print(drawn)
 
 
+class _Amount(ProgressColumn):
+    """``1.2/3.4 MB`` for bytes, ``1,234/5,678 files`` for counts (no total: no ``/``)."""
+
+    def render(self, task: Task) -> Text:
+        unit = task.fields.get("unit", "bytes")
+        done, total = int(task.completed), task.total
+        if unit == "bytes":
+            shown = filesize.decimal(done)
+            if total is not None:
+                shown = f"{filesize.decimal(done).split()[0]}/{filesize.decimal(int(total))}"
+            return Text(shown, style="progress.download")
+        count = f"{done:,}" if total is None else f"{done:,}/{int(total):,}"
+        return Text(f"{count} {unit}", style="progress.download")
+
+
+def progress_wanted(enabled: bool = True) -> bool:
+    """Whether to draw progress: asked for (not ``--json``), and stdout and stderr both
+    terminals (a redirected stream means a script or a pager is reading)."""
+    return enabled and is_terminal(sys.stdout) and is_terminal(sys.stderr)
+
+
 class RichProgress:
-    """A `tools.Progress` drawn on stderr: only when enabled (not ``--json``) and stderr
-    is a terminal; otherwise it draws nothing."""
+    """A `tools.Progress` drawn on stderr as one transient line per phase, only when
+    `progress_wanted`; otherwise it draws nothing. `counter` adds a line counted by a
+    plain callback, for work functions that take one (`reconcile.GcProgress`)."""
 
     def __init__(self, enabled: bool) -> None:
         self._bar = RichBar(
             TextColumn("{task.description}", markup=False),
             BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
+            _Amount(),
             TimeRemainingColumn(),
             console=Console(stderr=True),
             transient=True,
-            disable=not (enabled and is_terminal(sys.stderr)),
+            disable=not progress_wanted(enabled),
         )
         self._task: Any = None
 
@@ -116,12 +138,26 @@ class RichProgress:
     ) -> None:
         self._bar.__exit__(exc_type, exc, tb)
 
-    def start(self, description: str, total: int) -> None:
-        self._task = self._bar.add_task(description, total=total)
+    def start(self, description: str, total: int | None, unit: str = "bytes") -> None:
+        """A new phase; the previous one's line goes."""
+        if self._task is not None:
+            self._bar.remove_task(self._task)
+        self._task = self._bar.add_task(description, total=total, unit=unit)
 
     def advance(self, amount: int) -> None:
         if self._task is not None:
             self._bar.advance(self._task, amount)
+
+    def counter(self, description: str, unit: str = "files") -> Callable[[int], None]:
+        """A line of its own beside the current phase (work running in parallel, e.g.
+        gc's listing and its deletes), and the callback that adds `n` to its count;
+        safe from any thread."""
+        task = self._bar.add_task(description, total=None, unit=unit)
+
+        def count(n: int) -> None:
+            self._bar.advance(task, n)
+
+        return count
 
 
 class PlainWhenPiped(TyperGroup):

@@ -15,11 +15,11 @@ from statehold.cli import (
     handle_errors,
     open_job_for,
 )
-from statehold.cli_output import say
+from statehold.cli_output import RichProgress, say
 from statehold.errors import StateholdError
 from statehold.jobdir import open_job
 from statehold.jobstatus import job_status
-from statehold.reconcile import GcAllReport, GcReport, gc, job_locations
+from statehold.reconcile import GcAllReport, GcProgress, GcReport, gc, job_locations
 from statehold.tools.locate import split_location
 
 if TYPE_CHECKING:
@@ -70,9 +70,16 @@ def gc_command(
             job_uri, _ref = split_location(job_dir)
             report = _spark_gc(_session(master), job_uri, ha=ha, dry_run=dry_run)
         else:
-            with open_job_for(job_dir, ha) as job:
-                report = gc(job, dry_run=dry_run)
+            with RichProgress(not as_json) as progress, open_job_for(job_dir, ha) as job:
+                report = gc(job, dry_run=dry_run, progress=_shown(progress, job.uri))
     emit(report, as_json, lambda: _render(report))
+
+
+def _shown(progress: RichProgress, job_uri: str) -> GcProgress:
+    """gc's listing and its deletes (which run beside it) as two lines of `progress`."""
+    listed = progress.counter(f"gc {job_uri}: listed", "files")
+    deleted = progress.counter(f"gc {job_uri}: deleted", "files")
+    return GcProgress(listed=listed, deleted=lambda files, _bytes: deleted(files))
 
 
 def _render(report: GcReport) -> None:
@@ -125,8 +132,8 @@ def _gc_all(root: str, *, dry_run: bool, spark: bool, master: str | None, as_jso
             if session is not None:
                 reports.append(_spark_gc(session, location, ha=None, dry_run=dry_run))
             else:
-                with open_job(location) as job:
-                    reports.append(gc(job, dry_run=dry_run))
+                with RichProgress(not as_json) as progress, open_job(location) as job:
+                    reports.append(gc(job, dry_run=dry_run, progress=_shown(progress, job.uri)))
         except StateholdError as e:
             errors[location] = " ".join(str(e).split())
     result = GcAllReport(root=root, jobs=reports, errors=errors)

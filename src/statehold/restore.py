@@ -34,6 +34,7 @@ from statehold.metadata import (
     encode,
     read_metadata,
 )
+from statehold.progress import CopyLog
 from statehold.storage.base import AlreadyExistsError, NotFoundError, Storage
 
 log = logging.getLogger("statehold.restore")
@@ -94,6 +95,8 @@ def restore_into(
             raise RestoreError(f"{source.uri}/{source_metadata_key}: references external {f.path}")
         key = layout.resolve(source_metadata_key, f.path)
         moves.append((key, _target_key(key, f.scope), f))
+    copied = CopyLog(log, f"{target.uri}: restore from {source.uri}", len(moves),
+                     sum(f.size for _src, _dst, f in moves))
 
     def bring(item: tuple[str, str, StateFile]) -> int:
         """Bring one file (unless an interrupted restore already did) and check it: size
@@ -116,6 +119,7 @@ def restore_into(
                 f"{target.uri}/{key}: does not match the source checkpoint ({why}); "
                 "nothing published"
             )
+        copied.add(f.size)
         return brought
 
     with ThreadPoolExecutor(max_workers=threads) as pool:

@@ -10,9 +10,10 @@ no fixed type). One file per key-group range: ``part-<first>-<last>.<ext>``.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,10 +21,12 @@ import typer
 from pydantic import BaseModel
 
 from statehold.cli import CheckpointArg, HaOption, JsonOption, emit, fail, handle_errors
-from statehold.cli_output import say
+from statehold.cli_output import RichProgress, say
 from statehold.spark.reader import KEY_COLUMN, StateReadError, key_text, locate_state, open_all
+from statehold.tools.locate import NoProgress, Progress
 
 _ROWS_PER_GROUP = 50_000
+_T = TypeVar("_T")
 
 
 class Format(StrEnum):
@@ -52,8 +55,11 @@ def dump_state(
     operator: str | None = None,
     *,
     ha: str | None = None,
+    progress: Progress | None = None,
 ) -> StateDump:
-    """Write the state of `checkpoint` to `out` (created; must be empty if it exists)."""
+    """Write the state of `checkpoint` to `out` (created; must be empty if it exists);
+    `progress` counts the keys written."""
+    progress = progress or NoProgress()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise StateReadError(f"{out}: exists and is not an empty directory")
     src = locate_state(checkpoint, operator, ha=ha)
@@ -64,16 +70,18 @@ def dump_state(
         out.mkdir(parents=True, exist_ok=True)
         files: list[str] = []
         rows = 0
+        progress.start(f"writing {src.uri}", None, "keys")
         for b in backends:
             kg = b.key_groups
             path = out / f"part-{kg.start:05d}-{kg.end:05d}.{fmt.value}"
+            items = _counted(b.items(), progress)
             if fmt is Format.jsonl:
                 with open(path, "w", encoding="utf-8") as f:
-                    for key, states in b.items():
+                    for key, states in items:
                         f.write(_json({KEY_COLUMN: key_text(key), **states}) + "\n")
                         rows += 1
             else:
-                rows += _write_parquet(path, b.items(), names)
+                rows += _write_parquet(path, items, names)
             files.append(path.name)
     return StateDump(
         checkpoint=src.uri,
@@ -84,6 +92,18 @@ def dump_state(
         rows=rows,
         files=files,
     )
+
+
+def _counted(items: Iterable[_T], progress: Progress, every: int = 1000) -> Iterator[_T]:
+    """`items`, telling `progress` of every `every` of them (and of the rest at the end)."""
+    n = 0
+    for item in items:
+        yield item
+        n += 1
+        if n == every:
+            progress.advance(n)
+            n = 0
+    progress.advance(n)
 
 
 def _write_parquet(path: Path, items: Any, names: list[str]) -> int:
@@ -126,9 +146,9 @@ def state_command(
     ha: HaOption = None,
 ) -> None:
     """Write the keyed state of a checkpoint, one row per key (key + one column per state)."""
-    with handle_errors(as_json):
+    with handle_errors(as_json), RichProgress(not as_json) as progress:
         try:
-            result = dump_state(checkpoint, out, fmt, operator, ha=ha)
+            result = dump_state(checkpoint, out, fmt, operator, ha=ha, progress=progress)
         except OSError as e:
             fail(f"{out}: {e}", as_json=as_json)
 

@@ -37,15 +37,17 @@ class ToolError(StateholdError):
 
 
 class Progress(Protocol):
-    """Progress reporting for long work (the CLI draws a rich progress bar)."""
+    """Progress reporting for long work (the CLI draws a rich progress bar). Each
+    `start` begins a phase of `total` units (None: not known, e.g. while listing);
+    `unit` is ``"bytes"`` or a noun for what is counted (``"files"``, ``"keys"``)."""
 
-    def start(self, description: str, total: int) -> None: ...
+    def start(self, description: str, total: int | None, unit: str = "bytes") -> None: ...
 
     def advance(self, amount: int) -> None: ...
 
 
 class NoProgress:
-    def start(self, description: str, total: int) -> None:
+    def start(self, description: str, total: int | None, unit: str = "bytes") -> None:
         pass
 
     def advance(self, amount: int) -> None:
@@ -172,17 +174,19 @@ def read(t: Target) -> CheckpointMetadata:
     return t.job.read_document(t.metadata_key)
 
 
-def listing(job: JobDirectory) -> list[FileInfo]:
-    try:
-        return list(job.storage.list())
-    except StorageError as e:
-        raise ToolError(f"{job.uri}: cannot list: {e}") from e
+def listing(job: JobDirectory, progress: Progress | None = None) -> list[FileInfo]:
+    return [info for page in pages(job, progress) for info in page]
 
 
-def pages(job: JobDirectory) -> Iterator[list[FileInfo]]:
-    """The job directory's listing, page by page (ToolError if it cannot be listed)."""
+def pages(job: JobDirectory, progress: Progress | None = None) -> Iterator[list[FileInfo]]:
+    """The job directory's listing, page by page (ToolError if it cannot be listed);
+    `progress` counts the files listed."""
+    progress = progress or NoProgress()
+    progress.start(f"listing {job.uri}", None, "files")
     try:
-        yield from job.storage.list_pages()
+        for page in job.storage.list_pages():
+            yield page
+            progress.advance(len(page))
     except StorageError as e:
         raise ToolError(f"{job.uri}: cannot list: {e}") from e
 

@@ -97,7 +97,9 @@ def _export(t: Target, out: Storage, progress: Progress, verify_after: bool) -> 
         if f.external
     ]
     files = referenced_keys(meta, t.metadata_key)
+    progress.start(f"checking {t.path}", len(files), "files")
     for key, f in sorted(files.items()):
+        progress.advance(1)
         info = t.storage.stat(key)
         if info is None:
             problems.append(Problem(path=key, problem="missing"))
@@ -151,7 +153,7 @@ def _export(t: Target, out: Storage, progress: Progress, verify_after: bool) -> 
     if verify_after:
         with open_job(out) as exported:
             key = new_metadata_key
-            check = _verify(Target(exported, "checkpoint", key), True, NoProgress())
+            check = _verify(Target(exported, "checkpoint", key), True, progress)
         if not check.ok:
             p = check.problems[0]
             raise ToolError(
@@ -186,6 +188,7 @@ def dispose(
     force: bool = False,
     dry_run: bool = False,
     ha: str | HAStore | None = None,
+    progress: Progress | None = None,
     **storage_options: Any,
 ) -> DisposeReport:
     """Delete a checkpoint, a savepoint or a whole job directory.
@@ -198,12 +201,17 @@ def dispose(
     damaged document (with `force` its directory is removed; files it may name that
     nothing else references are left to gc)."""
     with opened(target, ha=ha, **storage_options) as t:
+        progress = progress or NoProgress()
         if t.metadata_key is None:
-            return _dispose_job(t.job, force=force, dry_run=dry_run)
-        return _dispose_one(t, force=force, dry_run=dry_run)
+            return _dispose_job(t.job, force=force, dry_run=dry_run, progress=progress)
+        return _dispose_one(t, force=force, dry_run=dry_run, progress=progress)
 
 
-def _dispose_one(t: Target, *, force: bool, dry_run: bool) -> DisposeReport:
+#: `dispose` deletes in batches of this many files (the guard re-checks before each).
+_DELETE_BATCH = 1000
+
+
+def _dispose_one(t: Target, *, force: bool, dry_run: bool, progress: Progress) -> DisposeReport:
     job, key, directory = t.job, t.metadata_key, t.path
     assert key is not None
     state = job.state()
@@ -219,7 +227,7 @@ def _dispose_one(t: Target, *, force: bool, dry_run: bool) -> DisposeReport:
             f"{t.uri} is a retained checkpoint (the job may restore from it); "
             "use --force to dispose it anyway"
         )
-    files = listing(job)
+    files = listing(job, progress)
     own_dir = [i for i in files if i.key.startswith(directory + "/")]
     if not own_dir and not retained_here:
         raise ToolError(f"{t.uri}: no such {t.kind}")
@@ -263,7 +271,11 @@ def _dispose_one(t: Target, *, force: bool, dry_run: bool) -> DisposeReport:
     try:
         # the _metadata first: from then on nothing can mistake the rest for a checkpoint
         cleaner.discard(Discard(tuple(k for k in deleted if k == key), reason="dispose"))
-        cleaner.discard(Discard(tuple(k for k in deleted if k != key), reason="dispose"))
+        rest = [k for k in deleted if k != key]
+        progress.start(f"deleting {t.uri}", len(rest), "files")
+        for i in range(0, len(rest), _DELETE_BATCH):
+            cleaner.discard(Discard(tuple(rest[i:i + _DELETE_BATCH]), reason="dispose"))
+            progress.advance(len(rest[i:i + _DELETE_BATCH]))
     except StorageError as e:
         raise ToolError(f"deleting from {job.uri} failed: {one_line(e)}") from e
     return report
@@ -275,9 +287,11 @@ def _kept_by_dispose(key: str) -> bool:
     return key.startswith(f"{layout.HA_DIR}/") or key == OWNER_KEY
 
 
-def _dispose_job(job: JobDirectory, *, force: bool, dry_run: bool) -> DisposeReport:
+def _dispose_job(
+    job: JobDirectory, *, force: bool, dry_run: bool, progress: Progress
+) -> DisposeReport:
     state = job.state()
-    files = listing(job)
+    files = listing(job, progress)
     savepoints = savepoint_keys(files)
     live = live_attempt(job, state)
     if live is not None:

@@ -59,16 +59,20 @@ def file_refs(meta: CheckpointMetadata, metadata_key: str) -> list[FileRef]:
 
 # -- list ------------------------------------------------------------------------------
 def list_checkpoints(
-    target: TargetLike, *, ha: str | HAStore | None = None, **storage_options: Any
+    target: TargetLike,
+    *,
+    ha: str | HAStore | None = None,
+    progress: Progress | None = None,
+    **storage_options: Any,
 ) -> JobListing:
     """Retained checkpoints (HA store), ``chk-N`` directories not retained, savepoints.
     Unreadable metadata is reported per entry and in `problems`, not raised."""
     with opened(target, ha=ha, **storage_options) as t:
-        return _list(t.job)
+        return _list(t.job, progress or NoProgress())
 
 
-def _list(job: JobDirectory) -> JobListing:
-    files = listing(job)
+def _list(job: JobDirectory, progress: Progress) -> JobListing:
+    files = listing(job, progress)
     state = job.state()
     dir_bytes: dict[str, int] = {}
     chk_ids: set[int] = set()
@@ -85,6 +89,9 @@ def _list(job: JobDirectory) -> JobListing:
             dir_bytes[d] = dir_bytes.get(d, 0) + info.size
     retained = {p.metadata: p for p in state.retained}
     problems: list[Problem] = []
+    saved = savepoint_keys(files)
+    documents = {*retained, *map(layout.checkpoint_metadata_key, chk_ids), *saved}
+    progress.start(f"reading {job.uri}", len(documents), "checkpoints")
 
     def summary(key: str, retained_flag: bool) -> CheckpointSummary:
         d = key.rsplit("/", 1)[0]
@@ -103,6 +110,8 @@ def _list(job: JobDirectory) -> JobListing:
         except StateholdError as e:
             problems.append(Problem(path=key, problem=one_line(e)))
             return CheckpointSummary(**base, error=one_line(e))
+        finally:
+            progress.advance(1)
         return CheckpointSummary(
             **{**base, "checkpoint_id": meta.checkpoint_id},
             epoch=meta.epoch,
@@ -118,7 +127,7 @@ def _list(job: JobDirectory) -> JobListing:
         if key not in retained:
             checkpoints.append(summary(key, False))
     checkpoints.sort(key=lambda c: (c.checkpoint_id or 0, not c.retained))
-    savepoints = [summary(k, False) for k in savepoint_keys(files)]
+    savepoints = [summary(k, False) for k in saved]
     return JobListing(
         job_uri=job.uri,
         ha_epoch=state.epoch,

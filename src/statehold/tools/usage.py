@@ -13,7 +13,7 @@ from statehold.layout import Kind
 from statehold.metadata import referenced_keys
 from statehold.policy import Verdict, View, judge
 from statehold.reconcile import live_attempt
-from statehold.tools.locate import TargetLike, kind_of, opened, pages, parse
+from statehold.tools.locate import Progress, TargetLike, kind_of, opened, pages, parse
 from statehold.tools.results import CheckpointUsage, DiskUsage
 
 _SCOPE_OF_KIND = {
@@ -33,7 +33,11 @@ _SCOPE_OF_KIND = {
 
 
 def du(
-    target: TargetLike, *, ha: str | HAStore | None = None, **storage_options: Any
+    target: TargetLike,
+    *,
+    ha: str | HAStore | None = None,
+    progress: Progress | None = None,
+    **storage_options: Any,
 ) -> DiskUsage:
     """Bytes by scope and by checkpoint, and unreferenced bytes.
 
@@ -43,10 +47,10 @@ def du(
     to the oldest holders), so the attributed bytes add up to the referenced total.
     ``chk-N`` directories not retained are not holders: their bytes are unreferenced."""
     with opened(target, ha=ha, **storage_options) as t:
-        return _du(t.job)
+        return _du(t.job, progress)
 
 
-def _du(job: JobDirectory) -> DiskUsage:
+def _du(job: JobDirectory, progress: Progress | None = None) -> DiskUsage:
     """One streamed pass over the listing: what is kept grows with the referenced files
     and the holders, never with the orphans (a bounded sample of them is named)."""
     state = job.state()
@@ -69,7 +73,7 @@ def _du(job: JobDirectory) -> DiskUsage:
     total_files = total_bytes = owned_bytes = 0
     unreferenced_files = unreferenced_bytes = 0
     sample: list[str] = []  # the smallest unreferenced keys, sorted
-    for page in pages(job):
+    for page in pages(job, progress):
         for info in page:
             total_files += 1
             total_bytes += info.size
