@@ -16,7 +16,7 @@ bulk vs. one request per object). Everything is also compared as ratios.
 
 Batch 0 loads every key and is left out of the per-checkpoint figures and throughput.
 Results (JSON) go to ``<work>/results.json``; ``--markdown`` prints the tables as
-Markdown for docs/benchmarks.md.
+Markdown for docs/benchmarks.md; ``--plot DIR`` draws its charts (bench/plot_vs_spark.py).
 """
 
 from __future__ import annotations
@@ -240,6 +240,8 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=None, help="default: a new temp directory")
     p.add_argument("--driver-memory", default="8g")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--plot", type=Path, default=None, metavar="DIR",
+                   help="draw the PNG charts of docs/benchmarks.md into DIR (matplotlib)")
     args = p.parse_args()
     work: Path = args.work or Path(tempfile.mkdtemp(prefix="statehold-vs-spark-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -310,13 +312,20 @@ def main() -> None:
     for name, why in failed.items():
         print(f"- {describe(name)}: did not run: {why}")
     print(f"- total time {time.time() - started:.0f} s")
-    (work / "results.json").write_text(json.dumps({
+    document = {
         "workload": asdict(w), "args": {k: str(v) for k, v in vars(args).items()},
         "machine": machine(), "disk_bytes_per_s": bandwidth, "fsync_s": fsync,
         "local_deletes_per_s": local_rate,
         "s3_deletes_per_s": s3_rates, "summary": rows, "failed": failed,
         "runs": [asdict(r) for r in results],
-    }, indent=1, default=str))
+    }
+    (work / "results.json").write_text(json.dumps(document, indent=1, default=str))
+    if args.plot is not None:
+        from plot_vs_spark import plot
+
+        # the stored document, read back: the charts are exactly what results.json says
+        for path in plot(json.loads((work / "results.json").read_text()), args.plot):
+            print(f"- chart: {path}")
 
 
 if __name__ == "__main__":
