@@ -22,10 +22,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _workload import Workload
 
 MIB = float(1 << 20)
-#: statehold in blues, Spark's variants in warm colours: the same system, the same colour
-#: in both charts.
-COLORS = ("#1f5fa8", "#6fa8dc", "#d9701e", "#b3261e", "#7a9a3a", "#8e44ad")
-MARKERS = ("o", "s", "^", "v", "D", "x")
+#: statehold in blues, Spark's variants in warm colours, in run order: the same system,
+#: the same colour and marker in both charts.
+OURS = (("#1f5fa8", "o"), ("#6fa8dc", "s"))
+THEIRS = (("#d9701e", "^"), ("#b3261e", "v"), ("#c9a227", "D"), ("#8e44ad", "x"))
+
+
+def _styles(systems: list[str]) -> list[tuple[str, str]]:
+    ours, theirs = iter(OURS * len(systems)), iter(THEIRS * len(systems))
+    return [next(ours if s.startswith("statehold") else theirs) for s in systems]
 
 
 def plot(results: dict[str, Any], out: Path) -> list[Path]:
@@ -34,6 +39,7 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
 
     matplotlib.use("Agg")  # files only; no display
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out.mkdir(parents=True, exist_ok=True)
     w = Workload(**results["workload"])
@@ -46,18 +52,20 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
         ("vs-spark-storage.png", "Checkpoint storage after each batch", "footprint_bytes", 0,
          w.live_state_bytes(), "live state"),
     ]
+    styles = _styles([run["system"] for run in runs])
     written = []
     for name, title, field, first, reference, reference_label in charts:
         fig, ax = plt.subplots(figsize=(8, 3.6), dpi=100)
-        for i, run in enumerate(runs):
+        for run, (color, marker) in zip(runs, styles, strict=True):
             batches = [b for b in run["batches"] if b["batch"] >= first]
             ax.plot([b["batch"] for b in batches], [b[field] / MIB for b in batches],
-                    color=COLORS[i % len(COLORS)], marker=MARKERS[i % len(MARKERS)],
-                    markersize=3, linewidth=1.2, label=run["system"])
+                    color=color, marker=marker, markersize=3, linewidth=1.2,
+                    label=run["system"])
         ax.axhline(reference / MIB, color="grey", linestyle="--", linewidth=1,
                    label=reference_label)
         ax.set_title(f"{title}\n{subtitle}", fontsize=10)
         ax.set_xlabel("batch (checkpoint)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("MiB")
         ax.set_ylim(bottom=0)
         ax.grid(axis="y", alpha=0.3)
