@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -134,10 +135,51 @@ def link_or_copy(src: Path, dst: Path, *, link: bool) -> None:
     shutil.copyfile(src, dst)
 
 
-def prune_snapshots(op_dir: Path, keep_from: int) -> None:
+#: A range's newest local snapshot is kept this many checkpoints after the executor last
+#: held the range (then it is unlikely to share files with the state any more).
+STALE_KEEP_CHECKPOINTS = 100
+
+
+def prune_snapshots(op_dir: Path, keep_from: int, holding: Path | None = None) -> None:
     """Delete the operator's local snapshots older than checkpoint `keep_from` (no task
-    restores from them any more; a straggler that still does just downloads)."""
-    for snap in op_dir.glob("kg-*/snap-*"):
-        m = _SNAP_DIR.match(snap.name)
-        if m and int(m["ckpt"]) < keep_from:
-            shutil.rmtree(snap, ignore_errors=True)
+    restores from them any more; a straggler that still does just downloads), except each
+    range's newest complete one, for `STALE_KEEP_CHECKPOINTS`: when a task of that range
+    comes back to this executor (Spark does not keep a task on one executor), its restore
+    links the SSTs that snapshot shares with the checkpoint and downloads only the newer
+    ones, instead of the whole range. Not in `holding`, the range directory of the caller,
+    which has restored its range and will snapshot it anew."""
+    for range_dir in op_dir.glob("kg-*"):
+        old: list[tuple[int, Path]] = []
+        for snap in range_dir.glob("snap-*"):
+            m = _SNAP_DIR.match(snap.name)
+            if m and int(m["ckpt"]) < keep_from:
+                old.append((int(m["ckpt"]), snap))
+        spare: Path | None = None
+        for ckpt, snap in sorted(old, key=lambda c: c[0], reverse=True):
+            if ckpt >= keep_from - STALE_KEEP_CHECKPOINTS and read_marker(snap) is not None:
+                spare = snap
+                break
+        newer = any(
+            (m := _SNAP_DIR.match(s.name)) and int(m["ckpt"]) >= keep_from
+            for s in range_dir.glob("snap-*")
+        )
+        for _ckpt, snap in old:
+            if snap != spare or newer or range_dir == holding:
+                shutil.rmtree(snap, ignore_errors=True)
+
+
+def executor_scratch_dir() -> str:
+    """Where this Spark executor keeps scratch data, as Spark itself picks it: the
+    application's directories a standalone worker gives its executors
+    (``SPARK_EXECUTOR_DIRS``), a YARN container's ``LOCAL_DIRS``, ``SPARK_LOCAL_DIRS``
+    (Kubernetes, or set by hand), else the temp directory. The first three are per
+    executor (or per machine) and removed with the application, so local snapshots
+    neither outlive it nor collide between executors sharing a machine's /tmp."""
+    if os.environ.get("SPARK_EXECUTOR_DIRS"):
+        dirs = os.environ["SPARK_EXECUTOR_DIRS"]
+    elif os.environ.get("CONTAINER_ID") and os.environ.get("LOCAL_DIRS"):
+        dirs = os.environ["LOCAL_DIRS"].replace(",", os.pathsep)
+    else:
+        dirs = os.environ.get("SPARK_LOCAL_DIRS", "").replace(",", os.pathsep)
+    first = next((d for d in dirs.split(os.pathsep) if d), None)
+    return first or tempfile.gettempdir()

@@ -188,7 +188,8 @@ class TaskStateBackend:
             )
         restored = [s[2].info.get("checkpoint_id") for s in sources]
         if all(isinstance(c, int) for c in restored):
-            prune_snapshots(self.op_dir, min(c for c in restored if isinstance(c, int)))
+            oldest = min(c for c in restored if isinstance(c, int))
+            prune_snapshots(self.op_dir, oldest, holding=self.range_dir)
 
     # -- state access --------------------------------------------------------------------
     def _require_db(self) -> Rdict:

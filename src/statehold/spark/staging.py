@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from statehold.spark.api import BatchFunction, InputFormat, KeyFunction
+from statehold.spark.routing import route_to_partitions
 from statehold.spark.task import (
     ACK_COL,
     INTERNAL_COLS,
@@ -110,7 +111,7 @@ def stage(
         KeyGroupStage(spec.key_columns, spec.parallelism, spec.max_parallelism),
         keyed_schema,
     )
-    staged = keyed.repartitionById(spec.parallelism, TASK_COL).mapInArrow(
+    staged = route_to_partitions(keyed, spec.parallelism, TASK_COL).mapInArrow(
         StateStage(spec), out_schema
     )
     # Materialise once: the acks and the sink must see the same, single run of state.

@@ -4,7 +4,7 @@ Two Python stages, both `mapInArrow`:
 
 1. `KeyGroupStage` adds each row's state key, key group and owning task index (stable
    BLAKE2b hash from `backend.keys`, never Python's salted ``hash``), refusing null keys.
-2. After ``repartitionById(parallelism, task)`` partition *i* holds exactly the rows of
+2. After routing by task (`statehold.spark.routing`) partition *i* holds exactly the rows of
    task *i* (and runs even when empty). `StateStage` opens the task's RocksDB backend for
    its key-group range (restoring from the previous checkpoint's handles), runs the user
    function per key, snapshots to the job directory and emits the user's rows plus one
@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -149,9 +148,12 @@ def internal_output_schema(user: pa.Schema) -> pa.Schema:
 
 
 def local_root(spec: StateSpec) -> str:
-    """Where tasks keep RocksDB between micro-batches on this machine: one directory per
-    job directory (named by job id plus a hash of the job directory's URI)."""
-    base = spec.local_dir or os.environ.get("STATEHOLD_LOCAL_DIR") or tempfile.gettempdir()
+    """Where tasks keep RocksDB between micro-batches on this executor: one directory per
+    job directory (named by job id plus a hash of the job directory's URI), under
+    `local_dir`, ``STATEHOLD_LOCAL_DIR`` or the executor's scratch directory."""
+    from statehold.backend.local_snapshots import executor_scratch_dir
+
+    base = spec.local_dir or os.environ.get("STATEHOLD_LOCAL_DIR") or executor_scratch_dir()
     digest = hashlib.blake2b(spec.storage_uri.encode(), digest_size=6).hexdigest()
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", spec.job_id)[:60]
     return os.path.join(base, "statehold-state", f"{safe}-{digest}")
