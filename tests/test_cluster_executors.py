@@ -43,14 +43,16 @@ from statehold.storage import Storage, open_storage
 from statehold.tools import verify
 from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
 
-pytestmark = [pytest.mark.spark, pytest.mark.zookeeper, pytest.mark.crash]
+# Three batches with Spark starts take minutes on a loaded 2-core machine (10 at load 30).
+pytestmark = [pytest.mark.spark, pytest.mark.zookeeper, pytest.mark.crash,
+              pytest.mark.timeout(1800)]
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 MAX_PARALLELISM = 16
 FILES = 3
 KILL_BATCH = 1
-TIMEOUT = 600.0
+TIMEOUT = 1500.0
 
 
 @pytest.fixture(scope="module")
