@@ -7,11 +7,10 @@ splits the job directory by prefix: each top-level directory, its own files, and
 data directories (``shared/``, ``exclusive/``) further into key ranges (`split_points`).
 Each executor task lists its part page by page (`sweep`: the same `policy` decisions as a
 local gc), and deletes in bulk through the same guarded cleaner as a local gc: before
-every batch it re-runs
-`reconcile.outside_guard`, rebuilt there from the job's URI, storage options, HA store
-URI and the planned epoch and live attempt. So the safety is a local gc's, including
-beside a running job. Only code and plain data travel to executors; nothing stored is
-ever unpickled.
+every batch it re-runs `reconcile.outside_guard`, rebuilt there from the job's URI,
+storage options, HA store URI and the planned epoch and live attempt. So the safety is
+a local gc's, including beside a running job. Only code and plain data travel to
+executors; nothing stored is ever unpickled.
 """
 
 from __future__ import annotations
