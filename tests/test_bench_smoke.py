@@ -37,6 +37,8 @@ def test_vs_spark_runs_and_both_systems_hold_the_right_state(tmp_path: Path) -> 
         str(1 << 20),
         "--driver-memory",
         "1g",
+        "--plot",
+        str(tmp_path / "charts"),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -48,6 +50,10 @@ def test_vs_spark_runs_and_both_systems_hold_the_right_state(tmp_path: Path) -> 
         # 400 keys, then 3 batches + the recovery batch of 5% (20 keys) each
         assert run["totals"][:2] == [400, 400 + 4 * 20], run["system"]
         assert not [n for n in run["notes"] if "WRONG STATE" in n]
+    charts = sorted((tmp_path / "charts").glob("*.png"))
+    assert charts, "--plot drew no chart"
+    for chart in charts:
+        assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", chart
         assert len(run["batches"]) == 4
         assert all(b["bytes_uploaded"] > 0 for b in run["batches"])
     assert results["s3_deletes_per_s"]["bulk"] > 0
