@@ -381,3 +381,41 @@ def test_seed_10117_and_kin_replay_clean(seed: int) -> None:
     result, world = run_seed(seed, 3000)
     assert not result["violations"], world.minimal_trace()
     assert result["events"].get("start-dispose")  # type: ignore[attr-defined]
+
+
+def test_seed_10084_a_failed_whole_job_dispose_leaves_no_savepoint_without_its_files(
+    tmp_path: object,
+) -> None:
+    """Seed 10084: a whole-job dispose deleted everything in one bulk delete; the delete of
+    ``savepoints/sp26/_metadata`` failed and the files it references went: a savepoint
+    that can never be restored. The documents go first now, and only once they are gone
+    the files."""
+    from pathlib import Path
+
+    from faulty import FaultyStorage
+    from sim import model
+
+    from statehold import tools
+    from statehold.coordinator import CheckpointCoordinator
+    from statehold.ha.embedded import EmbeddedHAStore
+    from statehold.metadata import read_metadata, referenced_keys
+    from statehold.storage.local import LocalStorage
+    from statehold.tools import ToolError
+
+    storage = LocalStorage(Path(str(tmp_path)))
+    coordinator = CheckpointCoordinator.start(
+        storage, EmbeddedHAStore(storage), job_id="j", max_parallelism=model.MAX_PARALLELISM,
+        reconcile_in_background=False, renew_lease_in_background=False,
+    )
+    coordinator.begin(1)
+    _acknowledge_all(coordinator, storage, 1)
+    coordinator.complete(1)
+    coordinator.savepoint("sp26")
+    coordinator.close()
+    key = "savepoints/sp26/_metadata"
+    needed = referenced_keys(read_metadata(storage, key), key)
+    faulty = FaultyStorage(storage)
+    faulty.fail_permanently(key, ["delete"])
+    with pytest.raises(ToolError):
+        tools.dispose(faulty, force=True)
+    assert all(storage.exists(k) for k in needed)

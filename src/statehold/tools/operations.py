@@ -324,7 +324,11 @@ def _dispose_job(
         # runs on would write files and a chk-N/_metadata named by an epoch above every
         # new attempt's, which no reconcile may delete and no new attempt may replace
         # (found by the simulation, seeds 10117, 20070, 30027).
-        job.storage.delete_many([i.key for i in job.storage.list() if not _kept_by_dispose(i.key)])
+        doomed = [i.key for i in job.storage.list() if not _kept_by_dispose(i.key)]
+        # The documents first: a delete that fails part way must never leave a savepoint
+        # or checkpoint whose files are gone (simulation, seed 10084).
+        job.storage.delete_many([k for k in doomed if k.endswith(f"/{layout.METADATA_NAME}")])
+        job.storage.delete_many([k for k in doomed if not k.endswith(f"/{layout.METADATA_NAME}")])
     except StorageError as e:
         raise ToolError(f"deleting {job.uri} failed: {one_line(e)}") from e
     return report
