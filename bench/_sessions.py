@@ -42,7 +42,7 @@ class SessionsWorkload:
     step: int = 60  # event-time seconds per batch
     gap: int = 90  # a session closes this long after its last event
     delay: int = 30  # watermark delay
-    ttl_ms: int = 20_000  # profiles expire this long (processing time) after their update
+    ttl_ms: int | None = 20_000  # profiles expire this long (processing time) after update
     seed: int = 7
 
     def rows(self, batch: int) -> list[dict[str, Any]]:
@@ -74,12 +74,15 @@ def write_file(path: Path, rows: list[dict[str, Any]]) -> None:
 class Sessions(StatefulProcessor):
     """Sessions closed by event-time timers, and a TTL'd profile per user."""
 
-    def __init__(self, gap: int, ttl_ms: int) -> None:
+    def __init__(self, gap: int, ttl_ms: int | None) -> None:
         self.gap, self.ttl_ms = gap, ttl_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.session = handle.getValueState("session", SESSION_DDL)
+        # Spark 4.3 refuses a TTL in timeMode EventTime
+        # (STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL): without one, the
+        # session's timer clears the profile too.
         self.profile = handle.getValueState("profile", PROFILE_DDL, self.ttl_ms)
 
     def handleInputRows(
@@ -112,6 +115,8 @@ class Sessions(StatefulProcessor):
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
         current = self.session.get()
+        if self.ttl_ms is None:
+            self.profile.clear()
         if current is not None:
             self.session.clear()
             yield _frame(key[0], [current])
