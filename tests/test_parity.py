@@ -259,7 +259,7 @@ def run_spark_dedup(spark: Any, phases: list[list[list[dict[str, Any]]]], work: 
             statefulProcessor=Dedup(), outputStructType=DEDUP_OUT,
             outputMode="Append", timeMode="ProcessingTime",
         )
-        _run(out, work, "dedup")
+        _run(out, work, "dedup", files=index)
     rows = session.read.schema(DEDUP_OUT).parquet(str(work / "out")).collect()
     return sorted(tuple(r) for r in rows)
 
@@ -271,19 +271,40 @@ def _session(spark: Any) -> Any:
     return session
 
 
-def _run(out: Any, work: Path, name: str) -> None:
-    query = (
+def _run(out: Any, work: Path, name: str, files: int | None = None) -> None:
+    """Run the query over the files present, then stop it. With `files`, stop once the
+    batch that read the last of them is committed: in timeMode ProcessingTime Spark keeps
+    running batches without data, so ``availableNow`` never ends."""
+    writer = (
         out.writeStream.format("parquet")
         .option("path", str(work / "out"))
         .option("checkpointLocation", str(work / "checkpoint"))
         .outputMode("append")
-        .trigger(availableNow=True)
         .queryName(f"parity_{name}_{work.name}")
-        .start()
     )
-    query.awaitTermination()
+    if files is None:
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
+    else:
+        query = writer.start()
+        try:
+            while not _committed(work / "checkpoint", files - 1) and query.exception() is None:
+                time.sleep(0.2)
+        finally:
+            query.stop()
     if query.exception() is not None:
         raise AssertionError(f"Spark's {name} query failed: {query.exception()}")
+
+
+def _committed(checkpoint: Path, log_offset: int) -> bool:
+    """Whether a committed batch read the file source up to `log_offset`."""
+    commits = checkpoint / "commits"
+    done = [n for n in os.listdir(commits) if n.isdigit()] if commits.is_dir() else []
+    for n in sorted(done, key=int):
+        lines = (checkpoint / "offsets" / n).read_text().splitlines()
+        if lines and json.loads(lines[-1]).get("logOffset", -1) >= log_offset:
+            return True
+    return False
 
 
 # -- statehold's run: the same processor objects, a driver loop over the same files --------------
