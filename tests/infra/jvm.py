@@ -40,8 +40,9 @@ KAFKA_VERSION = "4.1.1"
 #: The log4j 2 the broker brings (its slf4j binding must be the same version).
 LOG4J_VERSION = "2.24.3"
 #: spark-sql-kafka-0-10 of the installed PySpark, unless the registry lacks it: then the
-#: newest served version of the same major line (checked with mvn on 2026-11-23).
-SPARK_KAFKA_FALLBACK = {"4.3.0": "4.2.0"}
+#: newest served version of the same line (checked with mvn on 2026-11-23: 4.3.0, 3.5.9
+#: and 3.5.8 were not served).
+SPARK_KAFKA_FALLBACK = {"4.3.0": "4.2.0", "3.5.9": "3.5.7", "3.5.8": "3.5.7"}
 CACHE_ENV = "STATEHOLD_JAR_CACHE"
 MANIFEST = "MANIFEST"
 MVN_TIMEOUT = 1800.0

@@ -1,6 +1,7 @@
 """Running totals per key: the statehold example pipeline.
 
     python -m statehold.examples.running_totals            # demo data under ./statehold-demo/
+    python -m statehold.examples.running_totals --kafka HOST:PORT --topic T --jars ...
 
 Reads JSON-lines files (``*.jsonl``; fields ``key``: string, ``value``: integer) from
 ``--input`` in file-name order, ``--files-per-batch`` files per micro-batch, keeps per key
@@ -29,6 +30,10 @@ memory (Spark's ``wholetext``), which gives exact line numbers and input order.
 job's phases, plus ``in-task`` (in the Spark task, before a key's state is updated; the
 hook is pickled to the executors) and ``job-end`` (all input processed, the job not yet
 closed), e.g. for metrics, or for tests that kill the driver at a known point.
+
+With ``--kafka BOOTSTRAP --topic T`` the input is a Kafka topic read with Structured
+Streaming, and Spark's own checkpoint (the offsets) lives in ``<job>/_spark/``
+(`statehold.examples.kafka_input`).
 """
 
 from __future__ import annotations
@@ -249,6 +254,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "what every run without --restore-from does",
     )
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--kafka", metavar="BOOTSTRAP", default=None,
+                   help="read the Kafka topic --topic at these bootstrap servers (Structured "
+                   "Streaming) instead of --input; see statehold.examples.kafka_input")
+    p.add_argument("--topic", default=None, help="with --kafka: the topic")
+    p.add_argument("--records-per-batch", type=int, default=1000,
+                   help="with --kafka: at most this many records per micro-batch")
+    p.add_argument("--jars", default="",
+                   help="comma-separated local jars for Spark's class path: spark-sql-kafka "
+                   "for --kafka, hadoop-aws for Spark's checkpoint on s3:// (with their "
+                   "dependencies)")
     p.add_argument(
         "--ha",
         default=None,
@@ -258,6 +273,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.files_per_batch < 1:
         p.error("--files-per-batch must be at least 1")
+    if (args.kafka is None) != (args.topic is None):
+        p.error("--kafka and --topic go together")
+    if args.records_per_batch < 1:
+        p.error("--records-per-batch must be at least 1")
     return args
 
 
@@ -316,13 +335,17 @@ def main(argv: list[str] | None = None, on_phase: PhaseHook | None = None) -> in
               "resume continues the job in --checkpoints/--job-id", file=sys.stderr)
         return 2
     input_dir: Path = args.input.absolute()
-    if not list_inputs(input_dir):
+    if args.kafka is None and not list_inputs(input_dir):
         generate_demo(input_dir)
         print(f"no input in {input_dir}: generated a small demo data set there")
 
     from statehold.spark import StatefulJob, local_session
+    from statehold.spark.session import classpath_conf, s3a_conf
 
-    spark = local_session("statehold-running-totals", master=args.master)
+    conf = classpath_conf([j for j in args.jars.split(",") if j])
+    if args.checkpoints.startswith(("s3://", "s3a://")):
+        conf.update(s3a_conf())
+    spark = local_session("statehold-running-totals", master=args.master, conf=conf)
     job = StatefulJob(
         spark,
         args.checkpoints,
@@ -336,6 +359,10 @@ def main(argv: list[str] | None = None, on_phase: PhaseHook | None = None) -> in
         on_phase=on_phase,
     )
     try:
+        if args.kafka is not None:
+            from statehold.examples.kafka_input import run_kafka
+
+            return run_kafka(spark, job, args, on_phase)
         return run(spark, job, args, on_phase)
     except KeyboardInterrupt:
         return 130

@@ -24,7 +24,7 @@ from statehold.spark.history import read_history_df
 from statehold.spark.job import StatefulJob, replace_output
 from statehold.spark.progress import StateholdProgressListener
 from statehold.spark.reader import iter_state, read_state
-from statehold.spark.session import local_session, use_this_python
+from statehold.spark.session import classpath_conf, local_session, s3a_conf, use_this_python
 from statehold.spark.task import MalformedInputError, state_key
 
 __all__ = [
@@ -42,11 +42,13 @@ __all__ = [
     "StateholdProgressListener",
     "TaskStates",
     "ValueState",
+    "classpath_conf",
     "iter_state",
     "local_session",
     "read_history_df",
     "read_state",
     "replace_output",
+    "s3a_conf",
     "state_key",
     "use_this_python",
 ]

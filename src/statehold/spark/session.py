@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -23,25 +24,74 @@ def use_this_python() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+def s3a_conf(storage_options: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Spark settings for Hadoop's ``s3a://`` file system (the hadoop-aws connector), so
+    Spark's own files (the streaming checkpoint in ``<job>/_spark/``) reach the same S3
+    as statehold: the `open_storage` S3 options, else the same ``AWS_*`` variables.
+
+    A custom endpoint (MinIO, a test server) gets path-style requests; an ``http://``
+    endpoint turns TLS off; given keys are used as they are (no credential chain)."""
+    options = dict(storage_options or {})
+    env = os.environ
+    endpoint = options.get("endpoint") or env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT")
+    region = options.get("region") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    key = options.get("access_key_id") or env.get("AWS_ACCESS_KEY_ID")
+    secret = options.get("secret_access_key") or env.get("AWS_SECRET_ACCESS_KEY")
+    token = options.get("session_token") or env.get("AWS_SESSION_TOKEN")
+    conf: dict[str, str] = {}
+    prefix = "spark.hadoop.fs.s3a."
+    if endpoint:
+        conf[prefix + "endpoint"] = str(endpoint)
+        conf[prefix + "path.style.access"] = "true"
+        if str(endpoint).startswith("http://"):
+            conf[prefix + "connection.ssl.enabled"] = "false"
+    if region:
+        conf[prefix + "endpoint.region"] = str(region)
+    if key and secret:
+        conf[prefix + "access.key"] = str(key)
+        conf[prefix + "secret.key"] = str(secret)
+        provider = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+        if token:
+            conf[prefix + "session.token"] = str(token)
+            provider = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+        conf[prefix + "aws.credentials.provider"] = provider
+    return conf
+
+
+def classpath_conf(jars: Sequence[str]) -> dict[str, str]:
+    """Spark settings putting local `jars` (e.g. spark-sql-kafka, hadoop-aws and their
+    dependencies) on the driver's and the executors' class path. Unlike ``spark.jars``
+    no jar is copied per executor, and Hadoop finds the ``s3a`` file system there; the
+    paths must exist on every machine running an executor."""
+    if not jars:
+        return {}
+    path = os.pathsep.join(jars)
+    return {"spark.driver.extraClassPath": path, "spark.executor.extraClassPath": path}
+
+
 def local_session(
     app_name: str = "statehold",
     *,
     master: str = "local[2]",
     shuffle_partitions: int = 4,
     ui: bool = False,
+    conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """A small local session for examples and tests (quiet logs, few shuffle partitions)."""
+    """A small local session for examples and tests (quiet logs, few shuffle partitions);
+    `conf`: more settings (class path ones only take effect in a new JVM)."""
     use_this_python()
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", str(ui).lower())
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
     )
+    for name, value in (conf or {}).items():
+        builder = builder.config(name, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
