@@ -139,7 +139,7 @@ MODULE_NEEDS = {
     # Their storage backends take servers by name at run time (`getfixturevalue`).
     "test_storage_contract": ("azurite",),
     "test_object_stores": ("azurite",),
-    "test_kafka": ("kafka-broker", "spark-kafka"),
+    "test_kafka": ("kafka-broker", "spark-kafka", "hadoop-aws"),
     "test_s3a": ("hadoop-aws",),
     "test_webview": ("chromium",),
 }

@@ -74,7 +74,7 @@ def dump_state(
         for b in backends:
             kg = b.key_groups
             path = out / f"part-{kg.start:05d}-{kg.end:05d}.{fmt.value}"
-            items = _counted(b.items(), progress)
+            items = _counted(b.items(src.decoders), progress)
             if fmt is Format.jsonl:
                 with open(path, "w", encoding="utf-8") as f:
                     for key, states in items:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -55,6 +55,7 @@ from statehold.backend.snapshot import (
 )
 from statehold.backend.state import (
     TIMERS_NAME,
+    EntryDecoders,
     KeyedState,
     ListState,
     MapState,
@@ -221,7 +222,9 @@ class TaskStateBackend:
     def map_state(self, name: str, key: Key) -> MapState[Any, Any]:
         return self.for_key(key).map(name)
 
-    def items(self) -> Iterator[tuple[Key, dict[str, Any]]]:
+    def items(
+        self, decoders: Mapping[str, EntryDecoders] | None = None
+    ) -> Iterator[tuple[Key, dict[str, Any]]]:
         """Every key of this task's range with all its state: (key, {state name: value});
         list state as a list, map state as a dict, timers (expiry ms) under
         `TIMERS_NAME`. Grouped per key group, so memory is bounded by the state of one key
@@ -237,7 +240,7 @@ class TaskStateBackend:
             if d.key_group != group:
                 yield from current.items()
                 current, group = {}, d.key_group
-            fold_entry(current.setdefault(d.key, {}), d, data)
+            fold_entry(current.setdefault(d.key, {}), d, data, decoders)
         yield from current.items()
 
     def state_names(self) -> set[str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -350,34 +350,53 @@ class KeyedState:
         )
 
 
-def decode_value(kind: StateKind, suffix: bytes, data: bytes) -> Any:
-    """Decode one stored JSON entry (for readers that walk the raw store): a map entry as
-    (map key, value), anything else as its value (a TTL's expiry left out)."""
+class Decoder(Protocol):
+    def decode(self, data: bytes) -> Any: ...
+
+
+#: A reader's decoders of one state name: (values, map keys); None is the JSON fallback.
+EntryDecoders = tuple[Decoder | None, Decoder | None]
+
+
+def decode_value(
+    kind: StateKind, suffix: bytes, data: bytes, decoders: EntryDecoders = (None, None)
+) -> Any:
+    """Decode one stored entry (for readers that walk the raw store): a map entry as
+    (map key, value), anything else as its value (a TTL's expiry left out). Typed
+    variables need their `decoders`; without them values are read as JSON."""
     if kind.has_ttl:
         data = data[8:]
+    values, map_keys = decoders
+    value = loads(data) if values is None else values.decode(data)
     if kind.base is StateKind.MAP:
-        return JSON_MAP_KEY.decode(suffix), loads(data)
-    return loads(data)
+        return (JSON_MAP_KEY if map_keys is None else map_keys).decode(suffix), value
+    return value
 
 
-def fold_entry(states: dict[str, Any], d: DecodedKey, data: bytes) -> None:
+def fold_entry(
+    states: dict[str, Any],
+    d: DecodedKey,
+    data: bytes,
+    decoders: Mapping[str, EntryDecoders] | None = None,
+) -> None:
     """Add one stored entry of a key to `states` (state name -> value): list state as a
     list, map state as a dict, the key's timers (expiry ms) under `TIMERS_NAME`. Index
-    entries belong to no key: the caller skips them."""
+    entries belong to no key: the caller skips them. `decoders`: the typed variables'."""
     kind = d.kind
     if kind is StateKind.TIMER:
         states.setdefault(TIMERS_NAME, []).append(decode_time(d.suffix))
         return
     base = kind.base
+    codecs = (None, None) if decoders is None else decoders.get(d.state_name, (None, None))
     if base is StateKind.MAP:
-        k, v = decode_value(kind, d.suffix, data)
+        k, v = decode_value(kind, d.suffix, data, codecs)
         states.setdefault(d.state_name, {})[k] = v
     elif base is StateKind.LIST:
         items = states.setdefault(d.state_name, [])
-        value = decode_value(kind, d.suffix, data)
+        value = decode_value(kind, d.suffix, data, codecs)
         if d.suffix:
             items.append(value)
         else:
             items.extend(value)
     else:
-        states[d.state_name] = decode_value(kind, d.suffix, data)
+        states[d.state_name] = decode_value(kind, d.suffix, data, codecs)

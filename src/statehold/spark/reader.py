@@ -30,7 +30,9 @@ import pyarrow as pa
 from statehold import tools
 from statehold.backend.keys import Key
 from statehold.backend.rocks import StateBackendError, TaskStateBackend
-from statehold.metadata import CheckpointMetadata, KeyGroupState, MetadataError
+from statehold.backend.state import EntryDecoders
+from statehold.metadata import CheckpointMetadata, KeyGroupState, MetadataError, OperatorSchemas
+from statehold.state_values import recorded_decoders
 from statehold.storage import Storage, open_storage
 from statehold.tools.locate import read
 
@@ -56,6 +58,12 @@ class StateSource:
     operator: str
     max_parallelism: int
     ranges: tuple[KeyGroupState, ...]
+    #: the operator's recorded state schemas (typed variables), if any
+    schemas: OperatorSchemas | None = None
+
+    @property
+    def decoders(self) -> dict[str, EntryDecoders]:
+        return recorded_decoders(self.schemas)
 
     @property
     def uri(self) -> str:
@@ -76,8 +84,9 @@ def locate_state(
         meta = read(target)
     op = _pick_operator(meta, operator, target.uri)
     ranges = next(o.ranges for o in meta.operators if o.operator == op)
+    schemas = None if meta.state_schemas is None else meta.state_schemas.get(op)
     return StateSource(
-        target.storage, target.metadata_key, op, meta.max_parallelism, tuple(ranges)
+        target.storage, target.metadata_key, op, meta.max_parallelism, tuple(ranges), schemas
     )
 
 
@@ -127,9 +136,10 @@ def iter_state(
         if isinstance(checkpoint, StateSource)
         else locate_state(checkpoint, operator, **storage_options)
     )
+    decoders = src.decoders
     for kgs in src.ranges:
         with open_range(src.job, src.metadata_key, src.operator, src.max_parallelism, kgs) as b:
-            yield from b.items()
+            yield from b.items(decoders)
 
 
 @contextmanager
@@ -162,17 +172,23 @@ class _ReadTask:
     #: None: emit key + a map of JSON strings; else emit exactly this schema.
     schema: pa.Schema | None
     key_column: str
+    #: the operator's recorded state schemas as JSON (plain data for the executors)
+    schemas_json: str | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         indices = [i for b in batches for i in b.column(0).to_pylist()]
         job = open_storage(self.storage_uri, **dict(self.storage_options))
+        schemas = self.schemas_json
+        decoders = recorded_decoders(
+            None if schemas is None else OperatorSchemas.model_validate_json(schemas)
+        )
         for index in indices:
             kgs = KeyGroupState.model_validate_json(self.ranges[index])
             with open_range(
                 job, self.metadata_key, self.operator, self.max_parallelism, kgs
             ) as backend:
                 rows: list[tuple[Key, dict[str, Any]]] = []
-                for item in backend.items():
+                for item in backend.items(decoders):
                     rows.append(item)
                     if len(rows) >= _BATCH_ROWS:
                         yield self._batch(rows)
@@ -239,6 +255,7 @@ def read_state(
             ranges,
             arrow_schema,
             key_column,
+            None if src.schemas is None else src.schemas.model_dump_json(),
         )
 
     if schema is not None:
