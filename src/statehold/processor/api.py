@@ -99,7 +99,9 @@ class StatefulProcessor(ABC):
     """Stateful logic per key, called by `StatefulJob.transform_with_state`.
 
     Per task and batch: `init(handle)` once (declare state variables with the handle),
-    then `handle_input_rows(key, rows, timer_values)` for each key with rows, then
+    then per key, in the job's first batch only, `handle_initial_state(key, rows,
+    timer_values)` if the job was given an initial state with rows of that key, and
+    `handle_input_rows(key, rows, timer_values)` for each key with rows, then
     `handle_expired_timer(key, timer_values, expired_timer_info)` for each due timer
     (also of keys without rows), then `close()`. The handle's state variables and timers
     act on the key of the current call. Each call returns output rows: an iterable of
@@ -107,7 +109,8 @@ class StatefulProcessor(ABC):
     iterator of those, or None.
 
     A subclass may instead implement Spark's camelCase methods (``handleInputRows``,
-    ``handleExpiredTimer``); it then gets Spark's argument shapes (see compat.py).
+    ``handleExpiredTimer``, ``handleInitialState``); it then gets Spark's argument shapes
+    (see compat.py).
     """
 
     @abstractmethod
@@ -125,6 +128,13 @@ class StatefulProcessor(ABC):
     ) -> Any:
         """A timer of `key` fired (it is already deleted). Default: no output."""
         return None
+
+    def handle_initial_state(  # noqa: B027 (optional, like Spark's)
+        self, key: Any, initial_state: Any, timer_values: TimerValues
+    ) -> None:
+        """The initial state's rows of `key` (format: the job's ``input_format``), once per
+        key in the first batch of a job without checkpoints, before that key's
+        ``handle_input_rows``. Its return value is ignored (as in Spark). Default: nothing."""
 
     def close(self) -> None:  # noqa: B027 (optional, like Spark's)
         """After the task's last call of the batch."""

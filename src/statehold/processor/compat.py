@@ -6,7 +6,9 @@ camelCase ones of a class written for Spark 4.x (``pyspark.sql.streaming``'s
 * rows as an iterator: of one pandas.DataFrame (``input_format="pandas"``, Spark's
   ``transformWithStateInPandas``, the default for such a class), or of `pyspark.sql.Row`
   (``input_format="rows"``, Spark's ``transformWithState``);
-* ``handleExpiredTimer`` optional (no output when missing).
+* ``handleExpiredTimer`` optional (no output when missing);
+* ``handleInitialState`` optional, called as Spark calls it: once per key with one
+  pandas.DataFrame of the key's initial-state rows, or once per `Row`.
 
 The handle, `TimerValues` and `ExpiredTimerInfo` answer to Spark's method names, and the
 output (an iterator of DataFrames or Rows) is taken as it comes.
@@ -62,6 +64,20 @@ class ProcessorCalls:
         if fire is None:
             return None
         return fire(key if isinstance(key, tuple) else (key,), timer_values, info)
+
+    def initial(self, key: Any, rows: Any, timer_values: TimerValues) -> None:
+        """The key's initial-state rows (their return value is ignored, as in Spark)."""
+        if not self.spark_style:
+            native = getattr(self.processor, "handle_initial_state", None)
+            if native is not None:
+                native(key, rows, timer_values)
+            return
+        handle = getattr(self.processor, "handleInitialState", None)
+        if handle is None:
+            return
+        spark_key = key if isinstance(key, tuple) else (key,)
+        for state in _rows_iter(rows, self.input_format):
+            handle(spark_key, state, timer_values)
 
     def close(self) -> None:
         close = getattr(self.processor, "close", None)

@@ -2,8 +2,9 @@
 the TTL sweep, close. Runs inside the Spark task (`statehold.spark.task.StateStage`),
 on the task's open backend, before its snapshot.
 
-Order (as in Spark): ``init``; ``handle_input_rows`` per key with rows (key-group, key
-order); ``handle_expired_timer`` per timer due at the batch's clock (earliest first; a
+Order (as in Spark): ``init``; per key (key-group, key order) ``handle_initial_state``
+(first batch of a job with an initial state, keys in it) then ``handle_input_rows`` (keys
+with rows); ``handle_expired_timer`` per timer due at the batch's clock (earliest first; a
 timer is deleted just before its call; one registered during this phase that is already
 due fires in the next batch); the TTL sweep; ``close``.
 """
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statehold.backend.keys import Key
+from statehold.backend.keys import Key, key_group_of
 from statehold.errors import InvalidArgumentError
 from statehold.processor.api import ExpiredTimerInfo, TimeMode, TimerValues
 from statehold.processor.compat import ProcessorCalls
@@ -45,6 +46,8 @@ class ProcessorSpec:
     late_rows: LateRows
     #: one key column of type string: the state key is the value itself
     string_key: bool
+    #: the input carries initial-state rows (`statehold.spark.initial_state`)
+    initial_state: bool = False
 
     def timer_values(self) -> TimerValues:
         if self.time_mode is TimeMode.NONE:
@@ -113,9 +116,11 @@ def run_processor(
     output: Output,
     n_key_columns: int,
     input_format: str,
+    initial: Sequence[tuple[Key, Any, Any]] = (),
 ) -> dict[str, Any]:
-    """Run the processor over `groups` ((state key, key value, rows) per key) and the
-    due timers; return the figures for the task's report."""
+    """Run the processor over `initial` and `groups` ((state key, key value, rows) per
+    key, each in key-group and key order) and the due timers; return the figures for the
+    task's report."""
     kv = backend._require_kv()
     handle = StatefulProcessorHandle(
         kv,
@@ -128,9 +133,12 @@ def run_processor(
     calls = ProcessorCalls(spec.processor, input_format)
     values = spec.timer_values()
     calls.init(handle)
-    for skey, key, rows in groups:
+    for skey, key, state_rows, rows in _by_key(initial, groups, backend.max_parallelism):
         handle._bind(skey)
-        output.add(calls.rows(key, rows, values))
+        if state_rows is not None:
+            calls.initial(key, state_rows, values)
+        if rows is not None:
+            output.add(calls.rows(key, rows, values))
     fired = 0
     threshold = spec.threshold()
     if threshold is not None:
@@ -148,3 +156,19 @@ def run_processor(
         "declared": {name: list(v) for name, v in handle.declared.items()},
     }
 
+
+
+def _by_key(
+    initial: Sequence[tuple[Key, Any, Any]],
+    groups: Sequence[tuple[Key, Any, Any]],
+    max_parallelism: int,
+) -> list[tuple[Key, Any, Any | None, Any | None]]:
+    """(state key, key value, initial-state rows or None, input rows or None) per key,
+    in key-group and key order."""
+    if not initial:
+        return [(skey, key, None, rows) for skey, key, rows in groups]
+    merged: dict[Key, list[Any]] = {skey: [key, rows, None] for skey, key, rows in initial}
+    for skey, key, rows in groups:
+        merged.setdefault(skey, [key, None, None])[2] = rows
+    order = sorted(merged, key=lambda k: (key_group_of(k, max_parallelism), k))
+    return [(k, merged[k][0], merged[k][1], merged[k][2]) for k in order]

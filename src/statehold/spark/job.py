@@ -17,6 +17,7 @@ Per batch N, in this order (exactly-once):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -216,7 +217,7 @@ class StatefulJob:
             source_position,
             lambda bid: state_spec(
                 self, df, bid, process, output_schema, keys, order_by, input_format,
-                vectorized, processing_time_ms or _now_ms(),
+                vectorized, _now_ms() if processing_time_ms is None else processing_time_ms,
             ),
         )
 
@@ -237,6 +238,8 @@ class StatefulJob:
         input_format: InputFormat | None = None,
         source_position: Mapping[str, Any] | None = None,
         processing_time_ms: int | None = None,
+        initial_state: DataFrame | None = None,
+        initial_state_key: str | Sequence[str] | None = None,
     ) -> BatchResult:
         """Run a `statehold.processor.StatefulProcessor` (or a class written for Spark's
         ``transformWithStateInPandas``) over one batch `df` into checkpoint `batch_id`.
@@ -249,18 +252,27 @@ class StatefulJob:
         "process") and its event-time timers at or before it fire. `df` may be empty: a
         batch then only fires timers (see `timers_due`). ``processing_time_ms``: the
         batch's processing time (default: now), for TTLs and processing-time timers.
-        ``input_format``: as in `run_batch` (default "rows"; "pandas" for a Spark class)."""
+        ``input_format``: as in `run_batch` (default "rows"; "pandas" for a Spark class).
+        ``initial_state``: a DataFrame whose rows go, per key (``initial_state_key``
+        columns, default `key`'s names), to ``handle_initial_state`` in the job's first
+        batch only: ignored once the job has a checkpoint (statehold.spark.initial_state)."""
         from statehold.spark.processing import event_time_after, processor_spec
 
         keys = (key,) if isinstance(key, str) else tuple(key)
         delay_ms = _millis(watermark_delay)
         pspec, fmt = processor_spec(
             self, df, processor, keys, time_mode, event_time_column, late_rows,
-            processing_time_ms or _now_ms(), input_format,
+            _now_ms() if processing_time_ms is None else processing_time_ms, input_format,
         )
         from statehold.state_record import for_batch
 
         schemas = for_batch(self, df, processor, keys, fmt)  # refuses what cannot be read
+        if initial_state is not None and self.coordinator.latest() is None:
+            from statehold.spark.initial_state import initial_keys, with_initial_state
+
+            state_keys = initial_keys(keys, initial_state_key)
+            df = with_initial_state(df, initial_state, keys, state_keys)
+            pspec = dataclasses.replace(pspec, initial_state=True)
         return self._run(
             df,
             output_schema,
@@ -286,7 +298,8 @@ class StatefulJob:
         if clock.time_mode == "eventtime":
             return clock.watermark_ms is not None and clock.next_timer_ms <= clock.watermark_ms
         if clock.time_mode == "processingtime":
-            return clock.next_timer_ms <= (processing_time_ms or _now_ms())
+            now = _now_ms() if processing_time_ms is None else processing_time_ms
+            return clock.next_timer_ms <= now
         return False
 
     def _run(
@@ -354,19 +367,39 @@ class StatefulJob:
 
     def foreach_batch(
         self,
-        process: KeyFunction | BatchFunction,
+        process: KeyFunction | BatchFunction | Any,
         output_schema: StructType | str,
         *,
         sink: Sink,
         key: str | Sequence[str] = "key",
         order_by: Sequence[str] = (),
-        input_format: InputFormat = "rows",
+        input_format: InputFormat | None = None,
         vectorized: bool = False,
         on_batch: Callable[[BatchResult], None] | None = None,
+        **processor_options: Any,
     ) -> Callable[[DataFrame, int], None]:
         """A function for ``writeStream.foreachBatch``: checkpoint id = Spark batch id.
 
-        Use with ``.option("checkpointLocation", job.spark_checkpoint_location)``."""
+        Use with ``.option("checkpointLocation", job.spark_checkpoint_location)``.
+
+        `process` may be a stateful processor: then `processor_options` are those of
+        `transform_with_state` (``time_mode``, ``event_time_column``, ``watermark_delay``,
+        ``late_rows``, ``initial_state``, ``initial_state_key``) and of
+        `statehold.spark.streaming.ProcessorBatches` (``no_data_batches``,
+        ``input_schema``); batches that only fire timers take checkpoint ids too, so
+        checkpoint ids are no longer Spark's batch ids (see that module)."""
+        from statehold.spark.streaming import ProcessorBatches, is_processor
+
+        if is_processor(process):
+            extra = {k: processor_options.pop(k) for k in ("no_data_batches", "input_schema")
+                     if k in processor_options}
+            options = dict(sink=sink, key=key, order_by=order_by, input_format=input_format,
+                           **processor_options)
+            return ProcessorBatches(self, process, output_schema, options, on_batch=on_batch,
+                                    **extra)
+        if processor_options:
+            raise TypeError(f"options {sorted(processor_options)} are for stateful processors")
+        fmt: InputFormat = input_format or "rows"
 
         def run(batch_df: DataFrame, batch_id: int) -> None:
             self.check_replay(batch_id)
@@ -378,7 +411,7 @@ class StatefulJob:
                 batch_id=batch_id,
                 sink=sink,
                 order_by=order_by,
-                input_format=input_format,
+                input_format=fmt,
                 vectorized=vectorized,
             )
             if on_batch is not None:

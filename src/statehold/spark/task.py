@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from statehold.backend.keys import key_group_of, task_of, task_range
 from statehold.errors import StateholdError
@@ -41,6 +42,8 @@ KEY_COL = "__statehold_key"
 KG_COL = "__statehold_kg"
 TASK_COL = "__statehold_task"
 ACK_COL = "__statehold_ack"
+#: a struct of the initial state's row on initial-state rows, null on input rows
+INIT_COL = "__statehold_init"
 INTERNAL_COLS = (KEY_COL, KG_COL, TASK_COL)
 
 
@@ -279,23 +282,37 @@ def _run_processor(
     from statehold.processor.runner import filter_late, run_processor
 
     assert spec.processor is not None
+    initial: list[tuple[str, Any, Any]] = []
+    if table is not None and INIT_COL in table.column_names:
+        is_initial = table.column(INIT_COL).is_valid()
+        states = table.filter(is_initial)
+        if states.num_rows:
+            struct = states.column(INIT_COL).combine_chunks()
+            user = pa.Table.from_arrays(struct.flatten(), names=[f.name for f in struct.type])
+            initial = _split_by_key(states, spec, user)
+        table = table.filter(pc.invert(is_initial)).drop_columns([INIT_COL])
     filtered = filter_late(table, spec.processor)
     rows = filtered.table
     groups = _split_by_key(rows, spec) if rows is not None and rows.num_rows else []
     report = run_processor(
-        spec.processor, backend, groups, output, len(spec.key_columns), spec.input_format
+        spec.processor, backend, groups, output, len(spec.key_columns), spec.input_format,
+        initial,
     )
     report.update(late_rows=filtered.late_rows, max_event_ms=filtered.max_event_ms)
     return report, len(groups)
 
 
-def _split_by_key(table: pa.Table, spec: StateSpec) -> list[tuple[str, Any, Any]]:
+def _split_by_key(
+    table: pa.Table, spec: StateSpec, user: pa.Table | None = None
+) -> list[tuple[str, Any, Any]]:
     """Consecutive runs of equal keys in a table sorted by key (stable within a key), each
-    as (state key, key value(s), rows in the function's input format). Rows are converted
-    to Python once for the whole table, not once per key."""
+    as (state key, key value(s), rows in the function's input format; the rows of `user`
+    if given, else the table's own columns). Rows are converted to Python once for the
+    whole table, not once per key."""
     skeys = table.column(KEY_COL).to_pylist()
     key_cols = [table.column(c).to_pylist() for c in spec.key_columns]
-    user = table.drop_columns(list(INTERNAL_COLS))
+    if user is None:
+        user = table.drop_columns(list(INTERNAL_COLS))
     as_rows = user.to_pylist() if spec.input_format == "rows" else None
     groups: list[tuple[str, Any, Any]] = []
     start = 0
