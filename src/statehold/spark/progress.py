@@ -6,7 +6,8 @@ separate job, and its metrics never reach ``progress.observedMetrics`` (checked 
 PySpark 4.3); custom metrics exist only for JVM data sources and sinks. So statehold
 joins them on the driver instead: `StateholdProgressListener` is a Spark
 `StreamingQueryListener` (PySpark 3.4+) that, for every progress event, looks up the
-job's history record of that batch (checkpoint id = Spark batch id) and hands both to
+job's history record of that batch (checkpoint id = Spark batch id, or for a processor
+the checkpoint `statehold.spark.streaming` ran the batch's input in) and hands both to
 your callback. Spark reports a batch's progress after its foreachBatch returned, so the
 record is there (None for a replayed batch statehold skipped).
 """
@@ -36,6 +37,8 @@ class RecentRecords:
     def __init__(self, size: int = RECENT) -> None:
         self.size = size
         self._records: OrderedDict[int, HistoryRecord] = OrderedDict()
+        #: Spark batch id -> checkpoint id (None: skipped), where they differ (processors)
+        self._spark: OrderedDict[int, int | None] = OrderedDict()
 
     def add(self, record: HistoryRecord) -> None:
         self._records[record.checkpoint_id] = record
@@ -45,6 +48,20 @@ class RecentRecords:
 
     def get(self, checkpoint_id: int) -> HistoryRecord | None:
         return self._records.get(checkpoint_id)
+
+    def link(self, spark_batch_id: int, checkpoint_id: int | None) -> None:
+        """Spark's batch `spark_batch_id` ran as `checkpoint_id` (None: it was skipped)."""
+        self._spark[spark_batch_id] = checkpoint_id
+        self._spark.move_to_end(spark_batch_id)
+        while len(self._spark) > self.size:
+            self._spark.popitem(last=False)
+
+    def for_spark_batch(self, batch_id: int) -> HistoryRecord | None:
+        """The record of Spark's batch `batch_id`."""
+        if batch_id not in self._spark:
+            return self.get(batch_id)
+        checkpoint_id = self._spark[batch_id]
+        return None if checkpoint_id is None else self.get(checkpoint_id)
 
 
 class StateholdProgressListener(StreamingQueryListener):
@@ -61,7 +78,7 @@ class StateholdProgressListener(StreamingQueryListener):
 
     def onQueryProgress(self, event: Any) -> None:  # noqa: N802
         progress = event.progress
-        self.callback(progress, self.job.recent.get(int(progress.batchId)))
+        self.callback(progress, self.job.recent.for_spark_batch(int(progress.batchId)))
 
     def onQueryIdle(self, event: Any) -> None:  # noqa: N802
         pass

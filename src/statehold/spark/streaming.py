@@ -83,8 +83,10 @@ class ProcessorBatches:
                     f"these checkpoints were written with (use "
                     f"{self.job.spark_checkpoint_location})"
                 )
+            ran = None
             if done is None or batch_id > done:
-                self._batch(batch_df, batch_id, timers_only=False)
+                ran = self._batch(batch_df, batch_id, timers_only=False).checkpoint_id
+            self.job.recent.link(batch_id, ran)  # for the progress listener
             if self.no_data_batches:
                 self._fire(batch_id, None)
 
