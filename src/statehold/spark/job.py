@@ -1,24 +1,12 @@
 """The driver side: `StatefulJob` runs one keyed stateful step per micro-batch and turns
-every batch into checkpoint N (N = the Spark batch id).
-
-Per batch N, in this order (exactly-once):
-
-1. If checkpoint N is already completed, this is a replay of a batch whose output was
-   written and whose checkpoint completed before Spark committed it: skip it.
-2. `begin(N)`; every task restores its key-group range from the newest completed
-   checkpoint (< N), runs the user function, snapshots into the job directory and reports
-   its `KeyGroupState`. Every task runs every batch (also with no input rows), so each
-   checkpoint lists every range, also after a change of parallelism.
-3. The result is materialised once (`localCheckpoint`), so the sink cannot recompute
-   state; the sink replaces the batch's output (idempotent).
-4. `complete(N)`. Any failure before: `abort(N)` and re-raise, so Spark retries the batch,
-   which restores from N-1 again.
+every batch into checkpoint N (N = the Spark batch id, except for stateful processors in
+Structured Streaming: `statehold.spark.streaming`). How one batch becomes one checkpoint,
+exactly once: `statehold.spark.checkpoint_run`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -31,7 +19,7 @@ from statehold.ha.base import HAStore
 from statehold.history import DEFAULT_KEEP, HistoryRecord
 from statehold.jobdir import open_job
 from statehold.jobresult import JobOutcome, RetentionPolicy
-from statehold.metadata import CheckpointMetadata, EventTime, OperatorSchemas, RestoreMode
+from statehold.metadata import CheckpointMetadata, RestoreMode
 from statehold.spark.api import (
     BatchFunction,
     InputFormat,
@@ -40,10 +28,10 @@ from statehold.spark.api import (
     Sink,
     replace_output,
 )
-from statehold.spark.batch import NOTED, BatchResult, batch_figures, check_acks
+from statehold.spark.batch import BatchResult
+from statehold.spark.checkpoint_run import run_checkpoint
 from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdProgressListener
-from statehold.spark.staging import stage, state_spec
-from statehold.spark.task import ACK_COL, StateSpec
+from statehold.spark.staging import state_spec
 from statehold.storage import LocalStorage, Storage, check_key, open_storage
 
 if TYPE_CHECKING:
@@ -52,9 +40,6 @@ if TYPE_CHECKING:
 
     from statehold.metrics import JobMetrics
     from statehold.processor.runner import LateRows
-
-log = logging.getLogger("statehold.spark")
-
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
@@ -209,7 +194,8 @@ class StatefulJob:
         shuffle order, which is not deterministic across runs). `processing_time_ms`: the
         batch's processing time for state TTLs (default: now)."""
         keys = (key,) if isinstance(key, str) else tuple(key)
-        return self._run(
+        return run_checkpoint(
+            self,
             df,
             output_schema,
             batch_id,
@@ -273,7 +259,8 @@ class StatefulJob:
             state_keys = initial_keys(keys, initial_state_key)
             df = with_initial_state(df, initial_state, keys, state_keys)
             pspec = dataclasses.replace(pspec, initial_state=True)
-        return self._run(
+        return run_checkpoint(
+            self,
             df,
             output_schema,
             batch_id,
@@ -301,69 +288,6 @@ class StatefulJob:
             now = _now_ms() if processing_time_ms is None else processing_time_ms
             return clock.next_timer_ms <= now
         return False
-
-    def _run(
-        self,
-        df: DataFrame,
-        output_schema: StructType | str,
-        batch_id: int | None,
-        sink: Sink | None,
-        source_position: Mapping[str, Any] | None,
-        make_spec: Callable[[int], StateSpec],
-        event_time: Callable[[dict[str, Any]], EventTime] | None = None,
-        schemas: dict[str, OperatorSchemas] | None = None,
-    ) -> BatchResult:
-        if batch_id is None:
-            latest_id = self.latest_checkpoint_id()
-            batch_id = 0 if latest_id is None else latest_id + 1
-        started = time.time()
-        coord = self.coordinator
-        latest = coord.latest()
-        if latest is not None and latest[1].checkpoint_id >= batch_id:
-            log.info(
-                "job %s: batch %d already completed (checkpoint %d): skipped",
-                self.job_id,
-                batch_id,
-                latest[1].checkpoint_id,
-            )
-            return BatchResult(batch_id, True, time.time() - started)
-        spec = make_spec(batch_id)
-        coord.begin(batch_id)
-        try:
-            staged = stage(self, df, spec, output_schema)
-            ack_rows = staged.where(staged[ACK_COL].isNotNull()).select(ACK_COL).collect()
-            acks = [row[0] for row in ack_rows]
-            handles = check_acks(acks, self.parallelism, self.max_parallelism)
-            for state in handles:
-                coord.acknowledge(batch_id, self.operator, state)
-            figures = batch_figures(handles, acks)
-            coord.history.note(batch_id, **{k: figures[k] for k in NOTED})
-            self._phase("after-tasks", batch_id)
-            output = staged.where(staged[ACK_COL].isNull()).drop(ACK_COL)
-            if sink is not None:
-                sink(output, batch_id)
-                self._phase("after-sink", batch_id)
-            position = {"spark_batch_id": batch_id, **dict(source_position or {})}
-            clock = None if event_time is None else event_time(figures)
-            complete_started = time.perf_counter()
-            coord.complete(batch_id, position, clock, schemas)
-            complete_seconds = time.perf_counter() - complete_started
-        except BaseException as e:
-            coord.abort(batch_id, f"{type(e).__name__}: {e}"[:500])
-            self._observe(coord)
-            raise
-        self._observe(coord)
-        self._phase("after-complete", batch_id)
-        return BatchResult(
-            checkpoint_id=batch_id,
-            skipped=False,
-            duration=time.time() - started,
-            checkpoint_uri=f"{self.job_dir}/{layout.checkpoint_metadata_key(batch_id)}",
-            output=output,
-            complete_seconds=complete_seconds,
-            watermark_ms=None if clock is None else clock.watermark_ms,
-            **{k: v for k, v in figures.items() if k not in ("rows", "max_event_ms")},
-        )
 
     def foreach_batch(
         self,

@@ -1,0 +1,104 @@
+"""One batch into one checkpoint, exactly once (the driver's part; `run_checkpoint`).
+
+Per batch N, in this order:
+
+1. If checkpoint N is already completed, this is a replay of a batch whose output was
+   written and whose checkpoint completed before Spark committed it: skip it.
+2. `begin(N)`; every task restores its key-group range from the newest completed
+   checkpoint (< N), runs the user function, snapshots into the job directory and reports
+   its `KeyGroupState`. Every task runs every batch (also with no input rows), so each
+   checkpoint lists every range, also after a change of parallelism.
+3. The result is materialised once (`localCheckpoint`), so the sink cannot recompute
+   state; the sink replaces the batch's output (idempotent).
+4. `complete(N)`. Any failure before: `abort(N)` and re-raise, so Spark retries the batch,
+   which restores from N-1 again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from statehold import layout
+from statehold.spark.batch import NOTED, BatchResult, batch_figures, check_acks
+from statehold.spark.staging import stage
+from statehold.spark.task import ACK_COL, StateSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+    from statehold.metadata import EventTime, OperatorSchemas
+    from statehold.spark.api import Sink
+    from statehold.spark.job import StatefulJob
+
+log = logging.getLogger("statehold.spark")
+
+
+def run_checkpoint(
+    job: StatefulJob,
+    df: DataFrame,
+    output_schema: StructType | str,
+    batch_id: int | None,
+    sink: Sink | None,
+    source_position: Mapping[str, Any] | None,
+    make_spec: Callable[[int], StateSpec],
+    event_time: Callable[[dict[str, Any]], EventTime] | None = None,
+    schemas: dict[str, OperatorSchemas] | None = None,
+) -> BatchResult:
+    """Batch `batch_id` (None: the latest checkpoint + 1) of `job` as one checkpoint: the
+    tasks of `make_spec(batch_id)` over `df`, the sink, then ``complete`` with the
+    source position, the event time made from the tasks' figures and the schemas."""
+    if batch_id is None:
+        latest_id = job.latest_checkpoint_id()
+        batch_id = 0 if latest_id is None else latest_id + 1
+    started = time.time()
+    coord = job.coordinator
+    latest = coord.latest()
+    if latest is not None and latest[1].checkpoint_id >= batch_id:
+        log.info(
+            "job %s: batch %d already completed (checkpoint %d): skipped",
+            job.job_id,
+            batch_id,
+            latest[1].checkpoint_id,
+        )
+        return BatchResult(batch_id, True, time.time() - started)
+    spec = make_spec(batch_id)
+    coord.begin(batch_id)
+    try:
+        staged = stage(job, df, spec, output_schema)
+        ack_rows = staged.where(staged[ACK_COL].isNotNull()).select(ACK_COL).collect()
+        acks = [row[0] for row in ack_rows]
+        handles = check_acks(acks, job.parallelism, job.max_parallelism)
+        for state in handles:
+            coord.acknowledge(batch_id, job.operator, state)
+        figures = batch_figures(handles, acks)
+        coord.history.note(batch_id, **{k: figures[k] for k in NOTED})
+        job._phase("after-tasks", batch_id)
+        output = staged.where(staged[ACK_COL].isNull()).drop(ACK_COL)
+        if sink is not None:
+            sink(output, batch_id)
+            job._phase("after-sink", batch_id)
+        position = {"spark_batch_id": batch_id, **dict(source_position or {})}
+        clock = None if event_time is None else event_time(figures)
+        complete_started = time.perf_counter()
+        coord.complete(batch_id, position, clock, schemas)
+        complete_seconds = time.perf_counter() - complete_started
+    except BaseException as e:
+        coord.abort(batch_id, f"{type(e).__name__}: {e}"[:500])
+        job._observe(coord)
+        raise
+    job._observe(coord)
+    job._phase("after-complete", batch_id)
+    return BatchResult(
+        checkpoint_id=batch_id,
+        skipped=False,
+        duration=time.time() - started,
+        checkpoint_uri=f"{job.job_dir}/{layout.checkpoint_metadata_key(batch_id)}",
+        output=output,
+        complete_seconds=complete_seconds,
+        watermark_ms=None if clock is None else clock.watermark_ms,
+        **{k: v for k, v in figures.items() if k not in ("rows", "max_event_ms")},
+    )
