@@ -175,7 +175,8 @@ def run_job(
         assert proc.stdout is not None
         for line in proc.stdout:
             words = line.split()
-            if not words or words[0] != "PHASE":
+            # A kill can cut the last line short ("PHASE" alone): only whole lines count.
+            if not line.endswith("\n") or len(words) < 2 or words[0] != "PHASE":
                 continue
             name = words[1]
             seen[name] += 1
