@@ -14,7 +14,12 @@ by listing and the in-flight checkpoint must complete.
 S3 (moto, in this process): `--s3-files` orphans beside a live job; gc's bulk deletes
 (DeleteObjects, 1,000 keys a request) against one DELETE per object (measured on a
 sample), and the local gc against ``statehold gc --spark`` on ``local-cluster[2,1,1024]``
-(its wall time includes starting Spark).
+(its wall time includes starting Spark). The orphans are written straight into moto's
+in-process backend (`--populate direct`, the default: the same objects a PUT makes, in
+seconds); `--populate put` PUTs them over HTTP, many in flight, which moto's server caps
+at a few hundred a second. The live job's files always go through statehold over HTTP.
+
+Each measured child records the 1-minute load average before and after it ran.
 
 Prints one JSON document (also written to `--out`).
 """
@@ -123,8 +128,14 @@ runpy.run_module("statehold", run_name="__main__", alter_sys=True)
 """
 
 
+def load() -> float:
+    return round(os.getloadavg()[0], 1)
+
+
 def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run a child to completion: wall time and (for statehold) its own peak RSS (MB)."""
+    """Run a child to completion: wall time and (for statehold) its own peak RSS (MB),
+    and the load average before and after it."""
+    load_before = load()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
             tempfile.NamedTemporaryFile(suffix=".peak") as peak:
         env = {**(env or os.environ), "BENCH_PEAK_FILE": peak.name}
@@ -140,6 +151,7 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str,
             "rc": proc.returncode,
             "stdout": out.read().decode(),
             "stderr": err.read().decode()[-2000:],
+            "load": [load_before, load()],
         }
     if result["rc"] != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({result['rc']}): {result['stderr']}")
@@ -150,13 +162,17 @@ def statehold(*args: str) -> list[str]:
     return [sys.executable, "-c", _PEAK, *args]
 
 
-def check_live(storage: Storage, coord: CheckpointCoordinator, live_before: set[str]) -> None:
-    """Every file the live job had is still listed, and checkpoint 4 completes."""
+def check_live(
+    storage: Storage, coord: CheckpointCoordinator, live_before: set[str]
+) -> set[str]:
+    """Every file the live job had is still listed, and checkpoint 4 completes; the
+    listing after the gc."""
     listed = {i.key for i in storage.list()}
     lost = live_before - listed
     if lost:
         raise SystemExit(f"gc deleted live files: {sorted(lost)[:5]}")
     coord.complete(4, {"batch_id": 4})
+    return listed
 
 
 def bench_local(work: Path, files: int) -> dict[str, Any]:
@@ -173,7 +189,10 @@ def bench_local(work: Path, files: int) -> dict[str, Any]:
         for name in live_before:  # the live job's few files too: an identical tree
             (twin / name).parent.mkdir(parents=True, exist_ok=True)
             (twin / name).write_bytes((job_dir / name).read_bytes())
+        du_sb = run_measured(["du", "-sb", str(job_dir)])
         du = run_measured(statehold("du", str(job_dir), "--json"))
+        if json.loads(du["stdout"])["total_files"] < files:
+            raise SystemExit("statehold du counted fewer files than the tree holds")
         verify = run_measured(statehold("verify", str(job_dir), "--json"))
         find = run_measured(["find", str(twin), "-type", "f", "-delete"])
         gc = run_measured(statehold("gc", str(job_dir), "--json"))
@@ -195,9 +214,13 @@ def bench_local(work: Path, files: int) -> dict[str, Any]:
         "find_files_per_second": round(files / find["seconds"]),
         "gc_peak_mb": gc["peak_mb"],
         "du_seconds": du["seconds"],
+        "du_sb_seconds": du_sb["seconds"],
+        "du_over_du_sb": round(du["seconds"] / du_sb["seconds"], 2),
         "du_peak_mb": du["peak_mb"],
         "verify_seconds": verify["seconds"],
         "verify_peak_mb": verify["peak_mb"],
+        "load": {k: r["load"] for k, r in
+                 (("du_sb", du_sb), ("du", du), ("verify", verify), ("find", find), ("gc", gc))},
         "live_files_kept": len(live_before),
         "shared_files_left": left,
     }
@@ -236,8 +259,27 @@ def moto() -> Iterator[dict[str, str]]:
         server.stop()
 
 
+#: How the S3 orphans are made: "direct" into the in-process moto backend, or "put".
+POPULATE = "direct"
+#: PUTs in flight when populating over HTTP (asyncio through obstore was no faster than
+#: this many threads: moto's server is the bound, about 500 PUTs a second on a quiet
+#: 2-core machine).
+PUT_CONCURRENCY = 32
+
+
 def put_many(storage: Storage, keys: list[str]) -> None:
-    with ThreadPoolExecutor(16) as pool:
+    """Empty objects at `keys` (under `storage`'s S3 prefix): concurrent PUTs, or
+    straight into moto's backend, which is what a PUT ends in."""
+    if POPULATE == "direct":
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.s3.models import s3_backends
+
+        backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+        bucket, prefix = storage.bucket, storage.prefix  # type: ignore[attr-defined]
+        for key in keys:
+            backend.put_object(bucket, f"{prefix}/{key}" if prefix else key, b"")
+        return
+    with ThreadPoolExecutor(PUT_CONCURRENCY) as pool:
         list(pool.map(lambda k: storage.write(k, b""), keys))
 
 
@@ -255,7 +297,9 @@ def s3_gc(uri: str, files: int, spark: bool, env: dict[str, str]) -> dict[str, A
             args += ["--spark", "--master", SPARK_MASTER]
         run = run_measured(statehold(*args), env={**os.environ, **env})
         report = json.loads(run["stdout"])
-        check_live(storage, coord, live_before)
+        left = check_live(storage, coord, live_before).intersection(names)
+        if left:
+            raise SystemExit(f"S3 gc left {len(left)} orphans, e.g. {sorted(left)[:3]}")
     finally:
         coord.close()
     if report["deleted"] != files:
@@ -265,6 +309,7 @@ def s3_gc(uri: str, files: int, spark: bool, env: dict[str, str]) -> dict[str, A
         "files_per_second": round(files / run["seconds"]),
         "peak_mb": run["peak_mb"],
         "build_seconds": round(build, 1),
+        "load": run["load"],
     }
 
 
@@ -272,6 +317,7 @@ def bench_s3(files: int, per_object_sample: int, spark: bool) -> dict[str, Any]:
     with moto() as env:
         result: dict[str, Any] = {"files": files}
         result["gc"] = s3_gc("s3://bench/local-job", files, False, env)
+        print(json.dumps({"s3_gc": result["gc"]}), file=sys.stderr, flush=True)
         # one DELETE per object, on a sample
         storage = open_storage("s3://bench/per-object")
         keys = [f"{layout.SHARED_DIR}/{n}" for n in orphan_names(1, per_object_sample)]
@@ -308,7 +354,8 @@ def machine() -> dict[str, Any]:
         "memory_mb": mem,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "date": time.strftime("%Y-%m-%d"),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_at_start": [round(x, 1) for x in os.getloadavg()],
     }
 
 
@@ -318,9 +365,13 @@ def main() -> None:
     ap.add_argument("--s3-files", type=int, default=100_000, help="S3 orphans (0: skip S3)")
     ap.add_argument("--per-object-sample", type=int, default=2000)
     ap.add_argument("--no-spark", action="store_true", help="skip the --spark run")
+    ap.add_argument("--populate", choices=("direct", "put"), default="direct",
+                    help="S3 orphans: into moto's backend (default) or PUT over HTTP")
     ap.add_argument("--work", type=Path, default=None, help="work directory (default: temp)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    global POPULATE
+    POPULATE = args.populate
     work = Path(tempfile.mkdtemp(prefix="statehold-maint-", dir=args.work))
     try:
         result: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv)}
@@ -330,6 +381,7 @@ def main() -> None:
         if args.s3_files:
             sample = min(args.per_object_sample, args.s3_files)
             result["s3"] = bench_s3(args.s3_files, sample, not args.no_spark)
+        result["load_at_end"] = [round(x, 1) for x in os.getloadavg()]
         text = json.dumps(result, indent=2)
         print(text)
         if args.out:
