@@ -655,10 +655,14 @@ def test_damaged_savepoint_is_quarantined_and_spared(local: Where, how: str) -> 
     final = snap(storage)
     referenced = retained_references(storage)
     assert referenced <= set(final)
+    # A savepoint names only its own copies (task-owned files aside): the dispose took
+    # them all, so nothing it named is left for gc.
+    assert all(k.startswith("savepoints/sp/") or k.startswith("taskowned/") for k in named)
     released = (named & set(disposed)) - referenced
-    assert released, "the savepoint held files nothing else does"
+    assert not released
     if how == "emptied":
         data = {k for k in disposed if layout.parse(k).kind in (Kind.SHARED, Kind.EXCLUSIVE)}
+        assert data - referenced, "every data file was spared until the dispose"
         assert gone(disposed, final) == data - referenced
     else:
         assert gone(disposed, final) == released

@@ -316,9 +316,10 @@ class CheckpointCoordinator:
 
     # -- attempt and job end (attempt.py, jobend.py) --------------------------------------
     def savepoint(self, name: str) -> CheckpointMetadata:
-        """A named, never-subsumed copy of the latest checkpoint: the metadata and the
-        checkpoint's exclusive files are copied into ``savepoints/<name>/``; shared files
-        are referenced in place and held by the registry until the savepoint is disposed."""
+        """A named, never-subsumed, self-contained copy of the latest checkpoint: the
+        metadata and the checkpoint's shared and exclusive files are copied into
+        ``savepoints/<name>/`` (hard links or server-side copies), so nothing the job
+        deletes can break it."""
         return jobend.savepoint(self, name)
 
     def start_reconcile(self) -> None:

@@ -52,7 +52,12 @@ def savepoint(coordinator: CheckpointCoordinator, name: str) -> CheckpointMetada
                     files.append(f)
                     continue
                 key = layout.resolve(source_key, f.path)
-                if f.scope is Scope.EXCLUSIVE:
+                # Shared files too: a savepoint that named them in place depended on
+                # files a dispose or gc may delete while a paused writer resumes and
+                # publishes it (simulation, seed 30016). A copy is a hard link on local
+                # disk and a server-side copy on object stores; task-owned files are never
+                # deleted by statehold and stay where they are.
+                if f.scope in (Scope.EXCLUSIVE, Scope.SHARED):
                     copy_key = f"{layout.savepoint_dir(name)}/{key.rsplit('/', 1)[-1]}"
                     storage.copy(key, copy_key)
                     key = copy_key
