@@ -40,7 +40,7 @@ from pyspark.sql.types import (
 
 from statehold import metadata
 from statehold.metadata import CheckpointMetadata, OperatorSchemas, VariableSchema
-from statehold.state_codec import StateValueError, same_value
+from statehold.state_codec import same_value
 from statehold.state_ddl import DDLError, parse_ddl
 from statehold.state_schema import (
     JsonCodec,
@@ -51,6 +51,7 @@ from statehold.state_schema import (
     codec_for,
     from_schema_json,
 )
+from statehold.state_types import StateValueError
 
 spark = spark_session.spark  # the shared session fixture
 

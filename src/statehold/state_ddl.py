@@ -12,36 +12,24 @@ compares the results.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import NoReturn
 
 from pyspark.sql.types import (
     ArrayType,
-    BinaryType,
-    BooleanType,
-    ByteType,
     CharType,
     DataType,
-    DateType,
     DayTimeIntervalType,
     DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
     MapType,
-    NullType,
-    ShortType,
     StringType,
     StructField,
     StructType,
-    TimestampNTZType,
-    TimestampType,
     VarcharType,
     YearMonthIntervalType,
 )
 
 from statehold.errors import InvalidArgumentError
+from statehold.state_types import BY_DDL
 
 #: How deeply types may nest (far beyond a real schema, far below Python's stack).
 MAX_NESTING = 64
@@ -52,26 +40,6 @@ _TOKEN = re.compile(
     r"|(?P<string>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")|(?P<punct>[<>(),:]))"
 )
 
-_SIMPLE: dict[str, Callable[[], DataType]] = {
-    "BOOLEAN": BooleanType,
-    "TINYINT": ByteType,
-    "BYTE": ByteType,
-    "SMALLINT": ShortType,
-    "SHORT": ShortType,
-    "INT": IntegerType,
-    "INTEGER": IntegerType,
-    "BIGINT": LongType,
-    "LONG": LongType,
-    "FLOAT": FloatType,
-    "REAL": FloatType,
-    "DOUBLE": DoubleType,
-    "DATE": DateType,
-    "TIMESTAMP": TimestampType,
-    "TIMESTAMP_LTZ": TimestampType,
-    "TIMESTAMP_NTZ": TimestampNTZType,
-    "BINARY": BinaryType,
-    "VOID": NullType,
-}
 _DAY_TIME = {"DAY": 0, "HOUR": 1, "MINUTE": 2, "SECOND": 3}
 _YEAR_MONTH = {"YEAR": 0, "MONTH": 1}
 
@@ -203,24 +171,18 @@ def _field(t: _Tokens, depth: int) -> StructField:
 def _type(t: _Tokens, depth: int) -> DataType:
     if depth > MAX_NESTING:
         t.fail(f"types nest more than {MAX_NESTING} deep")
-    word = t.keyword(
-        *_SIMPLE, "STRING", "CHAR", "CHARACTER", "VARCHAR", "DECIMAL", "DEC", "NUMERIC",
-        "ARRAY", "MAP", "STRUCT", "INTERVAL",
-    )
+    word = t.keyword(*BY_DDL, "ARRAY", "MAP", "STRUCT", "INTERVAL")
     if word is None:
         t.fail("expected a data type")
-    if word in _SIMPLE:
-        return _SIMPLE[word]()
-    if word == "STRING":
-        if t.keyword("COLLATE"):
-            return StringType(t.name())
-        return StringType()
-    if word in ("CHAR", "CHARACTER", "VARCHAR"):
+    kind = BY_DDL.get(word)
+    if kind is StringType:
+        return StringType(t.name()) if t.keyword("COLLATE") else StringType()
+    if kind is CharType or kind is VarcharType:
         t.expect("(")
         length = t.number()
         t.expect(")")
-        return VarcharType(length) if word == "VARCHAR" else CharType(length)
-    if word in ("DECIMAL", "DEC", "NUMERIC"):
+        return VarcharType(length) if kind is VarcharType else CharType(length)
+    if kind is DecimalType:
         precision, scale = 10, 0
         if t.punct("("):
             precision = t.number()
@@ -230,6 +192,8 @@ def _type(t: _Tokens, depth: int) -> DataType:
         if not 1 <= precision <= _MAX_DECIMAL_PRECISION or scale > precision:
             t.fail(f"invalid DECIMAL({precision},{scale})")
         return DecimalType(precision, scale)
+    if kind is not None:
+        return kind()
     if word == "ARRAY":
         t.expect("<")
         element = _type(t, depth + 1)

@@ -21,6 +21,7 @@ from statehold.backend.state import dumps as _json_dumps
 from statehold.backend.state import loads as _json_loads
 from statehold.errors import InvalidArgumentError, StateholdError
 from statehold.state_ddl import parse_ddl
+from statehold.state_types import StateValueError
 
 #: The longest recorded schema a checkpoint may carry (characters of type JSON).
 MAX_SCHEMA_JSON = 1 << 20
@@ -61,9 +62,7 @@ class TypedCodec:
 
     def encode(self, value: Any) -> bytes:
         if value is None:
-            raise state_codec.StateValueError(
-                "a state value cannot be None (clear the state to remove it)"
-            )
+            raise StateValueError("a state value cannot be None (clear the state to remove it)")
         out = bytearray((state_codec.FORMAT,))
         self._encode(value, out)
         return bytes(out)
