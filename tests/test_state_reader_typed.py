@@ -1,13 +1,15 @@
 """The state readers show a processor's typed state as plain data, decoded with the
 schemas its checkpoint recorded: `iter_state`, `statehold state --format jsonl` and
-`read_state` (Spark). Typed values are not JSON on disk, so a reader that ignored the
-record would fail or show bytes."""
+`read_state` (Spark), on local disk and on S3 (moto). Typed values are not JSON on disk,
+so a reader that ignored the record would fail or show bytes."""
 
 from __future__ import annotations
 
 import datetime
 import decimal
 import json
+import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -62,16 +64,27 @@ def _expected(user: str) -> dict[str, Any]:
     return {**EXPECTED, "plain": {"user": user}}
 
 
-def test_typed_state_reads_as_plain_data(spark: Any, tmp_path: Path) -> None:
-    root = str(tmp_path / "jobs")
-    job = StatefulJob(spark, root, "typed", max_parallelism=8, parallelism=2,
-                      local_dir=str(tmp_path / "local"))
+Root = tuple[str, dict[str, Any], dict[str, str]]  # URI, storage options, CLI environment
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> Root:
+    if request.param == "local":
+        return str(tmp_path / "jobs"), {}, {}
+    server = request.getfixturevalue("s3_server")
+    return f"s3://{server.bucket}/typed-{random.getrandbits(32)}", server.options, server.env
+
+
+def test_typed_state_reads_as_plain_data(spark: Any, root: Root, tmp_path: Path) -> None:
+    uri, options, env = root
+    job = StatefulJob(spark, uri, "typed", max_parallelism=8, parallelism=2,
+                      storage_options=options, local_dir=str(tmp_path / "local"))
     df = spark.createDataFrame([("ann", 1), ("bob", 1)], "user string, n int")
     job.transform_with_state(df, Profiles(), "user string", key="user")
     job.close()
-    job_dir = f"{root}/typed"
+    job_dir = f"{uri}/typed"
 
-    rows = {str(k): s for k, s in iter_state(job_dir)}
+    rows = {str(k): s for k, s in iter_state(job_dir, **options)}
     assert set(rows) == {"ann", "bob"}
     for user, states in rows.items():
         assert {n: states[n] for n in _expected(user)} == _expected(user)
@@ -80,7 +93,7 @@ def test_typed_state_reads_as_plain_data(spark: Any, tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "statehold", "state", job_dir, "--out", str(out),
          "--format", "jsonl"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env={**os.environ, **env},
     )
     assert done.returncode == 0, done.stderr
     dumped = [json.loads(line) for f in sorted(out.glob("*.jsonl")) for line in f.open()]
@@ -89,7 +102,7 @@ def test_typed_state_reads_as_plain_data(spark: Any, tmp_path: Path) -> None:
         assert json.loads(json.dumps(d["profile"])) == EXPECTED["profile"]
         assert d["pages"] == EXPECTED["pages"] and d["plain"] == {"user": d["key"]}
 
-    frame = read_state(spark, job_dir)
+    frame = read_state(spark, job_dir, **options)
     by_key = {r["key"]: r for r in frame.collect()}
     assert set(by_key) == {"ann", "bob"}
     assert json.loads(by_key["ann"]["profile"]) == EXPECTED["profile"]
