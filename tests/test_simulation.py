@@ -420,3 +420,43 @@ def test_seed_10084_a_failed_whole_job_dispose_leaves_no_savepoint_without_its_f
     with pytest.raises(ToolError):
         tools.dispose(faulty, force=True)
     assert all(storage.exists(k) for k in needed)
+
+
+def test_seed_30016_a_savepoint_depends_on_no_file_the_job_deletes(tmp_path: object) -> None:
+    """Seed 30016: a driver paused after copying a savepoint's exclusive files, a person
+    ran ``dispose chk-39 --force`` (it claimed a newer epoch and listed no savepoint), the
+    driver resumed and published the savepoint naming chk-39's shared files in place, and
+    the dispose deleted them. A savepoint now holds its own copy of every file it names
+    (task-owned files aside), so no dispose or gc of the job can break it."""
+    from pathlib import Path
+
+    from sim import model
+
+    from statehold import tools
+    from statehold.coordinator import CheckpointCoordinator
+    from statehold.ha.embedded import EmbeddedHAStore
+    from statehold.metadata import read_metadata, referenced_keys
+    from statehold.storage.local import LocalStorage
+
+    storage = LocalStorage(Path(str(tmp_path)))
+    coordinator = CheckpointCoordinator.start(
+        storage, EmbeddedHAStore(storage), job_id="j", max_parallelism=model.MAX_PARALLELISM,
+        reconcile_in_background=False, renew_lease_in_background=False,
+    )
+    coordinator.begin(1)
+    _acknowledge_all(coordinator, storage, 1)
+    coordinator.complete(1)
+    coordinator.savepoint("sp191")
+    coordinator.close()
+    key = "savepoints/sp191/_metadata"
+    named = referenced_keys(read_metadata(storage, key), key)
+    assert named and all(k.startswith("savepoints/sp191/") for k in named)
+    tools.dispose(storage.uri + "/chk-1", force=True)
+    assert not storage.exists("chk-1/_metadata")
+    assert all(storage.exists(k) for k in named)
+
+
+def test_seed_30016_replays_clean() -> None:
+    result, world = run_seed(30016, 3000)
+    assert not result["violations"], world.minimal_trace()
+    assert result["events"].get("savepoint")  # type: ignore[attr-defined]
