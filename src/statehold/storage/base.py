@@ -104,6 +104,9 @@ class NamePage:
     directory: str = ""
     names: list[str] = field(default_factory=list)
     infos: list[FileInfo] = field(default_factory=list)
+    #: From `Storage.list_stat_pages`: the size and mtime of each of `names`, in order.
+    sizes: list[int] = field(default_factory=list)
+    mtimes: list[float] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.names) + len(self.infos)
@@ -142,6 +145,14 @@ class Storage(abc.ABC):
         files as names; this default hands every file over with its stat. `start`: a
         backend that lists in key order (an object store) may begin at that key; the
         caller still filters, since others list everything."""
+        for page in self.list_pages(prefix, page_size):
+            yield NamePage(infos=page)
+
+    def list_stat_pages(self, prefix: str = "", page_size: int = 1000) -> Iterator[NamePage]:
+        """`list_name_pages` for a caller that needs every file's size but judges names
+        in bulk (`du`): plain files of one directory as names with their `sizes` and
+        `mtimes` (a local disk stats each directory entry once, with no path walk), or
+        every file with its stat in `infos` (this default)."""
         for page in self.list_pages(prefix, page_size):
             yield NamePage(infos=page)
 

@@ -171,6 +171,15 @@ class LocalStorage(Storage):
     ) -> Iterator[NamePage]:
         """See Storage: regular files as names, from `scandir`'s entry types alone (no
         `lstat`, like `find -type f`); links and other entries with their own lstat."""
+        return self._name_pages(prefix, page_size, with_stat=False)
+
+    def list_stat_pages(self, prefix: str = "", page_size: int = 1000) -> Iterator[NamePage]:
+        """See Storage: regular files as names with the size and mtime of their
+        directory entry's one `lstat` (as `du -sb`); links and others as in
+        `list_name_pages`."""
+        return self._name_pages(prefix, page_size, with_stat=True)
+
+    def _name_pages(self, prefix: str, page_size: int, *, with_stat: bool) -> Iterator[NamePage]:
         prefix = check_prefix(prefix).rstrip("/")
         stack = [(str(self._dir(prefix)), prefix)]
         while stack:
@@ -181,26 +190,36 @@ class LocalStorage(Storage):
                 continue
             names: list[str] = []
             infos: list[FileInfo] = []
+            sizes: list[int] = []
+            mtimes: list[float] = []
             with it:
                 for entry in it:
                     try:
                         if entry.is_file(follow_symlinks=False):  # the common case first
+                            if with_stat:
+                                st = entry.stat(follow_symlinks=False)
+                                sizes.append(st.st_size)
+                                mtimes.append(st.st_mtime)
                             names.append(entry.name)
                         elif entry.is_dir(follow_symlinks=False):
                             stack.append((entry.path, f"{rel}/{entry.name}" if rel else entry.name))
                             continue
                         else:
-                            st = entry.stat(follow_symlinks=False)
-                            key = f"{rel}/{entry.name}" if rel else entry.name
-                            link = stat.S_ISLNK(st.st_mode)
-                            infos.append(FileInfo(key, st.st_size, st.st_mtime, link))
+                            infos.append(self._entry_info(entry, rel))
                     except FileNotFoundError:
                         continue  # deleted while listing
                     if len(names) + len(infos) >= page_size:
-                        yield NamePage(rel, names, infos)
-                        names, infos = [], []
+                        yield NamePage(rel, names, infos, sizes, mtimes)
+                        names, infos, sizes, mtimes = [], [], [], []
             if names or infos:
-                yield NamePage(rel, names, infos)
+                yield NamePage(rel, names, infos, sizes, mtimes)
+
+    @staticmethod
+    def _entry_info(entry: os.DirEntry[str], rel: str) -> FileInfo:
+        """A link or other non-regular entry, with its own lstat."""
+        st = entry.stat(follow_symlinks=False)
+        key = f"{rel}/{entry.name}" if rel else entry.name
+        return FileInfo(key, st.st_size, st.st_mtime, stat.S_ISLNK(st.st_mode))
 
     def delete_names(self, directory: str, names: list[str]) -> int:
         """See Storage: the directory is checked for links once and opened with

@@ -21,6 +21,7 @@ from statehold.jobdir import JobDirectory, JobDirectoryError, open_job
 from statehold.layout import Kind
 from statehold.metadata import CheckpointMetadata
 from statehold.storage import FileInfo, Storage, StorageError
+from statehold.storage.base import NamePage
 
 TargetKind = Literal["job", "checkpoint", "savepoint"]
 
@@ -185,6 +186,19 @@ def pages(job: JobDirectory, progress: Progress | None = None) -> Iterator[list[
     progress.start(f"listing {job.uri}", None, "files")
     try:
         for page in job.storage.list_pages():
+            yield page
+            progress.advance(len(page))
+    except StorageError as e:
+        raise ToolError(f"{job.uri}: cannot list: {e}") from e
+
+
+def stat_pages(job: JobDirectory, progress: Progress | None = None) -> Iterator[NamePage]:
+    """`pages` as `Storage.list_stat_pages` gives them: one directory's plain files as
+    names with their sizes, or files with their stat."""
+    progress = progress or NoProgress()
+    progress.start(f"listing {job.uri}", None, "files")
+    try:
+        for page in job.storage.list_stat_pages():
             yield page
             progress.advance(len(page))
     except StorageError as e:

@@ -4,6 +4,7 @@ unreferenced."""
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass, field
 from typing import Any
 
 from statehold import layout
@@ -11,9 +12,10 @@ from statehold.ha.base import HAStore
 from statehold.jobdir import JobDirectory
 from statehold.layout import Kind
 from statehold.metadata import referenced_keys
-from statehold.policy import Verdict, View, judge
+from statehold.policy import Verdict, View, judge, judge_names
 from statehold.reconcile import live_attempt
-from statehold.tools.locate import Progress, TargetLike, kind_of, opened, pages, parse
+from statehold.storage.base import FileInfo, NamePage
+from statehold.tools.locate import Progress, TargetLike, kind_of, opened, parse, stat_pages
 from statehold.tools.results import CheckpointUsage, DiskUsage
 
 _SCOPE_OF_KIND = {
@@ -60,42 +62,19 @@ def _du(job: JobDirectory, progress: Progress | None = None) -> DiskUsage:
         state.epoch, holders, live_attempt(job, state), job.storage.list(layout.SAVEPOINTS_DIR)
     )
     order = sorted(holders.documents, key=lambda k: (kind_of(k) == "savepoint", _sort_id(k)))
-    exclusive = dict.fromkeys(order, 0)
-    shared = dict.fromkeys(order, 0)
-    referenced_total = dict.fromkeys(order, 0)
-    holders_of: dict[str, list[str]] = {}
+    tally = _Tally(view, order)
     for mkey in order:  # in `order`, so each file's holders are oldest first
         for key in referenced_keys(holders.documents[mkey], mkey):
-            holders_of.setdefault(key, []).append(mkey)
-    dirs = [(mkey.rsplit("/", 1)[0] + "/", mkey) for mkey in order]
-    sizes: dict[str, int] = {}  # of the referenced files listed
-    by_scope: dict[str, int] = {}
-    total_files = total_bytes = owned_bytes = 0
-    unreferenced_files = unreferenced_bytes = 0
-    sample: list[str] = []  # the smallest unreferenced keys, sorted
-    for page in pages(job, progress):
-        for info in page:
-            total_files += 1
-            total_bytes += info.size
-            scope = _SCOPE_OF_KIND[parse(info.key).kind]
-            by_scope[scope] = by_scope.get(scope, 0) + info.size
-            if info.key in holders_of:
-                sizes[info.key] = info.size
-                owned_bytes += info.size
-                continue
-            home = next((m for d, m in dirs if info.key.startswith(d)), None)
-            if home is not None:  # a holder's own directory: its _metadata, savepoint copies
-                exclusive[home] += info.size
-                owned_bytes += info.size
-                continue
-            if judge(info, view) in (Verdict.REFERENCED, Verdict.KEPT):
-                continue
-            unreferenced_files += 1
-            unreferenced_bytes += info.size
-            _keep_smallest(sample, info.key, _SAMPLE)
+            tally.holders_of.setdefault(key, []).append(mkey)
+    for page in stat_pages(job, progress):
+        undecided = tally.add_names(page) if page.names else []
+        for info in (*page.infos, *undecided):
+            tally.add(info)
+    exclusive, shared = tally.exclusive, tally.shared
+    referenced_total = dict.fromkeys(order, 0)
     missing = 0
-    for key, owners in holders_of.items():
-        size = sizes.get(key)
+    for key, owners in tally.holders_of.items():
+        size = tally.sizes.get(key)
         if size is None:
             missing += 1
             continue
@@ -104,9 +83,9 @@ def _du(job: JobDirectory, progress: Progress | None = None) -> DiskUsage:
         if len(owners) == 1:
             exclusive[owners[0]] += size
         else:
-            share, rest = divmod(size, len(owners))
+            part, rest = divmod(size, len(owners))
             for i, o in enumerate(owners):
-                shared[o] += share + (1 if i < rest else 0)
+                shared[o] += part + (1 if i < rest else 0)
     usage = [
         CheckpointUsage(
             kind=kind_of(k),
@@ -123,17 +102,102 @@ def _du(job: JobDirectory, progress: Progress | None = None) -> DiskUsage:
     ]
     return DiskUsage(
         job_uri=job.uri,
-        total_files=total_files,
-        total_bytes=total_bytes,
-        by_scope=by_scope,
+        total_files=tally.total_files,
+        total_bytes=tally.total_bytes,
+        by_scope=tally.by_scope,
         by_checkpoint=usage,
-        referenced_bytes=owned_bytes,
-        unreferenced_files=unreferenced_files,
-        unreferenced_bytes=unreferenced_bytes,
-        unreferenced_sample=sample,
+        referenced_bytes=tally.owned_bytes,
+        unreferenced_files=tally.unreferenced_files,
+        unreferenced_bytes=tally.unreferenced_bytes,
+        unreferenced_sample=tally.sample,
         missing_files=missing,
         quarantined=holders.quarantined,
     )
+
+
+@dataclass
+class _Tally:
+    """What `du` counts while the listing streams by."""
+
+    view: View
+    order: list[str]
+    #: Each referenced file's holders, oldest first.
+    holders_of: dict[str, list[str]] = field(default_factory=dict)
+    #: Sizes of the referenced files listed.
+    sizes: dict[str, int] = field(default_factory=dict)
+    by_scope: dict[str, int] = field(default_factory=dict)
+    exclusive: dict[str, int] = field(default_factory=dict)
+    shared: dict[str, int] = field(default_factory=dict)
+    total_files: int = 0
+    total_bytes: int = 0
+    owned_bytes: int = 0
+    unreferenced_files: int = 0
+    unreferenced_bytes: int = 0
+    #: The smallest unreferenced keys, sorted.
+    sample: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.exclusive = dict.fromkeys(self.order, 0)
+        self.shared = dict.fromkeys(self.order, 0)
+        self.dirs = [(mkey.rsplit("/", 1)[0] + "/", mkey) for mkey in self.order]
+
+    def add(self, info: FileInfo) -> None:
+        """One file with its stat, judged on its own."""
+        self.total_files += 1
+        self.total_bytes += info.size
+        scope = _SCOPE_OF_KIND[parse(info.key).kind]
+        self.by_scope[scope] = self.by_scope.get(scope, 0) + info.size
+        if info.key in self.holders_of:
+            self.sizes[info.key] = info.size
+            self.owned_bytes += info.size
+            return
+        home = next((m for d, m in self.dirs if info.key.startswith(d)), None)
+        if home is not None:  # a holder's own directory: its _metadata, savepoint copies
+            self.exclusive[home] += info.size
+            self.owned_bytes += info.size
+            return
+        if judge(info, self.view) in (Verdict.REFERENCED, Verdict.KEPT):
+            return
+        self.unreferenced_files += 1
+        self.unreferenced_bytes += info.size
+        _keep_smallest(self.sample, info.key, _SAMPLE)
+
+    def add_names(self, page: NamePage) -> list[FileInfo]:
+        """One directory's plain files by name and size: the data files the policy
+        decides by name in bulk (`policy.judge_names`, the same decisions as `judge`)
+        are counted here; the others are returned with their stat, for `add`. A data
+        directory is never a holder's own, so a file there is owned only if named."""
+        directory, names = page.directory, page.names
+        out = judge_names(directory, names, self.view)
+        base = f"{directory}/" if directory else ""
+        if len(out[None]) == len(names):
+            return [
+                FileInfo(base + n, size, mtime)
+                for n, size, mtime in zip(names, page.sizes, page.mtimes, strict=True)
+            ]
+        size_of = dict(zip(names, page.sizes, strict=True))
+        undecided: list[FileInfo] = []
+        if out[None]:
+            mtime_of = dict(zip(names, page.mtimes, strict=True))
+            undecided = [FileInfo(base + n, size_of[n], mtime_of[n]) for n in out[None]]
+        decided = len(names) - len(undecided)
+        decided_bytes = sum(page.sizes) - sum(i.size for i in undecided)
+        self.total_files += decided
+        self.total_bytes += decided_bytes
+        scope = _SCOPE_OF_KIND[Kind(directory)]  # only shared/ and exclusive/ decide
+        self.by_scope[scope] = self.by_scope.get(scope, 0) + decided_bytes
+        holders_of, sizes = self.holders_of, self.sizes
+        for name in out[Verdict.REFERENCED]:
+            key = base + name
+            if key in holders_of:  # else named by a quarantined document only
+                sizes[key] = size_of[name]
+                self.owned_bytes += size_of[name]
+        unreferenced = out[Verdict.PROTECTED] + out[Verdict.DELETABLE]
+        self.unreferenced_files += len(unreferenced)
+        self.unreferenced_bytes += sum(size_of[n] for n in unreferenced)
+        for name in sorted(unreferenced)[:_SAMPLE]:  # one directory: names sort as keys
+            _keep_smallest(self.sample, base + name, _SAMPLE)
+        return undecided
 
 
 #: How many unreferenced keys `du` names.
