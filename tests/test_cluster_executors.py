@@ -1,14 +1,19 @@
 """The pipeline on a cluster of executors, one of them killed with kill -9 mid-batch.
 
-The running-totals example (a real driver subprocess) runs on ``local-cluster[2,1,1024]``
-(two executor JVMs beside the driver) and on a standalone master with two workers started
-from PySpark's own ``sbin/spark-daemon.sh`` (tests/cluster.py), with its job directory on
-S3 (moto server) and its HA pointers in a real ZooKeeper. In batch 1 one task pauses while
-updating state (tests/pause_once.py); the test finds the executor JVM running it
+The running-totals example (a real driver subprocess) reads a topic of a real Kafka broker
+(tests/kafka.py) with Structured Streaming on ``local-cluster[2,1,1024]`` (two executor
+JVMs beside the driver) and on a standalone master with two workers started from
+PySpark's own ``sbin/spark-daemon.sh`` (tests/cluster.py). Its job directory is on S3
+(moto server), Spark's checkpoint in ``<job>/_spark/`` through s3a, its HA pointers in a
+real ZooKeeper. The spark-sql-kafka and hadoop-aws jars come from the Maven cache
+(tests/infra/jvm.py) onto the driver's and the executors' class path (``--jars``, as
+``spark.*.extraClassPath``); nothing is downloaded by Spark. In batch 1 one task pauses
+while updating state (tests/pause_once.py); the test finds the executor JVM running it
 (``CoarseGrainedExecutorBackend``, an ancestor of the paused Python worker) and kills it
 with SIGKILL. Spark runs the task again elsewhere; the run must end normally with every
-batch's output and the final state equal to a plain-Python computation, every retained
-checkpoint intact and no orphan in the job directory.
+batch's output and the final state equal to a plain-Python computation over the records
+read back from the broker, cut where Spark's offset log cuts (test_kafka_pipeline's
+checks), every retained checkpoint intact and no orphan in the job directory.
 
 Executors keep their local snapshots in their own scratch directories (no
 ``STATEHOLD_LOCAL_DIR``), as on separate machines; the per-batch restore downloads are
@@ -30,17 +35,13 @@ import pytest
 from cluster import StandaloneCluster, alive, executor_of, standalone_cluster
 from conftest import S3Server
 from pause_once import MARK_ENV, PAUSE_ENV
-from test_example import read_output, reference, reference_state
+from test_kafka_pipeline import PER_BATCH, check_exact, jar_args, new_topic, records
 
-from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
-from statehold.examples.running_totals import generate_demo
-from statehold.ha.zookeeper import ZooKeeperHAStore
+from statehold import layout
 from statehold.history import read_history
-from statehold.jobdir import open_job
-from statehold.metadata import KeyGroupRange, read_metadata
-from statehold.reconcile import plan
-from statehold.storage import Storage, open_storage
-from statehold.tools import verify
+from statehold.storage import open_storage
+from tests.infra import jvm
+from tests.kafka import KafkaBroker, kafka_broker  # noqa: F401
 from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 # Three batches with Spark starts take minutes on a loaded 2-core machine (10 at load 30).
@@ -50,7 +51,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.zookeeper, pytest.mark.crash,
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 MAX_PARALLELISM = 16
-FILES = 3
+BATCHES = 3
 KILL_BATCH = 1
 TIMEOUT = 1500.0
 
@@ -95,36 +96,14 @@ def kill_paused_executor(proc: subprocess.Popen[bytes], mark: Path, log: Path) -
     assert not alive(executor)
 
 
-def final_state(job: Storage, metadata_key: str, scratch: Path) -> dict[str, dict[str, object]]:
-    meta = read_metadata(job, metadata_key)
-    sources = sources_from_metadata(job, metadata_key, meta, "state")
-    everything = KeyGroupRange(start=0, end=MAX_PARALLELISM - 1)
-    with TaskStateBackend.open(scratch, "state", everything, MAX_PARALLELISM, sources) as b:
-        return {str(k): v for k, v in b.items()}
-
-
-@pytest.mark.parametrize("kind", ["local-cluster", "standalone"])
-def test_kill_executor_mid_batch_exact(
-    kind: str,
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
-    s3_server: S3Server,
-    zk_server: ZooKeeperServer,  # noqa: F811
-) -> None:
-    master = ("local-cluster[2,1,1024]" if kind == "local-cluster"
-              else request.getfixturevalue("standalone").url)
-    job_id = f"{kind}-{uuid.uuid4().hex[:8]}"
-    root = f"s3://{s3_server.bucket}/executors-{os.getpid()}"
-    ha_uri = f"zookeeper://{zk_server.hosts}/statehold"
-    inp, out, mark, log = (tmp_path / n for n in ("input", "output", "paused", "driver.log"))
-    generate_demo(inp, files=FILES, rows=80, keys=30)
-    args = ["--input", str(inp), "--output", str(out), "--checkpoints", root,
-            "--job-id", job_id, "--ha", ha_uri, "--retain", "2", "--master", master,
-            "--max-parallelism", str(MAX_PARALLELISM), "--parallelism", "2"]
+def run_killing_executor(cwd: Path, args: list[str], env: dict[str, str], mark: Path,
+                         log: Path) -> str:
+    """The example (paused once in batch ``KILL_BATCH``) to its normal end, with the
+    paused task's executor killed -9 meanwhile; the driver's output."""
     with open(log, "wb") as sink:
         proc = subprocess.Popen([sys.executable, str(HERE / "pause_once.py"), *args],
-                                cwd=tmp_path, env=driver_env(tmp_path, s3_server, mark),
-                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+                                cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
             kill_paused_executor(proc, mark, log)
             assert proc.wait(timeout=TIMEOUT) == 0, log.read_text()[-4000:]
@@ -132,24 +111,41 @@ def test_kill_executor_mid_batch_exact(
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    assert f"checkpoint {FILES - 1}," in log.read_text()
+    return log.read_text()
 
+
+@pytest.mark.parametrize("kind", ["local-cluster", "standalone"])
+def test_kill_executor_mid_batch_exact_kafka(
+    kind: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    s3_server: S3Server,
+    zk_server: ZooKeeperServer,  # noqa: F811
+    kafka_broker: KafkaBroker,  # noqa: F811
+) -> None:
+    master = ("local-cluster[2,1,1024]" if kind == "local-cluster"
+              else request.getfixturevalue("standalone").url)
+    job_id = f"{kind}-{uuid.uuid4().hex[:8]}"
+    root = f"s3://{s3_server.bucket}/executors-{os.getpid()}"
+    topic = new_topic(kafka_broker, "executors")
+    produced = records(5, BATCHES * PER_BATCH)
+    kafka_broker.produce(topic, produced)
+    out, mark, log = (tmp_path / n for n in ("output", "paused", "driver.log"))
+    args = ["--kafka", kafka_broker.bootstrap, "--topic", topic,
+            "--records-per-batch", str(PER_BATCH), "--output", str(out),
+            "--checkpoints", root, "--job-id", job_id,
+            "--ha", f"zookeeper://{zk_server.hosts}/statehold", "--retain", "2",
+            "--master", master, "--max-parallelism", str(MAX_PARALLELISM),
+            "--parallelism", "2", *jar_args(jvm.spark_kafka(), jvm.hadoop_aws())]
+    printed = run_killing_executor(tmp_path, args, driver_env(tmp_path, s3_server, mark), mark,
+                                   log)
     job = open_storage(f"{root}/{job_id}", **s3_server.options)
-    ha = ZooKeeperHAStore.from_uri(ha_uri, job_id)
-    try:
-        state = ha.read()
-        assert state.latest is not None and state.latest.checkpoint_id == FILES - 1
-        assert read_output(out) == reference(inp)  # every batch once, the retry's only
-        assert final_state(job, state.latest.metadata, tmp_path / "reader") == (
-            reference_state(inp))
-        for pointer in state.retained:
-            report = verify(f"{root}/{job_id}/chk-{pointer.checkpoint_id}", ha=ha,
-                            **s3_server.options)
-            assert report.ok and report.files_checked > 0, report.problems
-        leftovers = plan(open_job(job, ha), None)
-        assert leftovers.orphans == [], [f.key for f in leftovers.orphans]
-        history = sorted(read_history(job), key=lambda r: r.checkpoint_id)
-        print(kind, [(r.checkpoint_id, r.outcome, r.bytes_downloaded, r.state_size)
-                     for r in history])
-    finally:
-        ha.close()
+    assert job.exists(f"{layout.SPARK_DIR}/offsets/{KILL_BATCH}")  # Spark's offsets on S3
+    # Every produced record counted once, in the batches of Spark's offset log (output and
+    # final state against the records read back from the broker); then storage listed:
+    # every retained checkpoint's files there and whole, no orphan.
+    check_exact(kafka_broker, topic, len(produced), job, out, tmp_path)
+    history = sorted(read_history(job), key=lambda r: r.checkpoint_id)
+    assert f"checkpoint {history[-1].checkpoint_id}," in printed
+    print(kind, [(r.checkpoint_id, r.outcome, r.bytes_downloaded, r.state_size)
+                 for r in history])
