@@ -242,6 +242,26 @@ def test_copy_within_storage_is_independent_of_later_writes(storage: Storage) ->
     assert not storage.exists("x")
 
 
+def test_a_copy_is_a_new_file(storage: Storage, tmp_path: Path) -> None:
+    """A copy within a job directory is dated when it was made, not when its source was:
+    a savepoint's copies are judged young by the deletion policy until its `_metadata`
+    exists, and a hard link on local disk would carry its source's months-old mtime (a
+    gc listing meanwhile would take them for an abandoned savepoint's leftovers)."""
+    from statehold.policy import TEMP_GRACE_SECONDS, Holders, Verdict, View, judge
+
+    storage.write("shared/e1-c1-0123456789abcdef-t0", b"state")
+    if isinstance(storage, LocalStorage):  # object stores date their objects themselves
+        old = time.time() - 2 * TEMP_GRACE_SECONDS
+        os.utime(storage.root / "shared/e1-c1-0123456789abcdef-t0", (old, old))
+    before = time.time() - 2  # object stores date to the second
+    storage.copy("shared/e1-c1-0123456789abcdef-t0", "savepoints/sp/e1-c1-0123456789abcdef-t0")
+    listing = list(storage.list())
+    copy = next(i for i in listing if i.key.startswith("savepoints/"))
+    assert copy.mtime >= before
+    view = View.of(2, Holders(), None, listing)
+    assert judge(copy, view) is Verdict.PROTECTED  # a savepoint in the making
+
+
 def test_copy_and_move_across_roots(storage_factory: StorageFactory) -> None:
     src, dst = storage_factory(), storage_factory()
     src.write("shared/f", b"state")

@@ -448,6 +448,14 @@ class LocalStorage(Storage):
                 if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
                     raise
                 shutil.copyfile(src_path, tmp)
+            if target is self:
+                # A copy is a new file, as on object stores: a link would carry its
+                # source's age, and a savepoint's copies in the making would look like an
+                # abandoned one's leftovers to the policy. (The source, the same inode,
+                # is dated too: the policy reads the age only of files in the making, never
+                # of data files. Another job's files, a no-claim restore's source, are left
+                # as they are.)
+                os.utime(tmp)
 
         try:
             tmp = target._new_temp(dst_path, link_or_copy)
