@@ -102,7 +102,8 @@ def test_report_in_headless_chromium(tmp_path: Path) -> None:
     held = {r[0]: r[3].split(", ") for r in rows(dom, "shared")}
     with open_job(str(job_dir)) as job:
         meta = job.read_document("savepoints/before-upgrade/_metadata")
-    sp_shared = {ref.path for ref in tools.reports.file_refs(meta, "savepoints/before-upgrade/_metadata")
+    sp_key = "savepoints/before-upgrade/_metadata"
+    sp_shared = {ref.path for ref in tools.reports.file_refs(meta, sp_key)
                  if ref.scope == "shared"}
     assert sp_shared and all("savepoints/before-upgrade" in held[p] for p in sp_shared)
     usage = tools.du(str(job_dir))
