@@ -22,17 +22,11 @@ Without ``--keep-running`` the query processes what the topic holds when it star
 from __future__ import annotations
 
 import argparse
-import functools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from statehold.examples.running_totals import (
-    OUTPUT_SCHEMA,
-    MalformedRowError,
-    _human,
-    parse_line,
-    update_totals,
-)
+from statehold.examples.common import human, output_sink
+from statehold.examples.running_totals import MalformedRowError, parse_line, totals_batch
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -102,8 +96,8 @@ def describe(result: BatchResult, topic: str) -> str:
     return (
         f"batch {result.checkpoint_id}: checkpoint {result.checkpoint_id}, "
         f"{result.rows_in} records from {topic}, {result.keys} keys, uploaded "
-        f"{_human(result.bytes_uploaded)} in {result.files_uploaded} files (state "
-        f"{_human(result.state_size)}), {result.duration:.2f} s, {result.checkpoint_uri}"
+        f"{human(result.bytes_uploaded)} in {result.files_uploaded} files (state "
+        f"{human(result.state_size)}), {result.duration:.2f} s, {result.checkpoint_uri}"
     )
 
 
@@ -115,31 +109,18 @@ def run_kafka(
 ) -> int:
     """Run the streaming query until the topic's records at start are processed (or, with
     --keep-running, until ^C). 1 on a malformed record."""
-    from statehold.spark import replace_output
-
-    sink = replace_output(str(args.output.absolute()), "json")
+    sink = output_sink(args)
     malformed: list[MalformedRowError] = []
 
     def per_batch(batch_df: DataFrame, batch_id: int) -> None:
         job.check_replay(batch_id)
-        rows = batch_df.persist()
         try:
-            check_records(rows, args.topic)
-            result = job.run_batch(
-                rows.drop("_error"),
-                functools.partial(update_totals, batch_id=batch_id, on_phase=on_phase),
-                OUTPUT_SCHEMA,
-                key="key",
-                batch_id=batch_id,
-                order_by=["partition", "offset"],
-                sink=lambda df, n: sink(df.coalesce(1), n),
-                source_position={"topic": args.topic},
-            )
+            result = totals_batch(job, batch_df, lambda rows: check_records(rows, args.topic),
+                                  sink, batch_id, ["partition", "offset"],
+                                  {"topic": args.topic}, on_phase)
         except MalformedRowError as e:
             malformed.append(e)
             raise
-        finally:
-            rows.unpersist()
         if result.skipped:
             print(f"batch {batch_id}: already checkpointed (a replay): skipped", flush=True)
         else:

@@ -44,16 +44,26 @@ import json
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
+
+from statehold.examples.common import (
+    add_options,
+    human,
+    list_inputs,
+    next_batches,
+    output_sink,
+    run_job,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from statehold.spark import BatchResult, KeyedState, PhaseHook, StatefulJob
+    from statehold.spark.api import Sink
 
 LAST_N = 8
 OUTPUT_SCHEMA = "key string, count long, sum long"
@@ -99,17 +109,6 @@ def generate_demo(input_dir: Path, files: int = 4, rows: int = 250, keys: int = 
 
 
 # -- the source: files in name order, position kept in statehold's checkpoints -----------
-def list_inputs(input_dir: Path) -> list[str]:
-    """The input files' names, in name order."""
-    return sorted(p.name for p in input_dir.glob("*.jsonl") if p.is_file())
-
-
-def next_batches(names: list[str], last_file: str | None, per_batch: int) -> list[list[str]]:
-    """The files after `last_file`, in batches of `per_batch` (the last may be smaller)."""
-    todo = [n for n in names if last_file is None or n > last_file]
-    return [todo[i : i + per_batch] for i in range(0, len(todo), per_batch)]
-
-
 def resume_point(job: StatefulJob) -> tuple[int, str | None]:
     """(next batch id, last file read) from the newest retained checkpoint."""
     latest = job.coordinator.latest()
@@ -201,21 +200,13 @@ def check_rows(rows: DataFrame) -> None:
 
 
 # -- running ---------------------------------------------------------------------------
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
 def describe(result: BatchResult, files: list[str]) -> str:
     """The per-batch line: checkpoint id, bytes uploaded, duration, where it is."""
     return (
         f"batch {result.checkpoint_id}: checkpoint {result.checkpoint_id}, "
         f"{len(files)} file(s) {files[0]}..{files[-1]}, {result.rows_in} rows, "
-        f"{result.keys} keys, uploaded {_human(result.bytes_uploaded)} in "
-        f"{result.files_uploaded} files (state {_human(result.state_size)}), "
+        f"{result.keys} keys, uploaded {human(result.bytes_uploaded)} in "
+        f"{result.files_uploaded} files (state {human(result.state_size)}), "
         f"{result.duration:.2f} s, {result.checkpoint_uri}"
     )
 
@@ -225,20 +216,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m statehold.examples.running_totals",
         description="Running count, sum and last 8 values per key, checkpointed by statehold.",
     )
-    p.add_argument("--input", type=Path, default=DEFAULT_DIR / "input")
-    p.add_argument("--output", type=Path, default=DEFAULT_DIR / "output")
-    p.add_argument(
-        "--checkpoints",
-        default=str(DEFAULT_DIR / "checkpoints"),
-        help="checkpoint root: a directory or s3://bucket/prefix (S3 settings from AWS_*)",
-    )
-    p.add_argument("--job-id", default="running-totals")
+    add_options(p, "running-totals", DEFAULT_DIR)
     p.add_argument("--retain", type=int, default=3)
-    p.add_argument("--max-parallelism", type=int, default=128)
-    p.add_argument("--parallelism", type=int, default=2)
-    p.add_argument("--files-per-batch", type=int, default=1)
-    p.add_argument("--keep-running", action="store_true", help="keep polling for new files")
-    p.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
     p.add_argument(
         "--restore-from",
         default=None,
@@ -253,7 +232,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "job holds its own copies) or claim (the files move into the new job). resume is "
         "what every run without --restore-from does",
     )
-    p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--kafka", metavar="BOOTSTRAP", default=None,
                    help="read the Kafka topic --topic at these bootstrap servers (Structured "
                    "Streaming) instead of --input; see statehold.examples.kafka_input")
@@ -280,6 +258,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def totals_batch(
+    job: StatefulJob,
+    rows: DataFrame,
+    check: Callable[[DataFrame], None],
+    sink: Sink,
+    batch_id: int,
+    order_by: Sequence[str],
+    source_position: Mapping[str, Any],
+    on_phase: PhaseHook | None,
+) -> BatchResult:
+    """Batch `batch_id` of the running totals over `rows` (cached meanwhile), after
+    ``check(rows)``: a `MalformedRowError` leaves state and checkpoints untouched."""
+    rows = rows.persist()
+    try:
+        check(rows)
+        return job.run_batch(
+            rows.drop("_error"),
+            functools.partial(update_totals, batch_id=batch_id, on_phase=on_phase),
+            OUTPUT_SCHEMA,
+            key="key",
+            batch_id=batch_id,
+            order_by=order_by,
+            sink=sink,
+            source_position=source_position,
+        )
+    finally:
+        rows.unpersist()
+
+
 def run(
     spark: SparkSession,
     job: StatefulJob,
@@ -287,10 +294,8 @@ def run(
     on_phase: PhaseHook | None = None,
 ) -> int:
     """Process batches until no input is left (or, with --keep-running, until ^C)."""
-    from statehold.spark import replace_output
-
     input_dir: Path = args.input.absolute()
-    sink = replace_output(str(args.output.absolute()), "json")
+    sink = output_sink(args)
     batch_id, last_file = resume_point(job)
     print(f"checkpoints: {job.job_dir}  (resuming at batch {batch_id}, after "
           f"{last_file or 'no file yet'})", flush=True)
@@ -302,24 +307,13 @@ def run(
             time.sleep(args.poll_seconds)
             continue
         files = batches[0]
-        rows = read_files(spark, input_dir, files).persist()
+        position = {"input": str(input_dir), "files": files, "last_file": files[-1]}
         try:
-            check_rows(rows)
-            result = job.run_batch(
-                rows.drop("_error"),
-                functools.partial(update_totals, batch_id=batch_id, on_phase=on_phase),
-                OUTPUT_SCHEMA,
-                key="key",
-                batch_id=batch_id,
-                order_by=["_file", "_line"],
-                sink=lambda df, n: sink(df.coalesce(1), n),
-                source_position={"input": str(input_dir), "files": files, "last_file": files[-1]},
-            )
+            result = totals_batch(job, read_files(spark, input_dir, files), check_rows, sink,
+                                  batch_id, ["_file", "_line"], position, on_phase)
         except MalformedRowError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        finally:
-            rows.unpersist()
         print(describe(result, files), flush=True)
         batch_id, last_file = batch_id + 1, files[-1]
     if on_phase is not None:
@@ -339,36 +333,16 @@ def main(argv: list[str] | None = None, on_phase: PhaseHook | None = None) -> in
         generate_demo(input_dir)
         print(f"no input in {input_dir}: generated a small demo data set there")
 
-    from statehold.spark import StatefulJob, local_session
-    from statehold.spark.session import classpath_conf, s3a_conf
-
-    conf = classpath_conf([j for j in args.jars.split(",") if j])
-    if args.checkpoints.startswith(("s3://", "s3a://")):
-        conf.update(s3a_conf())
-    spark = local_session("statehold-running-totals", master=args.master, conf=conf)
-    job = StatefulJob(
-        spark,
-        args.checkpoints,
-        args.job_id,
-        max_parallelism=args.max_parallelism,
-        parallelism=args.parallelism,
-        retain=args.retain,
-        ha=args.ha,
-        restore_from=args.restore_from,
-        restore_mode=mode,
-        on_phase=on_phase,
-    )
-    try:
+    def body(spark: SparkSession, job: StatefulJob) -> int:
         if args.kafka is not None:
             from statehold.examples.kafka_input import run_kafka
 
             return run_kafka(spark, job, args, on_phase)
         return run(spark, job, args, on_phase)
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        job.close()
-        spark.stop()
+
+    return run_job(args, "statehold-running-totals", body, args.jars, retain=args.retain,
+                   ha=args.ha, restore_from=args.restore_from, restore_mode=mode,
+                   on_phase=on_phase)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from statehold.examples.running_totals import _human, list_inputs, next_batches
+from statehold.examples.common import (
+    add_options,
+    human,
+    list_inputs,
+    next_batches,
+    output_sink,
+    run_job,
+)
 from statehold.processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -117,7 +124,7 @@ def describe(result: BatchResult, files: list[str]) -> str:
     return (
         f"batch {result.checkpoint_id}: {what}, {result.rows_in} rows, {result.late_rows} "
         f"late, {result.timers_fired} sessions closed, watermark {wm}, uploaded "
-        f"{_human(result.bytes_uploaded)}, {result.duration:.2f} s, {result.checkpoint_uri}"
+        f"{human(result.bytes_uploaded)}, {result.duration:.2f} s, {result.checkpoint_uri}"
     )
 
 
@@ -131,10 +138,8 @@ def resume_point(job: StatefulJob) -> tuple[int, str | None]:
 
 
 def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
-    from statehold.spark import replace_output
-
     input_dir: Path = args.input.absolute()
-    sink = replace_output(str(args.output.absolute()), "json")
+    sink = output_sink(args)
     processor = Sessions(args.gap_seconds)
     batch_id, last_file = resume_point(job)
     print(f"checkpoints: {job.job_dir}  (resuming at batch {batch_id}, after "
@@ -157,7 +162,7 @@ def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
             event_time_column=EVENT_MS,
             watermark_delay=args.watermark_delay_seconds * 1000,
             batch_id=batch_id,
-            sink=lambda df, n: sink(df.coalesce(1), n),
+            sink=sink,
             source_position={"files": files, "last_file": last_file},
         )
         print(describe(result, files), flush=True)
@@ -169,19 +174,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m statehold.examples.sessions",
         description="Sessions per user closed by event-time timers, checkpointed by statehold.",
     )
-    p.add_argument("--input", type=Path, required=True)
-    p.add_argument("--output", type=Path, required=True)
-    p.add_argument("--checkpoints", required=True,
-                   help="checkpoint root: a directory or s3://bucket/prefix (S3: AWS_*)")
-    p.add_argument("--job-id", default="sessions")
+    add_options(p, "sessions")
     p.add_argument("--gap-seconds", type=int, default=1800)
     p.add_argument("--watermark-delay-seconds", type=int, default=600)
-    p.add_argument("--parallelism", type=int, default=2)
-    p.add_argument("--max-parallelism", type=int, default=128)
-    p.add_argument("--files-per-batch", type=int, default=1)
-    p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
-    p.add_argument("--keep-running", action="store_true", help="keep polling for new files")
-    p.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.files_per_batch < 1 or args.gap_seconds < 0 or args.watermark_delay_seconds < 0:
         p.error("--files-per-batch must be at least 1; gap and delay must not be negative")
@@ -190,24 +185,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None, on_phase: PhaseHook | None = None) -> int:
     args = parse_args(argv)
-    from statehold.spark import StatefulJob, local_session
-
-    spark = local_session("statehold-sessions", master=args.master)
-    job = StatefulJob(
-        spark,
-        args.checkpoints,
-        args.job_id,
-        max_parallelism=args.max_parallelism,
-        parallelism=args.parallelism,
-        on_phase=on_phase,
-    )
-    try:
-        return run(spark, job, args)
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        job.close()
-        spark.stop()
+    return run_job(args, "statehold-sessions", lambda spark, job: run(spark, job, args),
+                   on_phase=on_phase)
 
 
 if __name__ == "__main__":

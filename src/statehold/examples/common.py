@@ -1,0 +1,90 @@
+"""What the examples share: their common command-line options, the Spark session and the
+`StatefulJob` they run in (`run_job`), their input files in name order and their output."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from statehold.spark import StatefulJob
+    from statehold.spark.api import Sink
+
+
+def add_options(p: argparse.ArgumentParser, job_id: str, demo: Path | None = None) -> None:
+    """--input, --output, --checkpoints (defaults under `demo`, else required), --job-id,
+    the parallelism, --files-per-batch, --master and polling."""
+    roots = "checkpoint root: a directory or s3://bucket/prefix (S3 settings from AWS_*)"
+    for name, kind, text in (("input", Path, None), ("output", Path, None),
+                             ("checkpoints", str, roots)):
+        where: dict[str, Any] = {"default": kind(demo / name)} if demo else {"required": True}
+        p.add_argument(f"--{name}", type=kind, help=text, **where)
+    p.add_argument("--job-id", default=job_id)
+    p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument("--max-parallelism", type=int, default=128)
+    p.add_argument("--files-per-batch", type=int, default=1)
+    p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--keep-running", action="store_true", help="keep polling for new files")
+    p.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
+
+
+def run_job(
+    args: argparse.Namespace,
+    app_name: str,
+    body: Callable[[SparkSession, StatefulJob], int],
+    jars: str = "",
+    **job_options: Any,
+) -> int:
+    """``body(spark, job)`` in a local session (``--master``; this interpreter as Spark's
+    Python, the comma-separated local `jars` on the class path, s3a settings from ``AWS_*``
+    for S3 checkpoints) with the job ``--checkpoints``/``--job-id``; both are closed after
+    it. 130 on ^C."""
+    from statehold.spark import StatefulJob, local_session
+    from statehold.spark.session import classpath_conf, s3a_conf
+
+    conf = classpath_conf([j for j in jars.split(",") if j])
+    if args.checkpoints.startswith(("s3://", "s3a://")):
+        conf.update(s3a_conf())
+    spark = local_session(app_name, master=args.master, conf=conf)
+    job = StatefulJob(spark, args.checkpoints, args.job_id, max_parallelism=args.max_parallelism,
+                      parallelism=args.parallelism, **job_options)
+    try:
+        return body(spark, job)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        job.close()
+        spark.stop()
+
+
+def output_sink(args: argparse.Namespace) -> Sink:
+    """Each batch's output as one JSON-lines file in ``<--output>/batch-<N>/`` (a replayed
+    batch replaces its own)."""
+    from statehold.spark import replace_output
+
+    sink = replace_output(str(args.output.absolute()), "json")
+    return lambda df, n: sink(df.coalesce(1), n)
+
+
+def list_inputs(input_dir: Path) -> list[str]:
+    """The input files' names (``*.jsonl``), in name order."""
+    return sorted(p.name for p in input_dir.glob("*.jsonl") if p.is_file())
+
+
+def next_batches(names: list[str], last_file: str | None, per_batch: int) -> list[list[str]]:
+    """The files after `last_file`, in batches of `per_batch` (the last may be smaller)."""
+    todo = [n for n in names if last_file is None or n > last_file]
+    return [todo[i : i + per_batch] for i in range(0, len(todo), per_batch)]
+
+
+def human(n: float) -> str:
+    """A byte count for people: 512 B, 1.5 KiB, ..."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
