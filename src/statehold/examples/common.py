@@ -75,9 +75,10 @@ def list_inputs(input_dir: Path) -> list[str]:
     return sorted(p.name for p in input_dir.glob("*.jsonl") if p.is_file())
 
 
-def next_batches(names: list[str], last_file: str | None, per_batch: int) -> list[list[str]]:
-    """The files after `last_file`, in batches of `per_batch` (the last may be smaller)."""
-    todo = [n for n in names if last_file is None or n > last_file]
+def next_batches(input_dir: Path, last_file: str | None, per_batch: int) -> list[list[str]]:
+    """The input files after `last_file`, in batches of `per_batch` (the last may be
+    smaller)."""
+    todo = [n for n in list_inputs(input_dir) if last_file is None or n > last_file]
     return [todo[i : i + per_batch] for i in range(0, len(todo), per_batch)]
 
 

@@ -49,14 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from statehold.examples.common import (
-    add_options,
-    human,
-    list_inputs,
-    next_batches,
-    output_sink,
-    run_job,
-)
+from statehold.examples import common
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -205,8 +198,8 @@ def describe(result: BatchResult, files: list[str]) -> str:
     return (
         f"batch {result.checkpoint_id}: checkpoint {result.checkpoint_id}, "
         f"{len(files)} file(s) {files[0]}..{files[-1]}, {result.rows_in} rows, "
-        f"{result.keys} keys, uploaded {human(result.bytes_uploaded)} in "
-        f"{result.files_uploaded} files (state {human(result.state_size)}), "
+        f"{result.keys} keys, uploaded {common.human(result.bytes_uploaded)} in "
+        f"{result.files_uploaded} files (state {common.human(result.state_size)}), "
         f"{result.duration:.2f} s, {result.checkpoint_uri}"
     )
 
@@ -216,7 +209,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m statehold.examples.running_totals",
         description="Running count, sum and last 8 values per key, checkpointed by statehold.",
     )
-    add_options(p, "running-totals", DEFAULT_DIR)
+    common.add_options(p, "running-totals", DEFAULT_DIR)
     p.add_argument("--retain", type=int, default=3)
     p.add_argument(
         "--restore-from",
@@ -295,12 +288,12 @@ def run(
 ) -> int:
     """Process batches until no input is left (or, with --keep-running, until ^C)."""
     input_dir: Path = args.input.absolute()
-    sink = output_sink(args)
+    sink = common.output_sink(args)
     batch_id, last_file = resume_point(job)
     print(f"checkpoints: {job.job_dir}  (resuming at batch {batch_id}, after "
           f"{last_file or 'no file yet'})", flush=True)
     while True:
-        batches = next_batches(list_inputs(input_dir), last_file, args.files_per_batch)
+        batches = common.next_batches(input_dir, last_file, args.files_per_batch)
         if not batches:
             if not args.keep_running:
                 break
@@ -329,7 +322,7 @@ def main(argv: list[str] | None = None, on_phase: PhaseHook | None = None) -> in
               "resume continues the job in --checkpoints/--job-id", file=sys.stderr)
         return 2
     input_dir: Path = args.input.absolute()
-    if args.kafka is None and not list_inputs(input_dir):
+    if args.kafka is None and not common.list_inputs(input_dir):
         generate_demo(input_dir)
         print(f"no input in {input_dir}: generated a small demo data set there")
 
@@ -340,7 +333,7 @@ def main(argv: list[str] | None = None, on_phase: PhaseHook | None = None) -> in
             return run_kafka(spark, job, args, on_phase)
         return run(spark, job, args, on_phase)
 
-    return run_job(args, "statehold-running-totals", body, args.jars, retain=args.retain,
+    return common.run_job(args, "statehold-running-totals", body, args.jars, retain=args.retain,
                    ha=args.ha, restore_from=args.restore_from, restore_mode=mode,
                    on_phase=on_phase)
 

@@ -28,14 +28,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from statehold.examples.common import (
-    add_options,
-    human,
-    list_inputs,
-    next_batches,
-    output_sink,
-    run_job,
-)
+from statehold.examples import common
 from statehold.processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -124,7 +117,7 @@ def describe(result: BatchResult, files: list[str]) -> str:
     return (
         f"batch {result.checkpoint_id}: {what}, {result.rows_in} rows, {result.late_rows} "
         f"late, {result.timers_fired} sessions closed, watermark {wm}, uploaded "
-        f"{human(result.bytes_uploaded)}, {result.duration:.2f} s, {result.checkpoint_uri}"
+        f"{common.human(result.bytes_uploaded)}, {result.duration:.2f} s, {result.checkpoint_uri}"
     )
 
 
@@ -139,13 +132,13 @@ def resume_point(job: StatefulJob) -> tuple[int, str | None]:
 
 def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
     input_dir: Path = args.input.absolute()
-    sink = output_sink(args)
+    sink = common.output_sink(args)
     processor = Sessions(args.gap_seconds)
     batch_id, last_file = resume_point(job)
     print(f"checkpoints: {job.job_dir}  (resuming at batch {batch_id}, after "
           f"{last_file or 'no file yet'})", flush=True)
     while True:
-        pending = next_batches(list_inputs(input_dir), last_file, args.files_per_batch)
+        pending = common.next_batches(input_dir, last_file, args.files_per_batch)
         files = pending[0] if pending else []
         if not files and not job.timers_due():
             if not args.keep_running:
@@ -174,7 +167,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m statehold.examples.sessions",
         description="Sessions per user closed by event-time timers, checkpointed by statehold.",
     )
-    add_options(p, "sessions")
+    common.add_options(p, "sessions")
     p.add_argument("--gap-seconds", type=int, default=1800)
     p.add_argument("--watermark-delay-seconds", type=int, default=600)
     args = p.parse_args(argv)
@@ -185,7 +178,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None, on_phase: PhaseHook | None = None) -> int:
     args = parse_args(argv)
-    return run_job(args, "statehold-sessions", lambda spark, job: run(spark, job, args),
+    return common.run_job(args, "statehold-sessions", lambda spark, job: run(spark, job, args),
                    on_phase=on_phase)
 
 
