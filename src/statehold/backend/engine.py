@@ -73,6 +73,14 @@ def raw_options(size_amplification: int = MAX_SIZE_AMP) -> Options:
     return opts
 
 
+def open_db(path: str, options: Options) -> Rdict:
+    """Open (or create) the DB at `path` with `options`. The default column family gets
+    them explicitly: opening an existing DB, rocksdict otherwise takes its options from the
+    DB's OPTIONS file, where the bloom filter does not survive (`filter_policy=bloomfilter`
+    reads back as none), so every SST written after the first batch had no filter."""
+    return Rdict(path, options, column_families={"default": options})
+
+
 def settle_compactions(db: Rdict) -> None:
     """Wait until no compaction runs. One scheduled by the flush just before gets
     `COMPACTION_GRACE` seconds to start; one that RocksDB keeps pending without picking

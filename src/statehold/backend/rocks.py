@@ -21,7 +21,13 @@ from typing import Any
 
 from rocksdict import Rdict, WriteOptions
 
-from statehold.backend.engine import MAX_SIZE_AMP, RocksKV, StateBackendError, raw_options
+from statehold.backend.engine import (
+    MAX_SIZE_AMP,
+    RocksKV,
+    StateBackendError,
+    open_db,
+    raw_options,
+)
 from statehold.backend.keys import (
     INDEX_KINDS,
     Key,
@@ -149,7 +155,7 @@ class TaskStateBackend:
             if restore:
                 self._restore(restore)
             else:
-                self._attach(Rdict(str(self.db_dir), self._options))
+                self._attach(open_db(str(self.db_dir), self._options))
         except BaseException:
             self._discard_work()
             raise
@@ -172,7 +178,7 @@ class TaskStateBackend:
         base = largest_overlap(sources, self.key_groups)
         others = [s for s in sources if s is not base]
         fetch(base, self.db_dir, pool, self.restore_stats, self.transfer_threads)
-        self._attach(Rdict(str(self.db_dir), self._options))
+        self._attach(open_db(str(self.db_dir), self._options))
         self._reusable = ReusableFiles.of_restored(base)
         if base[2].key_groups != self.key_groups:
             self.restore_stats.rescaled = True
