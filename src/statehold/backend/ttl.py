@@ -5,9 +5,12 @@ Every write of a TTL'd entry adds ``(expiry, entry key)`` to its key group's TTL
 only if its stored expiry is still due (a rewrite renewed it otherwise), then the index
 entry. It runs once per task and batch, before the snapshot, so a checkpoint never holds
 what had expired when its batch ran. RocksDB drops deleted bytes only when it compacts
-(universal compaction waits for 16 sorted runs), so a sweep that left more garbage than
-`MAX_GARBAGE` compacts the task's DB at once (`compact_if_garbage`): measured with keys
-churning under a TTL, storage stays near the live state instead of a 4x sawtooth.
+(universal compaction waits for 16 sorted runs), so a batch that left more garbage than
+`MAX_GARBAGE` compacts the task's DB at once (`compact_if_garbage`), whatever deleted
+it: the sweep, timers that fired, state the processor cleared (`expire_and_compact`, what
+every task runs before its snapshot). Measured with keys churning under a TTL or closed
+by timers, storage stays near the live state instead of a sawtooth up to 6x
+(bench/ttl_churn.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -43,6 +46,14 @@ def sweep_expired(kv: KV, key_groups: KeyGroupRange, now_ms: int) -> int:
             kv.delete(raw)
     return removed
 
+
+def expire_and_compact(kv: KV, db: Any, key_groups: KeyGroupRange, now_ms: int
+                       ) -> tuple[int, bool]:
+    """End of a task's batch, before its snapshot: sweep what expired at `now_ms`, then
+    compact if the batch's deletions of any kind left too much garbage. Returns (entries
+    the sweep deleted, whether it compacted)."""
+    expired = sweep_expired(kv, key_groups, now_ms)
+    return expired, compact_if_garbage(db)
 
 
 def _table_counts(db: Any) -> tuple[int, int]:

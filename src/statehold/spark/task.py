@@ -266,11 +266,13 @@ def _metadata_key(checkpoint_id: int) -> str:
 
 
 def _expire(backend: Any, now_ms: int) -> dict[str, Any]:
-    """Sweep the task's expired TTL state; compact if that left much garbage."""
-    from statehold.backend.ttl import compact_if_garbage, sweep_expired
+    """Sweep the task's expired TTL state; compact if deletions (the sweep's, timers
+    fired, state cleared) left much garbage."""
+    from statehold.backend.ttl import expire_and_compact
 
-    expired = sweep_expired(backend._require_kv(), backend.key_groups, now_ms)
-    compacted = bool(expired) and compact_if_garbage(backend._require_db())
+    expired, compacted = expire_and_compact(
+        backend._require_kv(), backend._require_db(), backend.key_groups, now_ms
+    )
     return {"ttl_expired": expired, "ttl_compactions": int(compacted)}
 
 
