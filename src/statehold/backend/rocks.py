@@ -68,6 +68,7 @@ from statehold.backend.state import (
     ValueState,
     fold_entry,
 )
+from statehold.backend.ttl import MAX_GARBAGE
 from statehold.metadata import KeyGroupRange, KeyGroupState
 from statehold.storage.base import Storage, check_key
 
@@ -93,6 +94,7 @@ class TaskStateBackend:
         *,
         transfer_threads: int = 4,
         size_amplification: int = MAX_SIZE_AMP,
+        max_garbage: float = MAX_GARBAGE,
     ) -> None:
         if not operator:
             raise ValueError("operator name must not be empty")
@@ -119,6 +121,11 @@ class TaskStateBackend:
         self.now_ms: int | None = None
         if size_amplification < 1:
             raise ValueError("size_amplification must be a positive percentage")
+        if not 0 < max_garbage <= 1:
+            raise ValueError("max_garbage must be a fraction in (0, 1]")
+        #: Garbage share of the SST entries that compacts the DB at the end of a batch
+        #: (`statehold.backend.ttl.expire_and_compact`).
+        self.max_garbage = max_garbage
         self._options = raw_options(size_amplification)
 
     # -- opening -------------------------------------------------------------------------
@@ -133,6 +140,7 @@ class TaskStateBackend:
         *,
         transfer_threads: int = 4,
         size_amplification: int = MAX_SIZE_AMP,
+        max_garbage: float = MAX_GARBAGE,
     ) -> TaskStateBackend:
         """Open the state of `operator` for `key_groups`: empty if `restore` is None or
         empty, else rebuilt from the overlapping ranges of the checkpoint in `restore`
@@ -141,7 +149,11 @@ class TaskStateBackend:
         `size_amplification` (percent) trades storage for upload: the oldest, largest run
         is rewritten (and uploaded again) when the newer runs reach this share of it. Lower
         keeps the stored state closer to the live data; higher uploads less on average
-        (docs/benchmarks.md measures both)."""
+        (docs/benchmarks.md measures both). `max_garbage` (a fraction) likewise: deleted
+        entries and tombstones beyond that share of the SST entries compact the whole DB
+        at the end of a batch, so expired state leaves storage (stored state stays within
+        about 1 / (1 - max_garbage) of the live state) at the price of uploading the
+        compacted state on those batches."""
         self = cls(
             local_dir,
             operator,
@@ -149,6 +161,7 @@ class TaskStateBackend:
             max_parallelism,
             transfer_threads=transfer_threads,
             size_amplification=size_amplification,
+            max_garbage=max_garbage,
         )
         self.work_dir.mkdir(parents=True)
         try:

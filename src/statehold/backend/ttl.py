@@ -47,13 +47,15 @@ def sweep_expired(kv: KV, key_groups: KeyGroupRange, now_ms: int) -> int:
     return removed
 
 
-def expire_and_compact(kv: KV, db: Any, key_groups: KeyGroupRange, now_ms: int
-                       ) -> tuple[int, bool]:
+def expire_and_compact(
+    kv: KV, db: Any, key_groups: KeyGroupRange, now_ms: int,
+    max_garbage: float = MAX_GARBAGE,
+) -> tuple[int, bool]:
     """End of a task's batch, before its snapshot: sweep what expired at `now_ms`, then
-    compact if the batch's deletions of any kind left too much garbage. Returns (entries
-    the sweep deleted, whether it compacted)."""
+    compact if the batch's deletions of any kind left more than `max_garbage` garbage.
+    Returns (entries the sweep deleted, whether it compacted)."""
     expired = sweep_expired(kv, key_groups, now_ms)
-    return expired, compact_if_garbage(db)
+    return expired, compact_if_garbage(db, max_garbage)
 
 
 def _table_counts(db: Any) -> tuple[int, int]:

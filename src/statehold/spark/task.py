@@ -271,7 +271,8 @@ def _expire(backend: Any, now_ms: int) -> dict[str, Any]:
     from statehold.backend.ttl import expire_and_compact
 
     expired, compacted = expire_and_compact(
-        backend._require_kv(), backend._require_db(), backend.key_groups, now_ms
+        backend._require_kv(), backend._require_db(), backend.key_groups, now_ms,
+        backend.max_garbage,
     )
     return {"ttl_expired": expired, "ttl_compactions": int(compacted)}
 
