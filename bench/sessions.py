@@ -58,6 +58,7 @@ def _drive(
     query: Any, files: list[Path], source: Path, root: Path,
     measure: Callable[[list[dict[str, Any]]], tuple[float, float]], log: Callable[[str], None],
     name: str, before_last: Callable[[], None],
+    breakdown: Callable[[], dict[str, int]] | None = None,
 ) -> list[Step]:
     """Feed the files one at a time; per file, the progress of every trigger it took."""
     steps: list[Step] = []
@@ -80,15 +81,19 @@ def _drive(
                 "triggers": len(progress), "seconds": seconds, "checkpoint_seconds": checkpoint,
                 "bytes_uploaded": up, "files_uploaded": nfiles,
                 "storage_bytes": sum(after.values())}
+        if breakdown is not None:
+            step["storage_by_part"] = breakdown()
         steps.append(step)
         log(f"  {name} file {i}: {step['rows']} rows in {step['triggers']} trigger(s) "
             f"{seconds:.2f}s, checkpoint {checkpoint:.2f}s, {up / 2**20:.2f} MiB up, "
-            f"storage {step['storage_bytes'] / 2**20:.2f} MiB")
+            f"storage {step['storage_bytes'] / 2**20:.2f} MiB"
+            + (f" {step['storage_by_part']}" if breakdown is not None else ""))
     return steps
 
 
 def run_spark(spark: Any, w: SessionsWorkload, files: list[Path], work: Path,
-              partitions: int, wait: Callable[[], None], log: Callable[[str], None]) -> list[Step]:
+              partitions: int, wait: Callable[[], None], log: Callable[[str], None],
+              _backend_options: dict[str, Any]) -> list[Step]:
     session = spark.newSession()
     for k, v in {"spark.sql.streaming.stateStore.providerClass": PROVIDER,
                  "spark.sql.shuffle.partitions": str(partitions),
@@ -119,13 +124,14 @@ def run_spark(spark: Any, w: SessionsWorkload, files: list[Path], work: Path,
 
 def run_statehold(spark: Any, w: SessionsWorkload, files: list[Path], work: Path,
                   partitions: int, wait: Callable[[], None],
-                  log: Callable[[str], None]) -> list[Step]:
+                  log: Callable[[str], None], backend_options: dict[str, Any]) -> list[Step]:
     from statehold.spark import StatefulJob
 
     source = work / "source"
     source.mkdir(parents=True)
     job = StatefulJob(spark, str(work / "jobs"), "sessions", max_parallelism=128,
-                      parallelism=partitions, retain=3, local_dir=str(work / "local"))
+                      parallelism=partitions, retain=3, local_dir=str(work / "local"),
+                      backend_options=backend_options)
     checkpoint_seconds: list[float] = []
 
     def noop(df: Any, batch_id: int) -> None:
@@ -151,9 +157,31 @@ def run_statehold(spark: Any, w: SessionsWorkload, files: list[Path], work: Path
         checkpoint_seconds.clear()
         return seconds, spent
 
+    def breakdown() -> dict[str, int]:
+        """Where the job directory's bytes are: the newest checkpoint's files (its live
+        state), files only older retained checkpoints hold, Spark's own checkpoint
+        (`_spark/`), and the rest (HA pointers, history, metadata documents)."""
+        from ttl_churn import compacted_bytes
+
+        from statehold.storage import open_storage
+        from statehold.tools import du
+
+        usage = du(str(work / "jobs" / "sessions"))
+        held = [c for c in usage.by_checkpoint if c.retained]
+        newest = max(held, key=lambda c: c.checkpoint_id or 0) if held else None
+        newest_bytes = newest.referenced_bytes if newest else 0
+        live = 0 if newest is None else compacted_bytes(
+            open_storage(str(work / "jobs" / "sessions")), f"{newest.path}/_metadata",
+            work / "compacted")
+        spark = usage.by_scope.get("spark", 0)
+        return {"live_state": live, "newest_checkpoint": newest_bytes,
+                "older_retained": usage.referenced_bytes - newest_bytes,
+                "spark_checkpoint": spark,
+                "other": usage.total_bytes - usage.referenced_bytes - spark}
+
     try:
         return _drive(query, files, source, work / "jobs" / "sessions", measure, log,
-                      "statehold", wait)
+                      "statehold", wait, breakdown)
     finally:
         query.stop()
         job.coordinator.cleaner.wait_idle(60)
@@ -172,6 +200,21 @@ def summary(steps: list[Step], w: SessionsWorkload) -> dict[str, float]:
         "storage_live_reference_bytes": reference,
         "storage_end_bytes": steps[-1]["storage_bytes"],
         "storage_end_over_live": steps[-1]["storage_bytes"] / reference,
+        **_parts(steps, w),
+    }
+
+
+def _parts(steps: list[Step], w: SessionsWorkload) -> dict[str, float]:
+    """The same ratio for each part of statehold's storage, and for the state alone."""
+    if "storage_by_part" not in steps[-1]:
+        return {}
+    ref, end = steps[w.active - 1]["storage_by_part"], steps[-1]["storage_by_part"]
+    state = ("newest_checkpoint", "older_retained")
+    return {
+        **{f"{k}_end_bytes": end[k] for k in end},
+        "newest_checkpoint_end_over_live": end["newest_checkpoint"]
+        / ref["newest_checkpoint"],
+        "retained_end_over_live": sum(end[k] for k in state) / sum(ref[k] for k in state),
     }
 
 
@@ -184,6 +227,11 @@ def main() -> None:
                     help="profiles' TTL (0: none, the session's timer clears them; Spark "
                     "refuses a TTL with event-time timers)")
     ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--systems", default="statehold,spark",
+                    help="comma-separated: statehold, spark (default both)")
+    ap.add_argument("--max-garbage", type=float, default=None,
+                    help="statehold's backend option (default 0.25): garbage share that "
+                    "compacts a task's DB")
     ap.add_argument("--work", default=None, help="work directory (default: a temp dir)")
     args = ap.parse_args()
     w = SessionsWorkload(args.users, args.active, args.batches,
@@ -203,19 +251,26 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     started = time.monotonic()
     results = {}
+    systems = args.systems.split(",")
+    options = {"max_garbage": args.max_garbage} if args.max_garbage else {}
     for name, run in (("statehold", run_statehold), ("spark", run_spark)):
+        if name not in systems:
+            continue
         t0 = time.monotonic()
-        steps = run(spark, w, files, work / name, args.partitions, wait, print)
+        steps = run(spark, w, files, work / name, args.partitions, wait, print, options)
         results[name] = {"steps": steps, "summary": summary(steps, w),
                          "wall_seconds": time.monotonic() - t0}
         print(name, json.dumps(results[name]["summary"], indent=1))
-    sh, sp = results["statehold"]["summary"], results["spark"]["summary"]
-    ratios = {k: sh[k] / sp[k] for k in sh if sp[k]}
-    results["statehold_over_spark"] = ratios
+    ratios = {}
+    if len(results) == 2:
+        sh, sp = results["statehold"]["summary"], results["spark"]["summary"]
+        ratios = {k: sh[k] / sp[k] for k in sh if sp[k]}
+        results["statehold_over_spark"] = ratios
     results["workload"] = {**w.__dict__, "rows": sum(len(w.rows(b)) for b in range(w.batches + 1))}
     results["total_seconds"] = time.monotonic() - started
     (work / "results.json").write_text(json.dumps(results, indent=1))
-    print("statehold / spark:", json.dumps(ratios, indent=1))
+    if ratios:
+        print("statehold / spark:", json.dumps(ratios, indent=1))
     print(f"results in {work / 'results.json'} ({results['total_seconds']:.0f}s)")
 
 
