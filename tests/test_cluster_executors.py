@@ -51,7 +51,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.zookeeper, pytest.mark.crash,
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 MAX_PARALLELISM = 16
-BATCHES = 3
+# Read in batches of at most PER_BATCH (Spark rounds each partition's share down): 0, 1, 2.
+RECORDS = 2 * PER_BATCH + PER_BATCH // 2
 KILL_BATCH = 1
 TIMEOUT = 1500.0
 
@@ -128,7 +129,7 @@ def test_kill_executor_mid_batch_exact_kafka(
     job_id = f"{kind}-{uuid.uuid4().hex[:8]}"
     root = f"s3://{s3_server.bucket}/executors-{os.getpid()}"
     topic = new_topic(kafka_broker, "executors")
-    produced = records(5, BATCHES * PER_BATCH)
+    produced = records(5, RECORDS)
     kafka_broker.produce(topic, produced)
     out, mark, log = (tmp_path / n for n in ("output", "paused", "driver.log"))
     args = ["--kafka", kafka_broker.bootstrap, "--topic", topic,
