@@ -460,3 +460,64 @@ def test_seed_30016_replays_clean() -> None:
     result, world = run_seed(30016, 3000)
     assert not result["violations"], world.minimal_trace()
     assert result["events"].get("savepoint")  # type: ignore[attr-defined]
+
+
+def test_seed_1010_dispose_force_claims_its_epoch_before_it_plans(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 1010: an attempt had claimed its epoch but showed no lease yet, so
+    ``dispose chk-1 --force`` saw no running attempt and planned to delete chk-1's shared
+    files; the attempt then completed checkpoint 2 reusing them, the dispose claimed its
+    epoch, kept checkpoint 2 retained and deleted the files it references. The dispose
+    now claims its epoch before it lists and plans: the attempt can no longer publish."""
+    import contextlib
+    from pathlib import Path
+
+    from sim import model
+
+    from statehold import layout, tools
+    from statehold.coordinator import CheckpointCoordinator
+    from statehold.errors import StateholdError
+    from statehold.ha.embedded import EmbeddedHAStore
+    from statehold.metadata import read_metadata, referenced_keys
+    from statehold.storage.local import LocalStorage
+    from statehold.tools import operations
+
+    storage = LocalStorage(Path(str(tmp_path)))
+    ha = EmbeddedHAStore(storage)
+    coordinator = CheckpointCoordinator.start(
+        storage, ha, job_id="j", max_parallelism=model.MAX_PARALLELISM, retain=2,
+        reconcile_in_background=False, renew_lease_in_background=False,
+    )
+    coordinator.begin(1)
+    _acknowledge_all(coordinator, storage, 1)
+    coordinator.complete(1)
+    first = read_metadata(storage, "chk-1/_metadata")
+    shared = [k for k in referenced_keys(first, "chk-1/_metadata") if k.startswith("shared/")]
+    coordinator.begin(2)
+    for i in range(len(model.RANGES)):  # checkpoint 2 reuses checkpoint 1's shared files
+        key = shared[i]
+        chain = model.Chain((model.ChainFile(key, model.handle(storage.read(key),
+                                                               layout.Scope.SHARED), 0, 1),), 2)
+        ex = model.file_bytes({"task": i, "checkpoint": 2, "total": 1})
+        ex_key = layout.exclusive_key(coordinator.epoch, 2, f"t{i}")
+        storage.write(ex_key, ex)
+        coordinator.acknowledge(2, model.OPERATOR, model.key_group_state(
+            2, i, chain, (ex_key, model.handle(ex, layout.Scope.EXCLUSIVE))))
+    storage.delete_many([f"_job/lease-e{coordinator.epoch}.json"])  # no lease to show
+
+    real_listing = operations.listing
+
+    def listing_after_a_completion(*args: object, **kwargs: object) -> object:
+        # The attempt goes on while the dispose plans; fenced by the dispose's epoch,
+        # checkpoint 2 is not published.
+        with contextlib.suppress(StateholdError):
+            coordinator.complete(2)
+        return real_listing(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(operations, "listing", listing_after_a_completion)
+    tools.dispose(storage.uri + "/chk-1", force=True)
+    assert not storage.exists("chk-1/_metadata")
+    for pointer in ha.read().retained:
+        meta = read_metadata(storage, pointer.metadata)
+        assert all(storage.exists(k) for k in referenced_keys(meta, pointer.metadata))

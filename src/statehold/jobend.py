@@ -32,7 +32,7 @@ log = logging.getLogger("statehold.coordinator")
 
 def savepoint(coordinator: CheckpointCoordinator, name: str) -> CheckpointMetadata:
     """`CheckpointCoordinator.savepoint`."""
-    from statehold.coordinator import CheckpointError, _scopes  # that module imports this one
+    from statehold.coordinator import CheckpointError  # that module imports this one
 
     latest = coordinator.latest()
     if latest is None:
@@ -73,20 +73,25 @@ def savepoint(coordinator: CheckpointCoordinator, name: str) -> CheckpointMetada
         }
     )
     data = encode(meta, target_key)
-    # Held from before the document can exist: a write whose outcome is unknown (it may
-    # have landed) must not leave a savepoint whose shared files subsume then deletes
-    # (found by the simulation, seed 20016). A restart's reconcile reads the truth.
-    coordinator.registry.register_savepoint(name, _scopes(referenced_keys(meta, target_key)))
     try:
         storage.create_if_absent(target_key, data)
     except AlreadyExistsError:
-        coordinator.registry.release_savepoint(name)  # not ours: nothing of it is freed
         raise CheckpointError(f"savepoint {name!r} already exists") from None
     try:
-        # Fenced by now, a newer attempt may have read the savepoints before this one
-        # existed: it does not hold the files this one references in place and may delete
-        # them, so the savepoint is not kept (found by the simulation, seed 10125).
+        # Kept only if this attempt is still current (a fenced one publishes nothing;
+        # simulation, seed 10125) and every copy is still there: copies older than the
+        # policy's grace, of a writer paused that long, may have gone to a gc as an
+        # abandoned savepoint's leftovers before this document existed.
         coordinator.check_epoch()
+        present = {i.key for page in storage.list_pages(layout.savepoint_dir(name))
+                   for i in page}
+        missing = sorted(k for k in referenced_keys(meta, target_key)
+                         if k.startswith(layout.savepoint_dir(name) + "/") and k not in present)
+        if missing:
+            raise CheckpointError(
+                f"savepoint {name!r}: {len(missing)} of its copies went missing while it was "
+                f"being written (first: {missing[0]}); take it again"
+            )
     except StateholdError:
         storage.delete_many([target_key])  # its copies are left to the reconcile
         raise

@@ -227,6 +227,14 @@ def _dispose_one(t: Target, *, force: bool, dry_run: bool, progress: Progress) -
             f"{t.uri} is a retained checkpoint (the job may restore from it); "
             "use --force to dispose it anyway"
         )
+    if retained_here and not dry_run:
+        # A new epoch before the plan: from here no attempt can publish (one that had
+        # claimed its epoch but written no lease yet looked stopped, and completed a
+        # checkpoint sharing the target's files while an earlier plan ran; simulation,
+        # seed 1010), so the retained checkpoints the plan reads stay as they are.
+        state = job.ha.claim_epoch()
+        if key not in {p.metadata for p in state.retained}:
+            raise ToolError(f"{t.uri} is no longer retained; run dispose again")
     files = listing(job, progress)
     own_dir = [i for i in files if i.key.startswith(directory + "/")]
     if not own_dir and not retained_here:
@@ -264,9 +272,7 @@ def _dispose_one(t: Target, *, force: bool, dry_run: bool, progress: Progress) -
     if dry_run:
         return report
     if retained_here:
-        # A new epoch first: no driver still running somewhere can publish it again.
-        claimed = job.ha.claim_epoch()
-        state = job.ha.publish(claimed.epoch, [p for p in claimed.retained if p.metadata != key])
+        state = job.ha.publish(state.epoch, [p for p in state.retained if p.metadata != key])
     cleaner = SyncCleaner(job.storage, guard=outside_guard(job, state, live))
     try:
         # the _metadata first: from then on nothing can mistake the rest for a checkpoint
