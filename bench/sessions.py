@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -205,16 +206,23 @@ def summary(steps: list[Step], w: SessionsWorkload) -> dict[str, float]:
 
 
 def _parts(steps: list[Step], w: SessionsWorkload) -> dict[str, float]:
-    """The same ratio for each part of statehold's storage, and for the state alone."""
+    """statehold's storage by part at the end, and against the live state it holds (the
+    newest checkpoint's entries fully compacted) from the first file where expiry runs on:
+    the newest checkpoint (the state's own storage) and the job directory."""
     if "storage_by_part" not in steps[-1]:
         return {}
-    ref, end = steps[w.active - 1]["storage_by_part"], steps[-1]["storage_by_part"]
-    state = ("newest_checkpoint", "older_retained")
+    end = steps[-1]["storage_by_part"]
+    steady = [s for s in steps[w.active + 1:] if s["storage_by_part"]["live_state"]]
+    newest = [s["storage_by_part"]["newest_checkpoint"] / s["storage_by_part"]["live_state"]
+              for s in steady]
+    total = [s["storage_bytes"] / s["storage_by_part"]["live_state"] for s in steady]
     return {
         **{f"{k}_end_bytes": end[k] for k in end},
-        "newest_checkpoint_end_over_live": end["newest_checkpoint"]
-        / ref["newest_checkpoint"],
-        "retained_end_over_live": sum(end[k] for k in state) / sum(ref[k] for k in state),
+        "newest_over_live_state_median": statistics.median(newest),
+        "newest_over_live_state_max": max(newest),
+        "storage_over_live_state_median": statistics.median(total),
+        "storage_over_live_state_max": max(total),
+        "bytes_uploaded_mean": statistics.mean(s["bytes_uploaded"] for s in steps[1:-1]),
     }
 
 
