@@ -272,7 +272,7 @@ def main() -> None:
     ratios = {}
     if len(results) == 2:
         sh, sp = results["statehold"]["summary"], results["spark"]["summary"]
-        ratios = {k: sh[k] / sp[k] for k in sh if sp[k]}
+        ratios = {k: sh[k] / sp[k] for k in sh if sp.get(k)}
         results["statehold_over_spark"] = ratios
     results["workload"] = {**w.__dict__, "rows": sum(len(w.rows(b)) for b in range(w.batches + 1))}
     results["total_seconds"] = time.monotonic() - started
