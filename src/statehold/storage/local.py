@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from statehold.storage import local_listing
 from statehold.storage.base import (
     AlreadyExistsError,
     ConflictError,
@@ -138,33 +139,7 @@ class LocalStorage(Storage):
         entries with ``symlink=True`` and the link's own lstat size/mtime; what they
         point to is not. A prefix that is or goes through a link: UnsafePathError."""
         prefix = check_prefix(prefix).rstrip("/")
-        base = self._dir(prefix)
-        page: list[FileInfo] = []
-        # os.scandir directly (os.walk would lstat every entry twice) and keys built by
-        # concatenation: listing a million files is dominated by these per-entry costs.
-        stack = [(str(base), prefix + "/" if prefix else "")]
-        while stack:
-            path, rel = stack.pop()
-            try:
-                it = os.scandir(path)
-            except (FileNotFoundError, NotADirectoryError):
-                continue  # a missing directory lists as empty; or deleted while listing
-            with it:
-                for entry in it:
-                    try:
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append((entry.path, rel + entry.name + "/"))
-                            continue
-                        st = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue  # deleted while listing
-                    link = stat.S_ISLNK(st.st_mode)
-                    page.append(FileInfo(rel + entry.name, st.st_size, st.st_mtime, link))
-                    if len(page) >= page_size:
-                        yield page
-                        page = []
-        if page:
-            yield page
+        return local_listing.file_pages(str(self._dir(prefix)), prefix, page_size)
 
     def list_name_pages(
         self, prefix: str = "", page_size: int = 1000, start: str | None = None
@@ -181,45 +156,7 @@ class LocalStorage(Storage):
 
     def _name_pages(self, prefix: str, page_size: int, *, with_stat: bool) -> Iterator[NamePage]:
         prefix = check_prefix(prefix).rstrip("/")
-        stack = [(str(self._dir(prefix)), prefix)]
-        while stack:
-            path, rel = stack.pop()
-            try:
-                it = os.scandir(path)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            names: list[str] = []
-            infos: list[FileInfo] = []
-            sizes: list[int] = []
-            mtimes: list[float] = []
-            with it:
-                for entry in it:
-                    try:
-                        if entry.is_file(follow_symlinks=False):  # the common case first
-                            if with_stat:
-                                st = entry.stat(follow_symlinks=False)
-                                sizes.append(st.st_size)
-                                mtimes.append(st.st_mtime)
-                            names.append(entry.name)
-                        elif entry.is_dir(follow_symlinks=False):
-                            stack.append((entry.path, f"{rel}/{entry.name}" if rel else entry.name))
-                            continue
-                        else:
-                            infos.append(self._entry_info(entry, rel))
-                    except FileNotFoundError:
-                        continue  # deleted while listing
-                    if len(names) + len(infos) >= page_size:
-                        yield NamePage(rel, names, infos, sizes, mtimes)
-                        names, infos, sizes, mtimes = [], [], [], []
-            if names or infos:
-                yield NamePage(rel, names, infos, sizes, mtimes)
-
-    @staticmethod
-    def _entry_info(entry: os.DirEntry[str], rel: str) -> FileInfo:
-        """A link or other non-regular entry, with its own lstat."""
-        st = entry.stat(follow_symlinks=False)
-        key = f"{rel}/{entry.name}" if rel else entry.name
-        return FileInfo(key, st.st_size, st.st_mtime, stat.S_ISLNK(st.st_mode))
+        return local_listing.name_pages(str(self._dir(prefix)), prefix, page_size, with_stat)
 
     def delete_names(self, directory: str, names: list[str]) -> int:
         """See Storage: the directory is checked for links once and opened with
@@ -258,24 +195,7 @@ class LocalStorage(Storage):
     def list_top(self, prefix: str = "") -> tuple[list[str], list[FileInfo]]:
         """See Storage: one `scandir`. A link is listed as a file (never descended)."""
         prefix = check_prefix(prefix).rstrip("/")
-        rel = prefix + "/" if prefix else ""
-        dirs: list[str] = []
-        files: list[FileInfo] = []
-        try:
-            with os.scandir(self._dir(prefix)) as it:
-                for entry in it:
-                    if entry.is_dir(follow_symlinks=False):
-                        dirs.append(rel + entry.name)
-                        continue
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    link = stat.S_ISLNK(st.st_mode)
-                    files.append(FileInfo(rel + entry.name, st.st_size, st.st_mtime, link))
-        except (FileNotFoundError, NotADirectoryError):
-            pass
-        return sorted(dirs), files
+        return local_listing.top(str(self._dir(prefix)), prefix)
 
     def stat(self, key: str) -> FileInfo | None:
         """See Storage. A key through a symlink raises UnsafePathError rather than
