@@ -123,3 +123,13 @@ def test_ttl_churn_bench_runs_and_stays_within_goal(tmp_path: Path) -> None:
     assert results["none"]["summary"]["newest_over_live_median"] > 2
     steps = results["garbage"]["steps"]
     assert all(s["live_bytes"] > 0 and s["newest_checkpoint_bytes"] > 0 for s in steps)
+
+
+def test_max_garbage_must_be_a_fraction(tmp_path: Path) -> None:
+    for bad in (0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="max_garbage"):
+            TaskStateBackend.open(tmp_path, OP, task_range(0, 1, MAXP), MAXP,
+                                  max_garbage=bad)
+    with TaskStateBackend.open(tmp_path, OP, task_range(0, 1, MAXP), MAXP,
+                               max_garbage=0.5) as b:
+        assert b.max_garbage == 0.5

@@ -9,7 +9,7 @@ what had expired when its batch ran. RocksDB drops deleted bytes only when it co
 `MAX_GARBAGE` compacts the task's DB at once (`compact_if_garbage`), whatever deleted
 it: the sweep, timers that fired, state the processor cleared (`expire_and_compact`, what
 every task runs before its snapshot). Measured with keys churning under a TTL or closed
-by timers, storage stays near the live state instead of a sawtooth up to 6x
+by timers, storage stays near the live state instead of a sawtooth up to 7.5x
 (bench/ttl_churn.py, docs/benchmarks.md).
 """
 
