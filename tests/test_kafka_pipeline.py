@@ -64,11 +64,15 @@ def jar_args(*sets: jvm.ArtifactSet) -> list[str]:
 def example_args(
     broker: KafkaBroker, topic: str, output: Path, checkpoints: str, *extra: str
 ) -> list[str]:
+    """The example on `topic`; hadoop-aws on the class path only for ``s3://``."""
+    jars = [jvm.spark_kafka()]
+    if checkpoints.startswith(("s3://", "s3a://")):
+        jars.append(jvm.hadoop_aws())
     return [
         "--kafka", broker.bootstrap, "--topic", topic, "--output", str(output),
         "--checkpoints", checkpoints, "--records-per-batch", str(PER_BATCH),
         "--max-parallelism", str(MAX_PARALLELISM), "--parallelism", "2", "--retain", "2",
-        *jar_args(jvm.spark_kafka(), jvm.hadoop_aws()), *extra,
+        *jar_args(*jars), *extra,
     ]
 
 
@@ -208,3 +212,34 @@ def test_kill_driver_kafka_s3_zookeeper(
     assert "batch 1: already checkpointed" in stdout  # the replay after the second kill
     assert "checkpoint 2," in stdout
     check_exact(kafka_broker, topic, 2 * PER_BATCH + 30, job, output, tmp_path)
+
+
+def _newest_pyspark() -> bool:
+    import pyspark
+
+    return int(pyspark.__version__.split(".")[0]) >= 4
+
+
+@pytest.mark.skipif(_newest_pyspark(), reason="PySpark 3.5 only (.ci/spark-oldest): on 4.x "
+                    "the Kafka tests above and test_s3a_relocate run the same path")
+@pytest.mark.timeout(900)
+def test_kafka_to_end_exact_local(
+    kafka_broker: KafkaBroker,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The Kafka pipeline on the oldest PySpark (.ci/spark-oldest), as cheaply as it goes:
+    one driver reads the topic to its end in two batches, job directory on local disk
+    (embedded HA, spark-sql-kafka of the 3.5 line the only jars, Scala 2.12); output and
+    state exact against the records read back from the broker, storage listed after."""
+    topic = new_topic(kafka_broker, "plain")
+    produced = PER_BATCH + PER_BATCH // 2
+    kafka_broker.produce(topic, records(7, produced))
+    output = tmp_path / "output"
+    checkpoints = tmp_path / "checkpoints"
+    stdout = run_example_to_end(
+        tmp_path, example_args(kafka_broker, topic, output, str(checkpoints))
+    )
+    assert "checkpoint 1," in stdout
+    job = open_storage(str(checkpoints / JOB))
+    assert job.exists(f"{layout.SPARK_DIR}/commits/1")  # Spark committed both batches
+    check_exact(kafka_broker, topic, produced, job, output, tmp_path)
