@@ -18,39 +18,64 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from statehold import layout
 from statehold.spark.batch import NOTED, BatchResult, batch_figures, check_acks
-from statehold.spark.staging import stage
-from statehold.spark.task import ACK_COL, StateSpec
+from statehold.spark.staging import stage, state_spec
+from statehold.spark.task import ACK_COL
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
     from statehold.metadata import EventTime, OperatorSchemas
-    from statehold.spark.api import Sink
+    from statehold.processor.runner import ProcessorSpec
+    from statehold.spark.api import InputFormat, Sink
     from statehold.spark.job import StatefulJob
 
 log = logging.getLogger("statehold.spark")
 
 
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def check_spark_batch(job: StatefulJob, batch_id: int, ours: int | None, what: str) -> None:
+    """Spark may replay only its last batch (`ours`: the newest batch the checkpoints
+    record, `what` names it). An older id means Spark's checkpoint (``_spark/``) is behind
+    ours, e.g. it was deleted or belongs to another copy; skipping those batches would
+    silently lose input."""
+    if ours is not None and batch_id < ours:
+        raise RuntimeError(
+            f"Spark batch {batch_id} is older than {what.format(ours)} in {job.job_dir}: the "
+            f"streaming checkpoint location is not the one these checkpoints were written "
+            f"with (use {job.spark_checkpoint_location})"
+        )
+
+
 def run_checkpoint(
     job: StatefulJob,
     df: DataFrame,
+    process: Any,
     output_schema: StructType | str,
+    keys: tuple[str, ...],
+    order_by: Sequence[str],
+    input_format: InputFormat,
+    vectorized: bool,
+    processing_time_ms: int | None,
     batch_id: int | None,
     sink: Sink | None,
     source_position: Mapping[str, Any] | None,
-    make_spec: Callable[[int], StateSpec],
+    processor: ProcessorSpec | None = None,
     event_time: Callable[[dict[str, Any]], EventTime] | None = None,
     schemas: dict[str, OperatorSchemas] | None = None,
 ) -> BatchResult:
     """Batch `batch_id` (None: the latest checkpoint + 1) of `job` as one checkpoint: the
-    tasks of `make_spec(batch_id)` over `df`, the sink, then ``complete`` with the
-    source position, the event time made from the tasks' figures and the schemas."""
+    tasks of `process` (`statehold.spark.staging.state_spec`; `processing_time_ms`
+    default: now) over `df`, the sink, then ``complete`` with the source position, the
+    event time made from the tasks' figures and the schemas."""
     if batch_id is None:
         latest_id = job.latest_checkpoint_id()
         batch_id = 0 if latest_id is None else latest_id + 1
@@ -65,7 +90,10 @@ def run_checkpoint(
             latest[1].checkpoint_id,
         )
         return BatchResult(batch_id, True, time.time() - started)
-    spec = make_spec(batch_id)
+    spec = state_spec(
+        job, df, batch_id, process, output_schema, keys, order_by, input_format, vectorized,
+        now_ms() if processing_time_ms is None else processing_time_ms, processor,
+    )
     coord.begin(batch_id)
     try:
         staged = stage(job, df, spec, output_schema)

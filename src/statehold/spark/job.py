@@ -7,7 +7,6 @@ exactly once: `statehold.spark.checkpoint_run`.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -29,9 +28,8 @@ from statehold.spark.api import (
     replace_output,
 )
 from statehold.spark.batch import BatchResult
-from statehold.spark.checkpoint_run import run_checkpoint
+from statehold.spark.checkpoint_run import check_spark_batch, now_ms, run_checkpoint
 from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdProgressListener
-from statehold.spark.staging import state_spec
 from statehold.storage import LocalStorage, Storage, check_key, open_storage
 
 if TYPE_CHECKING:
@@ -40,9 +38,6 @@ if TYPE_CHECKING:
 
     from statehold.metrics import JobMetrics
     from statehold.processor.runner import LateRows
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _millis(delay: int | timedelta) -> int:
@@ -194,18 +189,8 @@ class StatefulJob:
         shuffle order, which is not deterministic across runs). `processing_time_ms`: the
         batch's processing time for state TTLs (default: now)."""
         keys = (key,) if isinstance(key, str) else tuple(key)
-        return run_checkpoint(
-            self,
-            df,
-            output_schema,
-            batch_id,
-            sink,
-            source_position,
-            lambda bid: state_spec(
-                self, df, bid, process, output_schema, keys, order_by, input_format,
-                vectorized, _now_ms() if processing_time_ms is None else processing_time_ms,
-            ),
-        )
+        return run_checkpoint(self, df, process, output_schema, keys, order_by, input_format,
+                              vectorized, processing_time_ms, batch_id, sink, source_position)
 
     def transform_with_state(
         self,
@@ -248,7 +233,7 @@ class StatefulJob:
         delay_ms = _millis(watermark_delay)
         pspec, fmt = processor_spec(
             self, df, processor, keys, time_mode, event_time_column, late_rows,
-            _now_ms() if processing_time_ms is None else processing_time_ms, input_format,
+            now_ms() if processing_time_ms is None else processing_time_ms, input_format,
         )
         from statehold.state_record import for_batch
 
@@ -260,18 +245,9 @@ class StatefulJob:
             df = with_initial_state(df, initial_state, keys, state_keys)
             pspec = dataclasses.replace(pspec, initial_state=True)
         return run_checkpoint(
-            self,
-            df,
-            output_schema,
-            batch_id,
-            sink,
-            source_position,
-            lambda bid: state_spec(
-                self, df, bid, processor, output_schema, keys, order_by, fmt, False,
-                pspec.processing_time_ms, pspec,
-            ),
-            lambda figures: event_time_after(pspec, delay_ms, figures),
-            schemas,
+            self, df, processor, output_schema, keys, order_by, fmt, False,
+            pspec.processing_time_ms, batch_id, sink, source_position, pspec,
+            lambda figures: event_time_after(pspec, delay_ms, figures), schemas,
         )
 
     def timers_due(self, processing_time_ms: int | None = None) -> bool:
@@ -285,7 +261,7 @@ class StatefulJob:
         if clock.time_mode == "eventtime":
             return clock.watermark_ms is not None and clock.next_timer_ms <= clock.watermark_ms
         if clock.time_mode == "processingtime":
-            now = _now_ms() if processing_time_ms is None else processing_time_ms
+            now = now_ms() if processing_time_ms is None else processing_time_ms
             return clock.next_timer_ms <= now
         return False
 
@@ -327,17 +303,9 @@ class StatefulJob:
 
         def run(batch_df: DataFrame, batch_id: int) -> None:
             self.check_replay(batch_id)
-            result = self.run_batch(
-                batch_df,
-                process,
-                output_schema,
-                key=key,
-                batch_id=batch_id,
-                sink=sink,
-                order_by=order_by,
-                input_format=fmt,
-                vectorized=vectorized,
-            )
+            result = self.run_batch(batch_df, process, output_schema, key=key, batch_id=batch_id,
+                                    sink=sink, order_by=order_by, input_format=fmt,
+                                    vectorized=vectorized)
             if on_batch is not None:
                 on_batch(result)
 
@@ -347,14 +315,8 @@ class StatefulJob:
         """Spark may replay only its last batch (id == our latest checkpoint). An older id
         means Spark's checkpoint (``_spark/``) is behind ours, e.g. it was deleted or
         belongs to another copy; skipping those batches would silently lose input."""
-        latest = self.latest_checkpoint_id()
-        if latest is not None and batch_id < latest:
-            raise RuntimeError(
-                f"Spark batch {batch_id} is older than statehold's latest checkpoint "
-                f"{latest} in {self.job_dir}: the streaming checkpoint location is not the "
-                f"one these checkpoints were written with (use "
-                f"{self.spark_checkpoint_location})"
-            )
+        check_spark_batch(self, batch_id, self.latest_checkpoint_id(),
+                          "statehold's latest checkpoint {}")
 
     def progress_listener(self, callback: ProgressCallback) -> StateholdProgressListener:
         """A Spark `StreamingQueryListener` calling ``callback(progress, record)`` with

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from statehold.errors import InvalidArgumentError
+from statehold.spark.checkpoint_run import check_spark_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -76,13 +77,7 @@ class ProcessorBatches:
         with self._lock:
             self._schema = batch_df.schema
             done = self.latest_spark_batch()
-            if done is not None and batch_id < done:
-                raise RuntimeError(
-                    f"Spark batch {batch_id} is older than batch {done} recorded in "
-                    f"{self.job.job_dir}: the streaming checkpoint location is not the one "
-                    f"these checkpoints were written with (use "
-                    f"{self.job.spark_checkpoint_location})"
-                )
+            check_spark_batch(self.job, batch_id, done, "batch {} recorded")
             ran = None
             if done is None or batch_id > done:
                 ran = self._batch(batch_df, batch_id, timers_only=False).checkpoint_id
