@@ -35,6 +35,7 @@ from faulty import FaultyStorage
 
 from statehold import layout
 from statehold.backend import TaskStateBackend, sources_from_metadata, task_of_key, task_range
+from statehold.cleaner import Backoff
 from statehold.coordinator import CheckpointCoordinator
 from statehold.ha.base import CheckpointPointer, HAState, HAStore
 from statehold.ha.open import open_ha_store
@@ -131,8 +132,8 @@ class Driver:
         )
         # Faster retries than the production default, so the suite stays short.
         cleaner = self.coord.cleaner
-        if hasattr(cleaner, "max_delay"):
-            cleaner.initial_delay, cleaner.max_delay = 0.02, 0.5
+        if hasattr(cleaner, "backoff"):
+            cleaner.backoff = Backoff(0.02, 0.5)
         latest = self.coord.latest()
         phase("started", self.coord.epoch, latest[1].checkpoint_id if latest else 0)
         threading.Thread(target=self._report_reconcile, daemon=True).start()

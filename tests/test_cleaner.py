@@ -298,3 +298,20 @@ def test_sync_cleaner_still_deletes_in_the_caller(storage: Storage) -> None:
     cleaner.discard(Discard(keys=("exclusive/a",), dirs=("chk-1",)))
     assert _keys(storage) == {"shared/keep"}
     assert cleaner.status().deleted == 2
+
+
+def test_backoff_grows_is_capped_and_spread() -> None:
+    import random
+
+    from statehold.cleaner import Backoff
+
+    plain = Backoff(0.1, 1.0, 2.0, jitter=0.0)
+    assert [plain.delay(n) for n in (1, 2, 3, 4, 5, 50)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    spread = Backoff(0.1, 1.0, 2.0, jitter=0.5)
+    rng = random.Random(1)
+    delays = [spread.delay(3, rng) for _ in range(200)]
+    assert all(0.2 <= d <= 0.6 for d in delays) and len(set(delays)) > 100
+    assert spread.delay(3) == 0.4  # no generator, no jitter
+    for bad in ({"initial": -1.0}, {"cap": 0.01}, {"multiplier": 0.5}, {"jitter": 2.0}):
+        with pytest.raises(ValueError):
+            Backoff(**bad)  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from statehold.cleaner import Cleaner, CleanerStatus, Discard, Guard, _checked
+from statehold.cleaner import Backoff, Cleaner, CleanerStatus, Discard, Guard, _checked
 from statehold.ha.base import FencedError
 from statehold.storage.base import DeleteError, Storage
 
@@ -85,17 +85,10 @@ class AsyncCleaner(Cleaner):
         super().__init__(storage, guard)
         if batch_size < 1 or max_backlog < 1 or max_errors < 1:
             raise ValueError("batch_size, max_backlog and max_errors must be >= 1")
-        if initial_delay < 0 or max_delay < initial_delay or multiplier < 1:
-            raise ValueError("need 0 <= initial_delay <= max_delay and multiplier >= 1")
-        if not 0 <= jitter <= 1:
-            raise ValueError("jitter must be in [0, 1]")
         if max_attempts is not None and max_attempts < 1:
             raise ValueError("max_attempts must be >= 1 or None")
         self.batch_size = batch_size
-        self.initial_delay = initial_delay
-        self.max_delay = max_delay
-        self.multiplier = multiplier
-        self.jitter = jitter
+        self.backoff = Backoff(initial_delay, max_delay, multiplier, jitter)
         self.max_attempts = max_attempts
         self.max_backlog = max_backlog
 
@@ -227,11 +220,7 @@ class AsyncCleaner(Cleaner):
 
     def _backoff(self, attempts: int) -> float:
         """Must hold the lock (uses the shared random generator)."""
-        delay = self.initial_delay * self.multiplier ** min(attempts - 1, 100)
-        delay = min(delay, self.max_delay)
-        if self.jitter:
-            delay *= 1 + self._rng.uniform(-self.jitter, self.jitter)
-        return max(0.0, min(delay, self.max_delay))
+        return self.backoff.delay(attempts, self._rng)
 
     def _next_batch(self) -> list[_Item] | None:
         """Must hold the lock. Wait for the next batch: up to `batch_size` files, or one

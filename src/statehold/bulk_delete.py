@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from statehold.cleaner import Cleaner, CleanerStatus, Discard, Guard, _checked
+from statehold.cleaner import Backoff, Cleaner, CleanerStatus, Discard, Guard, _checked
 from statehold.ha.base import FencedError
 from statehold.policy import check_discardable_names
 from statehold.storage.base import DeleteError, Storage
@@ -56,8 +56,7 @@ class BulkDeleter(Cleaner):
         if workers < 1 or max_attempts < 1:
             raise ValueError("workers and max_attempts must be >= 1")
         self.max_attempts = max_attempts
-        self.initial_delay = initial_delay
-        self.max_delay = max_delay
+        self.backoff = Backoff(initial_delay, max_delay, jitter=0.0)
         self.on_deleted = on_deleted
         self._cond = threading.Condition()
         self._queue: deque[_Batch] = deque()
@@ -221,8 +220,7 @@ class BulkDeleter(Cleaner):
                     self._gave_up += len(left)
                     self._pending -= len(left)
                 else:
-                    delay = min(self.max_delay, self.initial_delay * 2 ** (batch.attempts - 1))
-                    batch.due = time.monotonic() + delay
+                    batch.due = time.monotonic() + self.backoff.delay(batch.attempts)
                     self._queue.append(batch)
         if done and self.on_deleted is not None:
             self.on_deleted(done, freed)
