@@ -18,7 +18,6 @@ import base64
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.infra import jvm
-from tests.zk import free_port
+from tests.infra.server import ServerProcess, free_port
 
 #: Bound on a start (format + boot) and on each tool call.
 START_TIMEOUT = 120.0
@@ -51,20 +50,20 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-class KafkaBroker:
+class KafkaBroker(ServerProcess):
     """One single-node KRaft Kafka process the test session owns."""
 
     host = "127.0.0.1"
 
     def __init__(self, java: str, jars: Sequence[Path], workdir: Path) -> None:
+        # The broker's own log (log4j) is kafka.log; what the JVM prints, kafka.out.
+        super().__init__("Kafka", workdir, workdir / "kafka.out")
         self.java = java
         self.classpath = jvm.classpath(jars)
-        self.workdir = workdir
         self.log_dir = workdir / "kraft-logs"
         self.config = workdir / "server.properties"
-        self.log = workdir / "kafka.log"
+        self.broker_log = workdir / "kafka.log"
         self.port, self.controller_port = free_port(), free_port()
-        self._process: subprocess.Popen[bytes] | None = None
         self._write_config()
 
     @property
@@ -102,7 +101,7 @@ class KafkaBroker:
                 ]
             )
         )
-        for name, level, target in (("broker", "INFO", self.log), ("tools", "WARN", None)):
+        for name, level, target in (("broker", "INFO", self.broker_log), ("tools", "WARN", None)):
             appender = (
                 f"appender.out.type=File\nappender.out.fileName={target}\n"
                 if target is not None
@@ -120,10 +119,6 @@ class KafkaBroker:
                 "-cp", self.classpath, main_class, *args]
 
     # -- the broker process ---------------------------------------------------------------
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
     def start(self) -> None:
         """Format the log directory (first start only), start the broker, wait until ready."""
         if self.running:
@@ -131,44 +126,21 @@ class KafkaBroker:
         if not (self.log_dir / "meta.properties").exists():
             self.tool("kafka.tools.StorageTool", "format", "--cluster-id", _cluster_id(),
                       "--config", str(self.config), "--ignore-formatted")
-        with open(self.workdir / "kafka.out", "ab") as out:
-            self._process = subprocess.Popen(
-                self._java("broker", "kafka.Kafka", str(self.config)),
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-            )
-        deadline = time.monotonic() + START_TIMEOUT
-        while "Kafka Server started" not in self._log_text():
-            if self._process.poll() is not None:
-                self._process = None
-                pytest.fail(f"Kafka exited at start-up:\n{self._log_tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"Kafka did not start within {START_TIMEOUT}s:\n{self._log_tail()}")
-            time.sleep(0.2)
+        self.launch(
+            self._java("broker", "kafka.Kafka", str(self.config)),
+            lambda: "Kafka Server started" in self._broker_log_text(),
+            timeout=START_TIMEOUT,
+        )
         self.topics()  # the broker serves clients, not just its log
 
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
+    def _broker_log_text(self) -> str:
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
-
-    def _log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
+            return self.broker_log.read_text(errors="replace")
         except OSError:
             return ""
 
-    def _log_tail(self, lines: int = 40) -> str:
-        out = (self.workdir / "kafka.out").read_text(errors="replace") if (
-            self.workdir / "kafka.out").exists() else ""
-        return "\n".join((self._log_text() + out).splitlines()[-lines:]) or "(no log)"
+    def log_text(self) -> str:
+        return self._broker_log_text() + super().log_text()
 
     # -- Kafka's command-line tools ----------------------------------------------------------
     def tool(self, main_class: str, *args: str, stdin: str | None = None) -> str:

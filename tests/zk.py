@@ -12,24 +12,19 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.infra.server import ServerProcess, free_port
+
+__all__ = ["ZooKeeperServer", "free_port", "ruok", "zk_server"]
+
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 INSTALL_HINT = "apt-get install default-jre-headless"
 #: Bound on how long a (re)start may take before the fixture gives up.
 START_TIMEOUT = 60.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def ruok(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -42,21 +37,19 @@ def ruok(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-class ZooKeeperServer:
+class ZooKeeperServer(ServerProcess):
     """One standalone ZooKeeper process the test session owns."""
 
     host = "127.0.0.1"
 
     def __init__(self, java: str, workdir: Path, classpath: str) -> None:
+        super().__init__("ZooKeeper", workdir, workdir / "zookeeper.log")
         self.java = java
         self.classpath = classpath
-        self.workdir = workdir
         self.data_dir = workdir / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "zoo.cfg"
-        self.log = workdir / "zookeeper.log"
         self.port = free_port()
-        self._process: subprocess.Popen[bytes] | None = None
         self.config.write_text(
             "\n".join(
                 [
@@ -81,77 +74,33 @@ class ZooKeeperServer:
         """The `host:port` connect string."""
         return f"{self.host}:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
     def start(self) -> None:
         """Start (or restart) on the same port and data directory; return once it answers."""
         if self.running:
             return
-        with self.log.open("ab") as log:
-            self._process = subprocess.Popen(
-                [
-                    self.java,
-                    "-Xmx256m",
-                    "-XX:+UseSerialGC",
-                    "-XX:TieredStopAtLevel=1",
-                    "-Dzookeeper.admin.enableServer=false",
-                    "-cp",
-                    self.classpath,
-                    MAIN_CLASS,
-                    str(self.config),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-            )
-        deadline = time.monotonic() + START_TIMEOUT
-        while not ruok(self.host, self.port):
-            if self._process.poll() is not None:
-                self._process = None
-                pytest.fail(f"ZooKeeper exited at start-up:\n{self._log_tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(
-                    f"ZooKeeper did not answer ruok within {START_TIMEOUT}s:\n{self._log_tail()}"
-                )
-            time.sleep(0.1)
-        self._wait_for_session(deadline)
+        self.launch(
+            [self.java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+             "-Dzookeeper.admin.enableServer=false", "-cp", self.classpath, MAIN_CLASS,
+             str(self.config)],
+            lambda: ruok(self.host, self.port),
+            timeout=START_TIMEOUT,
+        )
+        self._wait_for_session()
 
-    def _wait_for_session(self, deadline: float) -> None:
+    def _wait_for_session(self) -> None:
         """`ruok` only says the process is up; a real session proves it serves clients."""
         from kazoo.client import KazooClient
 
         client = KazooClient(hosts=self.hosts)
         try:
-            client.start(timeout=max(1.0, deadline - time.monotonic()))
+            client.start(timeout=START_TIMEOUT)
             client.get("/")
         except Exception as exc:
             self.stop()
-            pytest.fail(f"ZooKeeper answers ruok but no session started: {exc}\n{self._log_tail()}")
+            pytest.fail(f"ZooKeeper answers ruok but no session started: {exc}\n{self.log_tail()}")
         finally:
             client.stop()
             client.close()
-
-    def stop(self) -> None:
-        """Stop the server process (data stays on disk for `start()`)."""
-        process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
-
-    def _log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
 
 
 def _find_java() -> str:

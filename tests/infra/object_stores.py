@@ -14,18 +14,15 @@ import hashlib
 import hmac
 import json
 import re
-import socket
-import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from email.utils import formatdate
-from pathlib import Path
 
 import pytest
 
 from tests.infra import provision
+from tests.infra.server import ServerProcess, free_port
 
 #: Azurite's fixed development account (public, documented by Microsoft).
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -104,20 +101,6 @@ def create_container(endpoint: str, name: str) -> None:
         pass
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
-
-
-def _tail(log: Path) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-
-
 @pytest.fixture(scope="session")
 def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
     """Azurite's blob service on 127.0.0.1 (a free port it picks and prints)."""
@@ -127,37 +110,26 @@ def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite
         provision.provision(["azurite"])
         provision.require("azurite")
     workdir = tmp_path_factory.mktemp("azurite")
-    log = workdir / "azurite.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
+    server = ServerProcess("Azurite", workdir, workdir / "azurite.log")
+    port: list[int] = []
+
+    def listening() -> bool:  # Azurite picks a free port and prints it
+        found = re.search(r"listens on http://127\.0\.0\.1:(\d+)", server.log_text())
+        port.extend([int(found.group(1))] if found else [])
+        return bool(port)
+
+    try:
+        server.launch(
             [str(command), "--blobHost", "127.0.0.1", "--blobPort", "0",
              "--inMemoryPersistence", "--extentMemoryLimit", "512", "--disableTelemetry",
              "--skipApiVersionCheck", "--loose", "--silent"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
+            listening, timeout=START_TIMEOUT,
         )
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        port = None
-        while port is None:
-            found = re.search(r"listens on http://127\.0\.0\.1:(\d+)", log.read_text())
-            if found:
-                port = int(found.group(1))
-            elif process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"Azurite did not start:\n{_tail(log)}")
-            else:
-                time.sleep(0.1)
-        server = AzuriteServer(f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}", "statehold-test")
-        create_container(server.endpoint, server.container)
-        yield server
+        azurite = AzuriteServer(f"http://127.0.0.1:{port[0]}/{AZURITE_ACCOUNT}", "statehold-test")
+        create_container(azurite.endpoint, azurite.container)
+        yield azurite
     finally:
-        _stop(process)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -168,34 +140,32 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSServer]:
     from tests.infra.gcs_front import GCSFront
 
     workdir = tmp_path_factory.mktemp("gcs")
-    log = workdir / "fake-gcs-server.log"
-    port = _free_port()
-    with log.open("wb") as out:
-        process = subprocess.Popen(
+    server = ServerProcess("fake-gcs-server", workdir, workdir / "fake-gcs-server.log")
+    port = free_port()
+    bucket = "statehold-test"
+
+    def bucket_created() -> bool:  # the first request that succeeds creates the bucket
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/storage/v1/b?project=test",
+            data=json.dumps({"name": bucket}).encode(), method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5):
+                return True
+        except OSError:
+            return False
+
+    front = GCSFront(port)
+    try:
+        server.launch(
             [str(_get_binary_path()), "-backend", "memory", "-scheme", "http",
              "-host", "127.0.0.1", "-port", str(port), "-public-host", f"127.0.0.1:{port}",
              "-log-level", "error"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
+            bucket_created, timeout=START_TIMEOUT,
         )
-    front = GCSFront(port)
-    try:
-        bucket = "statehold-test"
-        body = json.dumps({"name": bucket}).encode()
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:  # the first request that succeeds creates the bucket
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{port}/storage/v1/b?project=test", data=body,
-                method="POST", headers={"Content-Type": "application/json"},
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=5):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"fake-gcs-server did not start:\n{_tail(log)}")
-                time.sleep(0.1)
         front.start()
         yield GCSServer(front.endpoint, bucket)
     finally:
         front.stop()
-        _stop(process)
+        server.stop()
