@@ -15,14 +15,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import typer
 from pydantic import BaseModel
 
 from statehold.cli import CheckpointArg, HaOption, JsonOption, emit, fail, handle_errors
 from statehold.cli_output import RichProgress, say
-from statehold.spark.reader import KEY_COLUMN, StateReadError, key_text, locate_state, open_all
 from statehold.tools.locate import NoProgress, Progress
 
 _ROWS_PER_GROUP = 50_000
@@ -59,6 +56,10 @@ def dump_state(
 ) -> StateDump:
     """Write the state of `checkpoint` to `out` (created; must be empty if it exists);
     `progress` counts the keys written."""
+    # Imported here, not at the top: every other command starts without PySpark's and
+    # Arrow's import time (a quarter of a second).
+    from statehold.spark.reader import KEY_COLUMN, StateReadError, key_text, locate_state, open_all
+
     progress = progress or NoProgress()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise StateReadError(f"{out}: exists and is not an empty directory")
@@ -107,6 +108,11 @@ def _counted(items: Iterable[_T], progress: Progress, every: int = 1000) -> Iter
 
 
 def _write_parquet(path: Path, items: Any, names: list[str]) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from statehold.spark.reader import KEY_COLUMN, key_text
+
     schema = pa.schema([pa.field(KEY_COLUMN, pa.string(), False)] + [
         pa.field(n, pa.string()) for n in names
     ])
