@@ -40,6 +40,8 @@ def test_gc_dry_run_then_gc_of_a_crashed_job(tmp_path) -> None:  # type: ignore[
     assert next_chk
     expected = ours(before) - referenced_by_retained(storage, coord) - next_chk
     assert set(report["orphans"]) == expected
+    sizes = {info.key: info.size for info in storage.list()}
+    assert report["orphan_bytes"] == sum(sizes[k] for k in expected) > 0
     assert next_chk <= set(report["protected"])
 
     real = runner.invoke(app, ["gc", str(storage.root)])

@@ -127,11 +127,14 @@ class ReconcilePlan:
 
 
 def name_pages(
-    storage: Storage, prefix: str, page_size: int, keys: KeyRange = WHOLE
+    storage: Storage, prefix: str, page_size: int, keys: KeyRange = WHOLE,
+    *, with_stat: bool = False,
 ) -> Iterator[NamePage]:
-    """The name pages under `prefix`, only the keys in `keys`."""
+    """The name pages under `prefix`, only the keys in `keys`; `with_stat`: with the
+    names' sizes and mtimes where the backend gives them on the way (whole listings)."""
     if keys == WHOLE:
-        yield from storage.list_name_pages(prefix, page_size)
+        pages = storage.list_stat_pages if with_stat else storage.list_name_pages
+        yield from pages(prefix, page_size)
         return
     for page in storage.list_name_pages(prefix, page_size, start=keys.start):
         base = f"{page.directory}/" if page.directory else ""
@@ -159,10 +162,11 @@ def sweep(
     """List `prefix` (the keys in `keys`) page by page, judge every file into `result`,
     hand each page's deletable files to `on_names` (by name; else, stat'ed, to
     `on_infos`) or `on_infos`."""
-    for page in name_pages(storage, prefix, page_size, keys):
+    for page in name_pages(storage, prefix, page_size, keys, with_stat=on_names is None):
         infos = page.infos
         if page.names and on_names is None:  # e.g. a dry run: stat them, for their bytes
-            infos = infos + stat_names(storage, page.directory, page.names)
+            infos = infos + (with_stats(page) if page.sizes else
+                             stat_names(storage, page.directory, page.names))
         elif page.names and on_names is not None:
             deletable, undecided = result.add_names(page.directory, page.names, view)
             if deletable:
@@ -174,6 +178,13 @@ def sweep(
             on_infos(chosen)
         if on_listed is not None:
             on_listed(len(page))
+
+
+def with_stats(page: NamePage) -> list[FileInfo]:
+    """The names of a `list_stat_pages` page as files with their listed stat."""
+    base = f"{page.directory}/" if page.directory else ""
+    return [FileInfo(base + n, size, mtime)
+            for n, size, mtime in zip(page.names, page.sizes, page.mtimes, strict=True)]
 
 
 def stat_names(storage: Storage, directory: str, names: list[str]) -> list[FileInfo]:
