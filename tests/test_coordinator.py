@@ -368,3 +368,27 @@ def test_a_timed_out_checkpoint_is_aborted_and_leaves_nothing(storage: Storage) 
     assert coord.wait_reconciled(60)
     assert listing(storage) == before
     coord.close()
+
+
+def test_job_end_removes_a_killed_savepoints_copies(storage: Storage) -> None:
+    """A driver killed while it copied a savepoint's files leaves copies without a
+    `_metadata`. While the job runs they are spared for the policy's grace (they may be a
+    savepoint still being made); the attempt that ends the job holds its epoch, so no
+    savepoint can be in the making any more: the job end removes them, however young."""
+    from statehold.jobresult import JobOutcome, RetentionPolicy, read_result
+
+    coord = start(storage)
+    tasks = [SimulatedTask(storage, r, random.Random(11)) for r in RANGES]
+    for n in (1, 2):
+        run_checkpoint(coord, tasks, n)
+    shared = sorted(k for k in listing(storage) if k.startswith("shared/"))
+    leftovers = [f"savepoints/sp-2/{k.rsplit('/', 1)[-1]}" for k in shared[:2]]
+    for src, dst in zip(shared, leftovers, strict=False):
+        storage.copy(src, dst)  # what the killed savepoint had copied
+    coord.start_reconcile()
+    assert coord.wait_reconciled(60)
+    assert all(storage.exists(k) for k in leftovers)  # young: maybe still in the making
+    assert coord.end(JobOutcome.FINISHED, RetentionPolicy.KEEP_LATEST, timeout=60)
+    assert not any(k.startswith("savepoints/") for k in listing(storage))
+    result = read_result(storage)
+    assert result is not None and result.state == "clean"

@@ -90,11 +90,14 @@ def test_streamed_gc_over_many_pages_equals_the_in_memory_plan(
     before = crashed_job(storage, orphans)
     expected = in_memory_deletable(storage)
     assert len(expected) > SAMPLE  # more orphans than any report names
+    sizes = {info.key: info.size for info in storage.list()}
     with open_job(storage) as job:
         report = gc(job, page_size=37)  # many pages
     after = listing(storage)
     assert after == before - expected
     assert report.orphan_count == report.deleted == len(expected)
+    # the bytes, whether the listing or the deleter learnt them
+    assert report.orphan_bytes == sum(sizes[k] for k in expected) > 0
     assert len(report.orphans) == SAMPLE and set(report.orphans) <= expected
     assert report.foreign == ["notes.txt"] and report.scanned == len(before)
 

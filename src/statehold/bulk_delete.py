@@ -51,6 +51,7 @@ class BulkDeleter(Cleaner):
         max_delay: float = 5.0,
         max_errors: int = 20,
         on_deleted: OnDeleted | None = None,
+        count_bytes: bool = True,
     ) -> None:
         super().__init__(storage, guard)
         if workers < 1 or max_attempts < 1:
@@ -58,6 +59,8 @@ class BulkDeleter(Cleaner):
         self.max_attempts = max_attempts
         self.backoff = Backoff(initial_delay, max_delay, jitter=0.0)
         self.on_deleted = on_deleted
+        #: False: the caller knows the bytes from its listing; no stat per file here.
+        self.count_bytes = count_bytes
         self._cond = threading.Condition()
         self._queue: deque[_Batch] = deque()
         self._pending = 0  # files queued, in flight or waiting for a retry
@@ -188,7 +191,9 @@ class BulkDeleter(Cleaner):
         try:
             if self.guard is not None:
                 self.guard()
-            freed = self.storage.delete_names(batch.directory, batch.names)
+            freed = self.storage.delete_names(
+                batch.directory, batch.names, count_bytes=self.count_bytes
+            )
         except FencedError as e:
             with self._cond:
                 self._fenced = True

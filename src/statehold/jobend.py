@@ -122,18 +122,21 @@ def end(
         c._discard(c.registry.release_checkpoint(old.checkpoint_id))
     c.wait_reconciled(timeout)
     # This attempt holds the job's epoch and is ending it: no interrupted HA or job
-    # entry write can be a live one any more, however young.
+    # entry write, and no savepoint without its `_metadata` (a killed attempt's copies),
+    # can be a live one any more, however young. (A fenced writer resuming after this
+    # takes its savepoint back: `savepoint` re-checks its epoch and its copies.)
     plan(
         c.job,
         None,
         bookkeeping_grace=0,
+        temp_grace=0,
         spare_next_checkpoints=False,
         on_orphans=lambda files: c._discard(Discard(tuple(f.key for f in files), reason="job end")),
     )
     if policy is RetentionPolicy.DELETE_ALL:
         c._discard(Discard(dirs=(layout.SPARK_DIR,), reason="job ended: delete-all"))
     if not c.cleaner.wait_idle(timeout) or plan(
-        c.job, None, bookkeeping_grace=0, spare_next_checkpoints=False
+        c.job, None, bookkeeping_grace=0, temp_grace=0, spare_next_checkpoints=False
     ).orphan_count:
         log.warning("job %s: cleanup unfinished; the entry stays dirty", c.job_id)
         return False

@@ -124,6 +124,7 @@ def plan(
     on_names: OnNames | None = None,
     on_listed: OnListed | None = None,
     page_size: int = PAGE_SIZE,
+    sizes_from_listing: bool = False,
     **options: float,
 ) -> ReconcilePlan:
     """List the job directory page by page and ask the policy about every file; each
@@ -137,7 +138,7 @@ def plan(
     result = ReconcilePlan(quarantined=dict(view.holders.quarantined), live=live, state=state)
     sweep(
         job.storage, view, result, page_size=page_size, on_names=on_names,
-        on_infos=on_orphans, on_listed=on_listed,
+        on_infos=on_orphans, on_listed=on_listed, sizes_from_listing=sizes_from_listing,
     )
     return result
 
@@ -273,7 +274,8 @@ REMOTE_DELETE_WORKERS = 4
 
 
 def gc_cleaner(
-    job: JobDirectory, guard: Guard, on_deleted: OnDeleted | None = None
+    job: JobDirectory, guard: Guard, on_deleted: OnDeleted | None = None,
+    *, count_bytes: bool = True,
 ) -> BulkDeleter:
     """The outside gc's default cleaner: batches of names, retried, guarded before every
     batch (`bulk_delete`)."""
@@ -283,6 +285,7 @@ def gc_cleaner(
         guard=guard,
         workers=LOCAL_DELETE_WORKERS if local else REMOTE_DELETE_WORKERS,
         on_deleted=on_deleted,
+        count_bytes=count_bytes,
     )
 
 
@@ -323,8 +326,12 @@ def gc(
         planned = plan(job, live, state=state, page_size=page_size, on_listed=progress.listed)
         return GcReport.of(job.uri, planned, dry_run=True, deleted=0)
     guard = outside_guard(job, state, live)
+    # The default deleter leaves the bytes to the listing: a local directory's entries
+    # are stat'ed by the listing thread, beside the deletes, not before each unlink.
+    sized = cleaner is None
     deleting = (
-        cleaner(guard) if cleaner is not None else gc_cleaner(job, guard, progress.deleted)
+        cleaner(guard) if cleaner is not None
+        else gc_cleaner(job, guard, progress.deleted, count_bytes=False)
     )
     result: ReconcilePlan | None = None
     try:
@@ -332,7 +339,7 @@ def gc(
             result = plan(
                 job, live, state=state, on_orphans=feed(deleting, timeout=timeout),
                 on_names=feed_names(deleting, timeout), on_listed=progress.listed,
-                page_size=page_size,
+                page_size=page_size, sizes_from_listing=sized,
             )
         deleted = settle(job.uri, deleting, timeout)
     finally:

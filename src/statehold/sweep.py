@@ -94,10 +94,11 @@ class ReconcilePlan:
         return deletable
 
     def add_names(
-        self, directory: str, names: list[str], view: View
+        self, directory: str, names: list[str], view: View, sizes: list[int] | None = None
     ) -> tuple[list[str], list[str]]:
         """Judge one directory's plain files by name (`policy.judge_names`); return the
-        deletable names and the names the policy needs the stat of."""
+        deletable names and the names the policy needs the stat of. `sizes`: the names'
+        sizes from the listing, in order (the deletable ones count in `orphan_bytes`)."""
         out = judge_names(directory, names, view)
         base = f"{directory}/" if directory else ""
         deletable, protected = out[Verdict.DELETABLE], out[Verdict.PROTECTED]
@@ -107,6 +108,9 @@ class ReconcilePlan:
         room = SAMPLE - len(self.protected)
         self.protected.extend(base + n for n in protected[: max(room, 0)])
         self.orphan_count += len(deletable)
+        if sizes and deletable:
+            size_of = dict(zip(names, sizes, strict=True))
+            self.orphan_bytes += sum(size_of[n] for n in deletable)
         room = SAMPLE - len(self.orphans)
         self.orphans.extend(FileInfo(base + n, 0, 0.0) for n in deletable[: max(room, 0)])
         for verdict in (Verdict.FOREIGN, Verdict.KEPT):
@@ -158,17 +162,23 @@ def sweep(
     on_names: OnNames | None = None,
     on_infos: OnInfos | None = None,
     on_listed: OnListed | None = None,
+    sizes_from_listing: bool = False,
 ) -> None:
     """List `prefix` (the keys in `keys`) page by page, judge every file into `result`,
     hand each page's deletable files to `on_names` (by name; else, stat'ed, to
-    `on_infos`) or `on_infos`."""
-    for page in name_pages(storage, prefix, page_size, keys, with_stat=on_names is None):
+    `on_infos`) or `on_infos`. `sizes_from_listing`: count the bytes of what goes to
+    `on_names` from the listing (one stat per directory entry on the listing's side;
+    the deleter then need not stat)."""
+    with_stat = on_names is None or sizes_from_listing
+    for page in name_pages(storage, prefix, page_size, keys, with_stat=with_stat):
         infos = page.infos
         if page.names and on_names is None:  # e.g. a dry run: stat them, for their bytes
             infos = infos + (with_stats(page) if page.sizes else
                              stat_names(storage, page.directory, page.names))
         elif page.names and on_names is not None:
-            deletable, undecided = result.add_names(page.directory, page.names, view)
+            deletable, undecided = result.add_names(
+                page.directory, page.names, view, page.sizes or None
+            )
             if deletable:
                 on_names(page.directory, deletable)
             if undecided:

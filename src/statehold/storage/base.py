@@ -156,9 +156,10 @@ class Storage(abc.ABC):
         for page in self.list_pages(prefix, page_size):
             yield NamePage(infos=page)
 
-    def delete_names(self, directory: str, names: list[str]) -> int:
+    def delete_names(self, directory: str, names: list[str], *, count_bytes: bool = True) -> int:
         """Delete the files `names` of `directory` ('' = the root) as `delete_many`
-        does; the bytes they held where the backend learns them on the way (else 0)."""
+        does; the bytes they held where the backend learns them on the way (else 0;
+        always 0 without `count_bytes`, for a caller that had them from the listing)."""
         base = check_prefix(directory).rstrip("/")
         self.delete_many([f"{base}/{n}" if base else n for n in names])
         return 0

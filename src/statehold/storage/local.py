@@ -158,9 +158,10 @@ class LocalStorage(Storage):
         prefix = check_prefix(prefix).rstrip("/")
         return local_listing.name_pages(str(self._dir(prefix)), prefix, page_size, with_stat)
 
-    def delete_names(self, directory: str, names: list[str]) -> int:
+    def delete_names(self, directory: str, names: list[str], *, count_bytes: bool = True) -> int:
         """See Storage: the directory is checked for links once and opened with
-        `O_NOFOLLOW`; each name is lstat'ed (for the bytes) and unlinked relative to it.
+        `O_NOFOLLOW`; each name is lstat'ed (for the bytes, with `count_bytes`) and
+        unlinked relative to it, as `find -delete` does.
         Raises UnsafePathError, deleting nothing, if a name is not a plain file name."""
         directory = check_prefix(directory).rstrip("/")
         for name in names:
@@ -179,7 +180,8 @@ class LocalStorage(Storage):
         try:
             for name in names:
                 try:
-                    freed += os.stat(name, dir_fd=fd, follow_symlinks=False).st_size
+                    if count_bytes:
+                        freed += os.stat(name, dir_fd=fd, follow_symlinks=False).st_size
                     os.unlink(name, dir_fd=fd)
                 except FileNotFoundError:
                     pass
