@@ -384,6 +384,25 @@ def test_seed_10117_and_kin_replay_clean(seed: int) -> None:
     assert result["events"].get("start-dispose")  # type: ignore[attr-defined]
 
 
+def _stopped_job_with_a_savepoint(storage: Storage, name: str) -> None:
+    """A job whose attempt completed checkpoint 1, took savepoint `name` of it and
+    stopped."""
+    from sim import model
+
+    from statehold.coordinator import CheckpointCoordinator
+    from statehold.ha.embedded import EmbeddedHAStore
+
+    coordinator = CheckpointCoordinator.start(
+        storage, EmbeddedHAStore(storage), job_id="j", max_parallelism=model.MAX_PARALLELISM,
+        reconcile_in_background=False, renew_lease_in_background=False,
+    )
+    coordinator.begin(1)
+    _acknowledge_all(coordinator, storage, 1)
+    coordinator.complete(1)
+    coordinator.savepoint(name)
+    coordinator.close()
+
+
 def test_seed_10084_a_failed_whole_job_dispose_leaves_no_savepoint_without_its_files(
     tmp_path: object,
 ) -> None:
@@ -394,25 +413,14 @@ def test_seed_10084_a_failed_whole_job_dispose_leaves_no_savepoint_without_its_f
     from pathlib import Path
 
     from faulty import FaultyStorage
-    from sim import model
 
     from statehold import tools
-    from statehold.coordinator import CheckpointCoordinator
-    from statehold.ha.embedded import EmbeddedHAStore
     from statehold.metadata import read_metadata, referenced_keys
     from statehold.storage.local import LocalStorage
     from statehold.tools import ToolError
 
     storage = LocalStorage(Path(str(tmp_path)))
-    coordinator = CheckpointCoordinator.start(
-        storage, EmbeddedHAStore(storage), job_id="j", max_parallelism=model.MAX_PARALLELISM,
-        reconcile_in_background=False, renew_lease_in_background=False,
-    )
-    coordinator.begin(1)
-    _acknowledge_all(coordinator, storage, 1)
-    coordinator.complete(1)
-    coordinator.savepoint("sp26")
-    coordinator.close()
+    _stopped_job_with_a_savepoint(storage, "sp26")
     key = "savepoints/sp26/_metadata"
     needed = referenced_keys(read_metadata(storage, key), key)
     faulty = FaultyStorage(storage)
@@ -430,24 +438,12 @@ def test_seed_30016_a_savepoint_depends_on_no_file_the_job_deletes(tmp_path: obj
     (task-owned files aside), so no dispose or gc of the job can break it."""
     from pathlib import Path
 
-    from sim import model
-
     from statehold import tools
-    from statehold.coordinator import CheckpointCoordinator
-    from statehold.ha.embedded import EmbeddedHAStore
     from statehold.metadata import read_metadata, referenced_keys
     from statehold.storage.local import LocalStorage
 
     storage = LocalStorage(Path(str(tmp_path)))
-    coordinator = CheckpointCoordinator.start(
-        storage, EmbeddedHAStore(storage), job_id="j", max_parallelism=model.MAX_PARALLELISM,
-        reconcile_in_background=False, renew_lease_in_background=False,
-    )
-    coordinator.begin(1)
-    _acknowledge_all(coordinator, storage, 1)
-    coordinator.complete(1)
-    coordinator.savepoint("sp191")
-    coordinator.close()
+    _stopped_job_with_a_savepoint(storage, "sp191")
     key = "savepoints/sp191/_metadata"
     named = referenced_keys(read_metadata(storage, key), key)
     assert named and all(k.startswith("savepoints/sp191/") for k in named)

@@ -9,10 +9,10 @@ checkpoint is needed, its newest retained one).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from statehold import layout
 from statehold.errors import StateholdError
@@ -179,26 +179,30 @@ def listing(job: JobDirectory, progress: Progress | None = None) -> list[FileInf
     return [info for page in pages(job, progress) for info in page]
 
 
+#: A page of a listing: files with their stat, or one directory's names (`NamePage`).
+_Page = TypeVar("_Page", list[FileInfo], NamePage)
+
+
 def pages(job: JobDirectory, progress: Progress | None = None) -> Iterator[list[FileInfo]]:
     """The job directory's listing, page by page (ToolError if it cannot be listed);
     `progress` counts the files listed."""
-    progress = progress or NoProgress()
-    progress.start(f"listing {job.uri}", None, "files")
-    try:
-        for page in job.storage.list_pages():
-            yield page
-            progress.advance(len(page))
-    except StorageError as e:
-        raise ToolError(f"{job.uri}: cannot list: {e}") from e
+    return _counted(job, job.storage.list_pages, progress)
 
 
 def stat_pages(job: JobDirectory, progress: Progress | None = None) -> Iterator[NamePage]:
     """`pages` as `Storage.list_stat_pages` gives them: one directory's plain files as
     names with their sizes, or files with their stat."""
+    return _counted(job, job.storage.list_stat_pages, progress)
+
+
+def _counted(
+    job: JobDirectory, listing: Callable[[], Iterator[_Page]], progress: Progress | None
+) -> Iterator[_Page]:
+    """`listing()`'s pages, counted by `progress`; a storage error as a ToolError."""
     progress = progress or NoProgress()
     progress.start(f"listing {job.uri}", None, "files")
     try:
-        for page in job.storage.list_stat_pages():
+        for page in listing():
             yield page
             progress.advance(len(page))
     except StorageError as e:
