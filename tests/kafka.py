@@ -46,8 +46,15 @@ class Record:
 
 
 def _cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes in URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id: 16 random bytes in URL-safe base64 without padding.
+
+    Never one that starts with "-": Kafka's tools would read it as an option (one in 64
+    random ids does; Kafka's own ``Uuid.randomUuid`` skips those for the same reason).
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class KafkaBroker(ServerProcess):

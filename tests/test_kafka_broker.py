@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import kafka
 from tests.infra import jvm
 from tests.kafka import KafkaBroker, kafka_broker  # noqa: F401
 
@@ -55,3 +56,10 @@ def test_broker_keeps_each_keys_records_in_order(
         assert len({p for p, _, _ in seen}) == 1, key
         assert [v for _, _, v in seen] == [v for k, v in sent if k == key]
     assert {r.partition for r in got} == {0, 1}
+
+
+def test_cluster_ids_never_look_like_an_option() -> None:
+    """CI once drew an id starting with "-", which Kafka's storage tool took for an option."""
+    ids = [kafka._cluster_id() for _ in range(2000)]
+    assert not [i for i in ids if i.startswith("-")]
+    assert len(set(ids)) == len(ids) and all(len(i) == 22 for i in ids)
