@@ -4,6 +4,7 @@ an S3 job directory."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -13,16 +14,22 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import spark_session
 from minipipeline import MiniPipeline, make_batch
+from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
 from statehold import history, tools
 from statehold.cli import app
+from statehold.examples import running_totals
+from statehold.examples.running_totals import generate_demo
 from statehold.jobdir import open_job
+from statehold.spark import StatefulJob
 from statehold.storage import Storage, open_storage
 from statehold.webview import gather, make_server, render_html
 
 CHROMIUM = shutil.which("chromium")
+spark = spark_session.spark  # the shared session fixture
 
 
 def build(storage: Storage, local: Path) -> None:
@@ -67,23 +74,25 @@ def rows(dom: str, table: str) -> list[list[str]]:
                                                                        found[1])]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
-def test_report_in_headless_chromium(tmp_path: Path) -> None:
-    job_dir = tmp_path / "job"
-    storage = open_storage(str(job_dir))
-    build(storage, tmp_path / "local")
+def report_in_chromium(tmp_path: Path, job_uri: str) -> str:
+    """`statehold report JOB --html`, rendered by headless Chromium (a screenshot, then
+    the DOM after rendering)."""
     page = tmp_path / "report.html"
-    result = CliRunner().invoke(app, ["report", str(job_dir), "--html", str(page)])
+    result = CliRunner().invoke(app, ["report", job_uri, "--html", str(page)])
     assert result.exit_code == 0, result.output
     assert "http" not in re.sub(r'xmlns="http://www.w3.org/2000/svg"', "", page.read_text())
-
     shot = tmp_path / "report.png"
     chromium(tmp_path, page.as_uri(), f"--screenshot={shot}", "--window-size=1280,2000")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
-    dom = chromium(tmp_path, page.as_uri(), "--dump-dom").stdout
+    return chromium(tmp_path, page.as_uri(), "--dump-dom").stdout
 
+
+def check_page(dom: str, storage: Storage) -> list[history.HistoryRecord]:
+    """The rendered page carries the job's numbers: the charts' values are the history's,
+    the tables are `list`'s, `du`'s and every retained checkpoint's and savepoint's shared
+    files. Returns the history records."""
     records = history.read_history(storage)
-    assert [r.checkpoint_id for r in records] == [0, 1, 2, 3, 4, 5, 5, 6]
+    assert records, "no history to check the charts against"
     assert values(dom, "chart-uploaded", "rect") == [
         (r.checkpoint_id, float(r.bytes_uploaded)) for r in records
     ]
@@ -91,26 +100,96 @@ def test_report_in_headless_chromium(tmp_path: Path) -> None:
     assert values(dom, "chart-state", "circle") == [
         (r.checkpoint_id, float(r.state_size)) for r in completed
     ]
-    assert len(values(dom, "chart-duration", "circle")) == 3 * len(completed)
-    assert {v for _, v in values(dom, "chart-epochs", "circle")} == {1.0}
+    duration = values(dom, "chart-duration", "circle")
+    assert len(duration) == 3 * len(completed)
+    assert sorted(v for _, v in duration) == pytest.approx(sorted(  # 6 digits shown
+        v for r in completed for v in (r.duration, r.snapshot_seconds, r.complete_seconds)),
+        rel=1e-5)
+    assert values(dom, "chart-epochs", "circle") == [
+        (r.checkpoint_id, float(r.epoch)) for r in records
+    ]
+    assert [r[0] for r in rows(dom, "history")] == [str(r.checkpoint_id) for r in
+                                                    reversed(records)]
 
-    listing = tools.list_checkpoints(str(job_dir))
+    with open_job(storage) as job:
+        listing = tools.list_checkpoints(job)
+        usage = tools.du(job)
+        entries = [e for e in [*listing.checkpoints, *listing.savepoints]
+                   if e.retained or e.kind == "savepoint"]
+        metas = {e.path: job.read_document(f"{e.path}/_metadata") for e in entries}
     shown = {r[1]: r for r in rows(dom, "checkpoints")}
+    assert set(shown) == {e.path for e in [*listing.checkpoints, *listing.savepoints]}
     for entry in [*listing.checkpoints, *listing.savepoints]:
         assert shown[entry.path][5] == str(entry.referenced_bytes)
-    assert set(shown) == {"chk-5", "chk-6", "savepoints/before-upgrade"}
-    held = {r[0]: r[3].split(", ") for r in rows(dom, "shared")}
-    with open_job(str(job_dir)) as job:
-        meta = job.read_document("savepoints/before-upgrade/_metadata")
-    sp_key = "savepoints/before-upgrade/_metadata"
-    sp_shared = {ref.path for ref in tools.reports.file_refs(meta, sp_key)
-                 if ref.scope == "shared"}
-    assert sp_shared and all("savepoints/before-upgrade" in held[p] for p in sp_shared)
-    usage = tools.du(str(job_dir))
+    held = {r[0]: (r[1], r[3].split(", ")) for r in rows(dom, "shared")}
+    for path, meta in metas.items():
+        shared = [ref for ref in tools.reports.file_refs(meta, f"{path}/_metadata")
+                  if ref.scope == "shared" and not ref.external]
+        for ref in shared:
+            assert held[ref.path][0] == str(ref.size) and path in held[ref.path][1]
     assert dict((r[0], r[1]) for r in rows(dom, "usage"))["total"] == str(usage.total_bytes)
     assert '<p id="problems" class="ok">no problems</p>' in dom
+    return records
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_report_in_headless_chromium(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    storage = open_storage(str(job_dir))
+    build(storage, tmp_path / "local")
+    dom = report_in_chromium(tmp_path, str(job_dir))
+    records = check_page(dom, storage)
+    assert [r.checkpoint_id for r in records] == [0, 1, 2, 3, 4, 5, 5, 6]
+    assert {v for _, v in values(dom, "chart-epochs", "circle")} == {1.0}
+    assert set(r[1] for r in rows(dom, "checkpoints")) == {
+        "chk-5", "chk-6", "savepoints/before-upgrade"}
+    assert any("savepoints/before-upgrade" in r[3] for r in rows(dom, "shared"))
     aborted = [r for r in rows(dom, "history") if r[2] == "aborted"]
     assert aborted and aborted[0][-1] == "ValueError: the sink refused the batch"
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_report_of_a_spark_pipeline_in_chromium(
+    spark: SparkSession, backend: str, tmp_path: Path, request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README's example pipeline (running totals over the demo data, in the shared
+    session) writes the job directory, on local disk or on S3; its report, made from the
+    job's URI, shows that job's real numbers in Chromium."""
+    root, options = str(tmp_path / "checkpoints"), {}
+    if backend == "s3":
+        server = request.getfixturevalue("s3_server")
+        root, options = f"s3://{server.bucket}/webview-{os.getpid()}-{tmp_path.name}", \
+            server.options
+        for k, v in server.env.items():  # the CLI takes S3 settings from the environment
+            monkeypatch.setenv(k, v)
+    generate_demo(tmp_path / "input", files=4, rows=250, keys=40)
+    args = running_totals.parse_args(["--input", str(tmp_path / "input"), "--output",
+                                      str(tmp_path / "output"), "--checkpoints", root])
+    job = StatefulJob(spark, args.checkpoints, args.job_id, max_parallelism=args.max_parallelism,
+                      parallelism=args.parallelism, retain=args.retain,
+                      storage_options=options, local_dir=str(tmp_path / "local"))
+    try:
+        assert running_totals.run(spark, job, args) == 0
+        job.coordinator.savepoint("after-demo")
+    finally:
+        job.close()
+    # The job directory as people name it: its s3:// URI, or a path on local disk.
+    job_uri = job.job_dir if backend == "s3" else str(tmp_path / "checkpoints" / args.job_id)
+    assert job_uri.startswith("s3://" if backend == "s3" else "/")
+
+    dom = report_in_chromium(tmp_path, job_uri)
+    storage = open_storage(job_uri, **options)
+    records = check_page(dom, storage)
+    assert [(r.checkpoint_id, r.outcome) for r in records] == [
+        (i, "completed") for i in range(4)]
+    assert all(r.bytes_uploaded > 0 and r.state_size > 0 and r.keys > 0 for r in records)
+    assert set(r[1] for r in rows(dom, "checkpoints")) == {
+        "chk-1", "chk-2", "chk-3", "savepoints/after-demo"}  # retain 3: chk-0 is gone
+    assert any("savepoints/after-demo" in r[3] for r in rows(dom, "shared"))
+    assert re.search(rf"<h1>statehold: [a-z0-9:/]*{re.escape(job_uri)}</h1>", dom)
 
 
 def test_verify_problems_and_s3(storage: Storage, tmp_path: Path) -> None:
