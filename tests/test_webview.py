@@ -121,6 +121,7 @@ def check_page(dom: str, storage: Storage) -> list[history.HistoryRecord]:
     assert set(shown) == {e.path for e in [*listing.checkpoints, *listing.savepoints]}
     for entry in [*listing.checkpoints, *listing.savepoints]:
         assert shown[entry.path][5] == str(entry.referenced_bytes)
+        assert shown[entry.path][6] == ("kept" if entry.kind == "savepoint" else "yes")
     held = {r[0]: (r[1], r[3].split(", ")) for r in rows(dom, "shared")}
     for path, meta in metas.items():
         shared = [ref for ref in tools.reports.file_refs(meta, f"{path}/_metadata")
@@ -204,6 +205,19 @@ def test_verify_problems_and_s3(storage: Storage, tmp_path: Path) -> None:
     assert view.problems and any(p.path.endswith(victim) for p in view.problems)
     assert '<table id="problems">' in page and victim in page
     assert len(re.findall(r'<rect class="bar"', page)) == len(view.history) == 8
+
+
+def test_savepoints_are_kept_and_leftovers_not_retained(tmp_path: Path) -> None:
+    """The "retained" column: yes for the HA store's checkpoints, no for a leftover chk-N
+    directory, and a savepoint (never in the HA store's list) is "kept", not "no"."""
+    job_dir = tmp_path / "job"
+    build(open_storage(str(job_dir)), tmp_path / "local")
+    (job_dir / "chk-3").mkdir()
+    shutil.copyfile(job_dir / "chk-6" / "_metadata", job_dir / "chk-3" / "_metadata")
+    with open_job(str(job_dir)) as job:
+        page = render_html(gather(job))
+    assert {r[1]: r[6] for r in rows(page, "checkpoints")} == {
+        "chk-3": "no", "chk-5": "yes", "chk-6": "yes", "savepoints/before-upgrade": "kept"}
 
 
 def test_ui_serves_the_page(tmp_path: Path) -> None:

@@ -163,6 +163,12 @@ def _history_table(history: list[HistoryRecord]) -> str:
                               "cleanup backlog", "reason"], rows, set(range(4, 15)) | {0, 1})
 
 
+def retained(entry: tools.CheckpointSummary) -> str:
+    """The "retained" column: a savepoint is kept until disposed (never in the HA store's
+    retained list, like ``statehold list``'s "savepoint" rather than "NOT RETAINED")."""
+    return "kept" if entry.kind == "savepoint" else "yes" if entry.retained else "no"
+
+
 def render_html(view: WebView) -> str:
     """The page, as one string."""
     listing, usage, status = view.listing, view.usage, view.status
@@ -182,8 +188,7 @@ def render_html(view: WebView) -> str:
         _table("checkpoints", ["kind", "path", "epoch", "completed", "files", "referenced bytes",
                                "retained", "error"], [
             [e.kind, e.path, str(e.epoch if e.epoch is not None else ""), when(e.completed_at),
-             str(e.file_count), str(e.referenced_bytes), "yes" if e.retained else "no",
-             e.error or ""]
+             str(e.file_count), str(e.referenced_bytes), retained(e), e.error or ""]
             for e in [*listing.checkpoints, *listing.savepoints]
         ], {2, 4, 5}),
         f"<h2>Shared files and their holders ({len(held)})</h2>",
