@@ -19,7 +19,7 @@ from minipipeline import MiniPipeline, make_batch
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
-from statehold import history, tools
+from statehold import charts, history, tools
 from statehold.cli import app
 from statehold.examples import running_totals
 from statehold.examples.running_totals import generate_demo
@@ -102,9 +102,8 @@ def check_page(dom: str, storage: Storage) -> list[history.HistoryRecord]:
     ]
     duration = values(dom, "chart-duration", "circle")
     assert len(duration) == 3 * len(completed)
-    assert sorted(v for _, v in duration) == pytest.approx(sorted(  # 6 digits shown
-        v for r in completed for v in (r.duration, r.snapshot_seconds, r.complete_seconds)),
-        rel=1e-5)
+    assert sorted(v for _, v in duration) == sorted(
+        v for r in completed for v in (r.duration, r.snapshot_seconds, r.complete_seconds))
     assert values(dom, "chart-epochs", "circle") == [
         (r.checkpoint_id, float(r.epoch)) for r in records
     ]
@@ -218,6 +217,19 @@ def test_savepoints_are_kept_and_leftovers_not_retained(tmp_path: Path) -> None:
         page = render_html(gather(job))
     assert {r[1]: r[6] for r in rows(page, "checkpoints")} == {
         "chk-3": "no", "chk-5": "yes", "chk-6": "yes", "savepoints/before-upgrade": "kept"}
+
+
+def test_chart_values_are_exact() -> None:
+    """A mark's data-value is its exact number: a checkpoint of 1,234,567 bytes or a
+    duration of 0.123456789 s is not rounded to six digits (1.23457e+06, 0.123457)."""
+    big = [1_234_567, 2**60 + 3, 0]
+    bars = charts.bar_chart("chart-b", "bytes", [0, 1, 2], big, str)
+    assert values(bars, "chart-b", "rect") == [(i, float(v)) for i, v in enumerate(big)]
+    assert 'data-value="1234567"' in bars and f'data-value="{2**60 + 3}"' in bars
+    seconds = [0.123456789, 1234567.25, 3.0]
+    lines = charts.line_chart("chart-l", "seconds", [4, 5, 6],
+                              [charts.Series("total", seconds)], str)
+    assert values(lines, "chart-l", "circle") == list(zip([4, 5, 6], seconds, strict=True))
 
 
 def test_ui_serves_the_page(tmp_path: Path) -> None:

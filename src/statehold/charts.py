@@ -61,6 +61,14 @@ def _svg(chart_id: str, parts: list[str]) -> str:
             f'xmlns="http://www.w3.org/2000/svg">{body}</svg>')
 
 
+def _exact(v: float) -> str:
+    """The number itself (a whole number as an integer, else the shortest exact repr),
+    never rounded for display."""
+    if isinstance(v, int):
+        return str(v)
+    return str(int(v)) if v.is_integer() else repr(v)
+
+
 def bar_chart(
     chart_id: str,
     title: str,
@@ -79,7 +87,7 @@ def bar_chart(
         h = max(v / ymax * plot_h, 3.0 if bad else 0.0)
         left = LEFT + i * step + step * 0.1
         parts.append(
-            f'<rect class="bar" data-x="{x}" data-value="{v:g}" x="{left:.1f}" '
+            f'<rect class="bar" data-x="{x}" data-value="{_exact(v)}" x="{left:.1f}" '
             f'y="{TOP + plot_h - h:.1f}" width="{max(step * 0.8, 1):.1f}" height="{h:.1f}" '
             f'fill="{FAILED if bad else COLORS[0]}"><title>checkpoint {x}: {escape(fmt(v))}'
             f'{" (aborted)" if bad else ""}</title></rect>'
@@ -123,7 +131,7 @@ def line_chart(
             x, y = at(i, v)
             parts.append(
                 f'<circle class="point" data-series="{escape(s.name)}" data-x="{xs[i]}" '
-                f'data-value="{v:g}" cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color}">'
+                f'data-value="{_exact(v)}" cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color}">'
                 f'<title>{escape(s.name)} at checkpoint {xs[i]}: {escape(fmt(v))}</title></circle>'
             )
         lx = LEFT + k * 130
