@@ -92,12 +92,16 @@ def test_streamed_gc_over_many_pages_equals_the_in_memory_plan(
     assert len(expected) > SAMPLE  # more orphans than any report names
     sizes = {info.key: info.size for info in storage.list()}
     with open_job(storage) as job:
+        dry = gc(job, page_size=37, dry_run=True)
         report = gc(job, page_size=37)  # many pages
     after = listing(storage)
     assert after == before - expected
-    assert report.orphan_count == report.deleted == len(expected)
-    # the bytes, whether the listing or the deleter learnt them
-    assert report.orphan_bytes == sum(sizes[k] for k in expected) > 0
+    assert report.orphan_count == report.deleted == dry.orphan_count == len(expected)
+    # a dry run stats what it would delete; a gc takes the bytes from an object
+    # store's listing, and counts none on a local disk (it deletes by name, as find)
+    assert dry.orphan_bytes == sum(sizes[k] for k in expected) > 0
+    local = storage.uri.startswith("file:")
+    assert report.orphan_bytes == (None if local else dry.orphan_bytes)
     assert len(report.orphans) == SAMPLE and set(report.orphans) <= expected
     assert report.foreign == ["notes.txt"] and report.scanned == len(before)
 
@@ -162,9 +166,29 @@ def test_judge_names_decides_as_judge_does(
 
 def test_check_discardable_names_refuses_what_the_policy_never_deletes() -> None:
     assert check_discardable_names("shared", ["e1-c1-a", "x"]) == ["e1-c1-a", "x"]
-    for directory, name in (("_ha", "pointer.json"), ("shared", ".."), ("_job", "result")):
-        with pytest.raises(UnsafePathError):
-            check_discardable_names(directory, ["e1-c1-a", name])
+    many = [f"e1-c1-{i}" for i in range(1000)]  # a batch is checked at once: the bad
+    for directory, name in (  # name may be anywhere in it
+        ("_ha", "pointer.json"), ("shared", ".."), ("shared", "."), ("shared", ""),
+        ("shared", "a/../../x"), ("shared", "/etc/passwd"), ("exclusive", "..\\x"),
+        ("shared", "a\x00b"), ("_job", "result"),
+    ):
+        for at in (0, 500, 1000):
+            with pytest.raises(UnsafePathError):
+                check_discardable_names(directory, [*many[:at], name, *many[at:]])
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "a/b", "/x", "..\\x", "c:x", "a\x00b"])
+def test_delete_names_refuses_a_bad_name_anywhere_and_deletes_nothing(
+    tmp_path: Path, name: str
+) -> None:
+    storage = open_storage(str(tmp_path / "job"))
+    good = [f"e1-c1-{i}" for i in range(500)]
+    for n in good:
+        storage.write(f"shared/{n}", b"x")
+    (tmp_path / "outside").write_bytes(b"keep")
+    with pytest.raises(UnsafePathError):
+        storage.delete_names("shared", [*good[:250], name, *good[250:]])
+    assert len(list(storage.list("shared"))) == 500 and (tmp_path / "outside").exists()
 
 
 def test_key_ranges_split_a_sweep_without_losing_or_repeating_a_file(

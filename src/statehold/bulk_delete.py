@@ -7,9 +7,13 @@ checked by the deletion policy when it is handed over (`policy.check_discardable
 in the caller), re-checked against the job by the guard just before it is deleted
 (`reconcile.outside_guard`), and deleted with one `Storage.delete_names` call (unlinks
 relative to the directory on a local disk, DeleteObjects on S3). `workers` batches are
-in flight at once: one on a local disk (a directory's lock serialises unlinks), several
-on an object store. A failing batch is retried on backoff with only its failed names;
-a guard that says FencedError stops everything, as `AsyncCleaner`'s does.
+in flight at once on an object store. With `workers=0` (a local disk) each batch is
+deleted in the caller's thread as it is handed over, between two pages of the listing,
+as `find -delete` does: a directory's lock serialises a listing and unlinks, and a
+listing thread and a deleting thread were measured contending for it (each unlink
+twice as slow). A failing batch is retried on backoff with only its failed names (with
+no worker, when the caller hands over or waits); a guard that says FencedError stops
+everything, as `AsyncCleaner`'s does.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ class _Batch:
 
 
 class BulkDeleter(Cleaner):
-    """Deletes batches of one directory's files in `workers` background threads."""
+    """Deletes batches of one directory's files in `workers` background threads, or in
+    the caller's thread (`workers=0`)."""
 
     def __init__(
         self,
@@ -54,8 +59,8 @@ class BulkDeleter(Cleaner):
         count_bytes: bool = True,
     ) -> None:
         super().__init__(storage, guard)
-        if workers < 1 or max_attempts < 1:
-            raise ValueError("workers and max_attempts must be >= 1")
+        if workers < 0 or max_attempts < 1:
+            raise ValueError("workers must be >= 0 and max_attempts >= 1")
         self.max_attempts = max_attempts
         self.backoff = Backoff(initial_delay, max_delay, jitter=0.0)
         self.on_deleted = on_deleted
@@ -107,10 +112,40 @@ class BulkDeleter(Cleaner):
             self._queue.append(_Batch(directory, list(names)))
             self._pending += len(names)
             self._cond.notify_all()
+        if not self._threads:
+            self._run_due(lambda: False, None, wait=False)
+
+    def _run_due(
+        self, done: Callable[[], bool], deadline: float | None, *, wait: bool = True
+    ) -> None:
+        """Without workers: delete the due batches in this thread and (`wait`) wait for a
+        retry's due time, until `done()` (under the lock), nothing is queued, the
+        deadline, or fenced or closed."""
+        while True:
+            with self._cond:
+                if done() or not self._queue or self._fenced or self._stopping:
+                    return
+                now = time.monotonic()
+                batch = next((b for b in self._queue if b.due <= now), None)
+                if batch is None:
+                    if not wait or (deadline is not None and now >= deadline):
+                        return
+                    wake = min(b.due for b in self._queue)
+                    self._cond.wait(min(wake, deadline or wake) - now)
+                    continue
+                self._queue.remove(batch)
+                self._busy += 1
+            try:
+                self._delete(batch)
+            finally:
+                with self._cond:
+                    self._busy -= 1
 
     def wait_below(self, limit: int, timeout: float | None = None) -> bool:
         """Wait until fewer than `limit` files are pending (or fenced, or closed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._threads:
+            self._run_due(lambda: self._pending < limit, deadline)
         with self._cond:
             while self._pending >= limit and not (self._fenced or self._stopping):
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -121,6 +156,8 @@ class BulkDeleter(Cleaner):
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._threads:
+            self._run_due(lambda: False, deadline)
         with self._cond:
             while (self._pending or self._busy) and not self._fenced:
                 if self._stopping:

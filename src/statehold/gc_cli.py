@@ -84,9 +84,10 @@ def _shown(progress: RichProgress, job_uri: str) -> GcProgress:
 
 def _render(report: GcReport) -> None:
     verb = "would delete" if report.dry_run else "deleted"
+    size = "bytes not counted" if report.orphan_bytes is None else f"{report.orphan_bytes} bytes"
     say(
         f"{report.job_uri}: {verb} {report.orphan_count} orphan(s), "
-        f"{report.orphan_bytes} bytes; kept {report.referenced} referenced file(s)"
+        f"{size}; kept {report.referenced} referenced file(s)"
     )
     if report.live_epoch is not None:
         say(

@@ -252,7 +252,8 @@ def judge(info: FileInfo, view: View, *, disposing: str | None = None) -> Verdic
 #: Directories whose plain files `judge_names` can decide from the name alone.
 _DATA_DIRS = (layout.SHARED_DIR, layout.EXCLUSIVE_DIR)
 _DATA_NAME = re.compile(r"e(\d+)-c(\d+)-[A-Za-z0-9._-]+")
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+#: Plain file names, one per line.
+_PLAIN_NAMES = re.compile(r"(?:[A-Za-z0-9._-]+\n)*[A-Za-z0-9._-]+")
 
 
 def judge_names(
@@ -299,10 +300,10 @@ def check_discardable_names(directory: str, names: list[str]) -> list[str]:
     """`check_discardable` for many files of one directory: in ``shared/`` and
     ``exclusive/`` every plain name is data, so the directory decides once."""
     if directory in _DATA_DIRS:
-        plain = _PLAIN_NAME.fullmatch
+        if _PLAIN_NAMES.fullmatch("\n".join(names)) and {".", ".."}.isdisjoint(names):
+            return names  # every one plain: one regex over the batch, not one per name
         for name in names:
-            if plain(name) is None or name in (".", ".."):
-                check_discardable(check_key(f"{directory}/{name}"))
+            check_discardable(check_key(f"{directory}/{name}"))
         return names
     for name in names:
         check_discardable(check_key(f"{directory}/{name}" if directory else name))

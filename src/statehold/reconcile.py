@@ -229,7 +229,8 @@ class GcReport(BaseModel):
     referenced: int
     orphans: list[str]
     orphan_count: int = 0
-    orphan_bytes: int
+    #: None: not counted (a local gc deletes by name, without a stat per file).
+    orphan_bytes: int | None
     protected: list[str]
     protected_count: int = 0
     foreign: list[str]
@@ -238,7 +239,10 @@ class GcReport(BaseModel):
     deleted: int
 
     @classmethod
-    def of(cls, job_uri: str, result: ReconcilePlan, *, dry_run: bool, deleted: int) -> GcReport:
+    def of(
+        cls, job_uri: str, result: ReconcilePlan, *, dry_run: bool, deleted: int,
+        bytes_counted: bool = True,
+    ) -> GcReport:
         return cls(
             job_uri=job_uri,
             dry_run=dry_run,
@@ -247,7 +251,7 @@ class GcReport(BaseModel):
             referenced=result.referenced,
             orphans=sorted(f.key for f in result.orphans),
             orphan_count=result.orphan_count,
-            orphan_bytes=result.orphan_bytes,
+            orphan_bytes=result.orphan_bytes if bytes_counted else None,
             protected=sorted(result.protected),
             protected_count=result.protected_count,
             foreign=sorted(result.foreign),
@@ -267,10 +271,31 @@ class GcProgress:
     deleted: OnDeleted | None = None
 
 
-#: Delete batches in flight at once: one on a local disk (a directory's lock serialises
-#: unlinks: more threads were measured slower), several requests on an object store.
-LOCAL_DELETE_WORKERS = 1
-REMOTE_DELETE_WORKERS = 4
+@dataclass(frozen=True)
+class GcTuning:
+    """How the outside gc lists and deletes on one kind of store."""
+
+    #: Delete batches in flight at once; 0: each batch in the listing's own thread.
+    workers: int
+    #: Files per listing page, so per delete batch and per guard check.
+    page_size: int
+    #: Count the orphans' bytes (where a listing gives sizes for free).
+    count_bytes: bool
+
+
+#: A local disk deletes in the listing's thread, as `find -delete` does: a directory's
+#: lock serialises the listing and the unlinks, and a listing thread beside a deleting
+#: thread made each unlink twice as slow. Pages of 100,000 names (about 10 MB) are
+#: unlinked in inode order (see `local_listing`), as find's pages are. The bytes are not
+#: counted: an lstat per file cost a fifth of the gc's time (a dry run, or `statehold
+#: du`, tells them).
+LOCAL_GC = GcTuning(workers=0, page_size=100_000, count_bytes=False)
+#: An object store's listing gives the sizes; several delete requests are in flight.
+REMOTE_GC = GcTuning(workers=4, page_size=PAGE_SIZE, count_bytes=True)
+
+
+def gc_tuning(job: JobDirectory) -> GcTuning:
+    return LOCAL_GC if job.storage.uri.startswith("file:") else REMOTE_GC
 
 
 def gc_cleaner(
@@ -278,13 +303,10 @@ def gc_cleaner(
     *, count_bytes: bool = True,
 ) -> BulkDeleter:
     """The outside gc's default cleaner: batches of names, retried, guarded before every
-    batch (`bulk_delete`)."""
-    local = job.storage.uri.startswith("file:")
+    batch (`bulk_delete`); `count_bytes`: the deleter learns the bytes (a stat per file
+    on a local disk)."""
     return BulkDeleter(
-        job.storage,
-        guard=guard,
-        workers=LOCAL_DELETE_WORKERS if local else REMOTE_DELETE_WORKERS,
-        on_deleted=on_deleted,
+        job.storage, guard=guard, workers=gc_tuning(job).workers, on_deleted=on_deleted,
         count_bytes=count_bytes,
     )
 
@@ -312,7 +334,7 @@ def gc(
     dry_run: bool = False,
     timeout: float = 600.0,
     cleaner: Callable[[Guard], Cleaner] | None = None,
-    page_size: int = PAGE_SIZE,
+    page_size: int | None = None,
     progress: GcProgress | None = None,
 ) -> GcReport:
     """Reconcile a job directory from outside the job; safe while the job runs (see the
@@ -323,12 +345,15 @@ def gc(
     state = job.state()
     live = live_attempt(job, state)
     if dry_run:
-        planned = plan(job, live, state=state, page_size=page_size, on_listed=progress.listed)
+        planned = plan(
+            job, live, state=state, page_size=page_size or PAGE_SIZE, on_listed=progress.listed
+        )
         return GcReport.of(job.uri, planned, dry_run=True, deleted=0)
     guard = outside_guard(job, state, live)
-    # The default deleter leaves the bytes to the listing: a local directory's entries
-    # are stat'ed by the listing thread, beside the deletes, not before each unlink.
-    sized = cleaner is None
+    tuning = gc_tuning(job)
+    page_size = page_size or tuning.page_size
+    # The default deleter takes its bytes from the listing, where a listing has them.
+    sized = cleaner is None and tuning.count_bytes
     deleting = (
         cleaner(guard) if cleaner is not None
         else gc_cleaner(job, guard, progress.deleted, count_bytes=False)
@@ -345,9 +370,10 @@ def gc(
     finally:
         deleting.close()
     assert result is not None
+    counted = sized or isinstance(deleting, BulkDeleter) and deleting.count_bytes
     if isinstance(deleting, BulkDeleter):
         result.orphan_bytes += deleting.freed  # the files it was given by name
-    return GcReport.of(job.uri, result, dry_run=False, deleted=deleted)
+    return GcReport.of(job.uri, result, dry_run=False, deleted=deleted, bytes_counted=counted)
 
 
 #: Top-level directories that make a directory a job directory.

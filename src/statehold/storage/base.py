@@ -86,6 +86,22 @@ def check_key(key: str, *, allow_empty: bool = False) -> str:
     return key
 
 
+def check_names(names: list[str]) -> list[str]:
+    """Return `names` if each is a plain file name (one safe segment, see `check_key`),
+    else raise UnsafePathError. A million names are checked together: one scan of them
+    joined finds no separator, NUL or colon, and a set finds no '', '.' or '..'; only a
+    batch that fails that is checked name by name (for the error that names the key)."""
+    joined = "\n".join(names)
+    if any(c in joined for c in ("/", "\\", "\x00", ":")) or not {"", ".", ".."}.isdisjoint(
+        names
+    ):
+        for name in names:
+            if "/" in name:
+                raise UnsafePathError(f"not a file name: {name!r}")
+            check_key(name)
+    return names
+
+
 def check_prefix(prefix: str) -> str:
     """A listing/deletion prefix: '' (the whole root) or a safe key, optionally ending '/'."""
     if prefix == "":

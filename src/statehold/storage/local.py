@@ -33,6 +33,7 @@ from statehold.storage.base import (
     StorageError,
     UnsafePathError,
     check_key,
+    check_names,
     check_prefix,
 )
 
@@ -164,10 +165,7 @@ class LocalStorage(Storage):
         unlinked relative to it, as `find -delete` does.
         Raises UnsafePathError, deleting nothing, if a name is not a plain file name."""
         directory = check_prefix(directory).rstrip("/")
-        for name in names:
-            if "/" in name:
-                raise UnsafePathError(f"not a file name: {name!r}")
-            check_key(name)
+        check_names(names)
         where = self._dir(directory)
         try:
             fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
