@@ -300,3 +300,20 @@ def test_gc_all_jobs_collects_each_job_under_a_root(tmp_path: Path) -> None:
     for name, files in expected.items():
         assert listing(open_storage(str(root / name))) == files
     assert (root / "not-a-job" / "file.txt").exists()
+
+
+@pytest.mark.parametrize("with_stat", [False, True])
+def test_a_local_page_of_names_comes_in_inode_order(tmp_path: Path, with_stat: bool) -> None:
+    """Unlinks walk the inode table in order, as GNU find's do (not the directory's hash
+    order); sizes and times stay with their names."""
+    storage = open_storage(str(tmp_path / "job"))
+    for i in range(600):
+        storage.write(f"shared/e1-c1-{i:04d}", b"x" * (i % 7))
+    pages = list(storage.list_stat_pages("shared", 250) if with_stat
+                 else storage.list_name_pages("shared", 250))
+    assert [len(p.names) for p in pages] == [250, 250, 100]
+    for page in pages:
+        inodes = [os.lstat(tmp_path / "job" / "shared" / n).st_ino for n in page.names]
+        assert inodes == sorted(inodes)
+        if with_stat:
+            assert page.sizes == [int(n[-4:]) % 7 for n in page.names]
