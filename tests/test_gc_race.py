@@ -1,4 +1,4 @@
-"""`statehold gc` racing a running job: gc runs in a loop (`reconcile.gc` in a thread,
+"""`statehold gc` racing a running job: gc runs in a loop (`gc.gc` in a thread,
 plus the real CLI at chosen moments) beside
 
 (a) a driver process killed with SIGKILL and restarted a few times, and
@@ -38,10 +38,11 @@ import pytest
 
 from statehold import layout
 from statehold.errors import StateholdError
+from statehold.gc import GcInterruptedError, gc
 from statehold.jobdir import open_job
 from statehold.layout import Kind
 from statehold.metadata import read_metadata, referenced_keys
-from statehold.reconcile import GcInterruptedError, ReconcileError, gc
+from statehold.reconcile import ReconcileError
 from statehold.storage import LocalStorage
 
 pytestmark = pytest.mark.crash

@@ -19,6 +19,7 @@ from test_reconcile import leave_in_flight_mess, start
 
 from statehold import layout
 from statehold.coordinator import CheckpointCoordinator
+from statehold.gc import gc
 from statehold.jobdir import open_job
 from statehold.policy import (
     Holders,
@@ -29,7 +30,7 @@ from statehold.policy import (
     judge,
     judge_names,
 )
-from statehold.reconcile import SAMPLE, gc, live_attempt
+from statehold.reconcile import SAMPLE, live_attempt
 from statehold.spark.gc import ranges
 from statehold.storage import Storage, open_storage
 from statehold.storage.base import FileInfo, UnsafePathError

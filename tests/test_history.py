@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from statehold import history, policy
 from statehold.cli import app
+from statehold.gc import gc
 from statehold.jobdir import open_job
-from statehold.reconcile import gc
 from statehold.storage import Storage, UnsafePathError, open_storage
 
 

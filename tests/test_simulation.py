@@ -12,9 +12,9 @@ import pytest
 from sim.world import run_seed
 
 import statehold.cleaner
+import statehold.gc
 import statehold.lease
 import statehold.published
-import statehold.reconcile
 from statehold.metadata import KeyGroupRange
 from statehold.storage.base import Storage
 
@@ -67,7 +67,7 @@ def test_a_seed_replays_the_same_run() -> None:
 
 def _no_liveness_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
     """gc without its re-check before deleting (failover, resumed pause)."""
-    monkeypatch.setattr(statehold.reconcile, "outside_guard", lambda *a, **k: lambda: None)
+    monkeypatch.setattr(statehold.gc, "outside_guard", lambda *a, **k: lambda: None)
 
 
 def _cleaner_without_fence(monkeypatch: pytest.MonkeyPatch) -> None:

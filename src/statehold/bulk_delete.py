@@ -5,7 +5,7 @@ and backlog bound); at a million files that bookkeeping costs more than the dele
 This cleaner queues whole batches of one directory's file names instead: each batch is
 checked by the deletion policy when it is handed over (`policy.check_discardable_names`,
 in the caller), re-checked against the job by the guard just before it is deleted
-(`reconcile.outside_guard`), and deleted with one `Storage.delete_names` call (unlinks
+(`gc.outside_guard`), and deleted with one `Storage.delete_names` call (unlinks
 relative to the directory on a local disk, DeleteObjects on S3). `workers` batches are
 in flight at once on an object store. With `workers=0` (a local disk) each batch is
 deleted in the caller's thread as it is handed over, between two pages of the listing,

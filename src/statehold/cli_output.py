@@ -112,7 +112,7 @@ def progress_wanted(enabled: bool = True) -> bool:
 class RichProgress:
     """A `tools.Progress` drawn on stderr as one transient line per phase, only when
     `progress_wanted`; otherwise it draws nothing. `counter` adds a line counted by a
-    plain callback, for work functions that take one (`reconcile.GcProgress`)."""
+    plain callback, for work functions that take one (`gc.GcProgress`)."""
 
     def __init__(self, enabled: bool) -> None:
         self._bar = RichBar(

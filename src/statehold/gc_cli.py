@@ -17,9 +17,9 @@ from statehold.cli import (
 )
 from statehold.cli_output import RichProgress, say
 from statehold.errors import StateholdError
+from statehold.gc import GcAllReport, GcProgress, GcReport, gc, job_locations
 from statehold.jobdir import open_job
 from statehold.jobstatus import job_status
-from statehold.reconcile import GcAllReport, GcProgress, GcReport, gc, job_locations
 from statehold.tools.locate import split_location
 
 if TYPE_CHECKING:

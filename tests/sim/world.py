@@ -46,13 +46,14 @@ from statehold import layout
 from statehold.cleaner import Discard, SyncCleaner
 from statehold.coordinator import CheckpointCoordinator, CheckpointError
 from statehold.errors import StateholdError
+from statehold.gc import gc
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
 from statehold.ha.embedded import EmbeddedHAStore, PointerDocument, decode_document
 from statehold.jobdir import open_job
 from statehold.jobresult import JobOutcome, RetentionPolicy
 from statehold.metadata import CheckpointMetadata, RestoreMode, decode, referenced_keys
 from statehold.policy import LiveAttempt
-from statehold.reconcile import gc, reconcile
+from statehold.reconcile import reconcile
 from statehold.restore import restore_into
 from statehold.tools.locate import Target
 from statehold.tools.operations import dispose

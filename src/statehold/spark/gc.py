@@ -7,7 +7,7 @@ splits the job directory by prefix: each top-level directory, its own files, and
 data directories (``shared/``, ``exclusive/``) further into key ranges (`split_points`).
 Each executor task lists its part page by page (`sweep`: the same `policy` decisions as a
 local gc), and deletes in bulk through the same guarded cleaner as a local gc: before
-every batch it re-runs `reconcile.outside_guard`, rebuilt there from the job's URI,
+every batch it re-runs `gc.outside_guard`, rebuilt there from the job's URI,
 storage options, HA store URI and the planned epoch and live attempt. So the safety is
 a local gc's, including beside a running job. Only code and plain data travel to
 executors; nothing stored is ever unpickled.
@@ -23,22 +23,18 @@ from typing import TYPE_CHECKING, Any
 from statehold import layout
 from statehold.bulk_delete import BulkDeleter
 from statehold.errors import StateholdError
+from statehold.gc import GcInterruptedError, GcReport, gc_cleaner, outside_guard, settle
 from statehold.ha.base import FencedError
 from statehold.jobdir import JobDirectory, open_job
 from statehold.policy import Holders, LiveAttempt, View
 from statehold.reconcile import (
     PAGE_SIZE,
-    GcInterruptedError,
-    GcReport,
     ReconcileError,
     ReconcilePlan,
     check_complete,
     feed,
     feed_names,
-    gc_cleaner,
     live_attempt,
-    outside_guard,
-    settle,
     view_for,
 )
 from statehold.sweep import WHOLE, KeyRange, sweep
@@ -220,7 +216,7 @@ def gc_on_spark(
     splits: int | None = None,
     **storage_options: Any,
 ) -> GcReport:
-    """`reconcile.gc` with the listing and the deletes on Spark's executors (see the
+    """`statehold.gc.gc` with the listing and the deletes on Spark's executors (see the
     module docstring). `location` must be reachable from the executors under the same
     name (a shared filesystem path or an object store URI). `splits`: key ranges per big
     data directory (default: twice the cluster's parallelism, at most `MAX_SPLITS`)."""

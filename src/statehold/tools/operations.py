@@ -3,7 +3,7 @@
 
 Both are outside writers: dispose deletes only what the deletion policy
 (`statehold.policy`) calls deletable, re-checks before each delete that the job is as
-it planned under (`reconcile.outside_guard`), never touches a retained checkpoint while
+it planned under (`gc.outside_guard`), never touches a retained checkpoint while
 an attempt runs, and claims an epoch before it changes the HA store, so no zombie
 driver can re-publish what it removed.
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 from statehold import layout
 from statehold.cleaner import Discard, SyncCleaner
+from statehold.gc import outside_guard
 from statehold.ha.base import CheckpointPointer, HAStore
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.open import EMBEDDED
@@ -29,7 +30,7 @@ from statehold.metadata import (
     relocate,
 )
 from statehold.policy import Verdict, View, judge
-from statehold.reconcile import live_attempt, outside_guard
+from statehold.reconcile import live_attempt
 from statehold.storage import Storage, StorageError, open_storage
 from statehold.tools.locate import (
     NoProgress,
