@@ -126,20 +126,14 @@ class BulkDeleter(Cleaner):
                 if done() or not self._queue or self._fenced or self._stopping:
                     return
                 now = time.monotonic()
-                batch = next((b for b in self._queue if b.due <= now), None)
+                batch = self._take_due(now)
                 if batch is None:
                     if not wait or (deadline is not None and now >= deadline):
                         return
                     wake = min(b.due for b in self._queue)
                     self._cond.wait(min(wake, deadline or wake) - now)
                     continue
-                self._queue.remove(batch)
-                self._busy += 1
-            try:
-                self._delete(batch)
-            finally:
-                with self._cond:
-                    self._busy -= 1
+            self._run_batch(batch)
 
     def wait_below(self, limit: int, timeout: float | None = None) -> bool:
         """Wait until fewer than `limit` files are pending (or fenced, or closed)."""
@@ -201,13 +195,29 @@ class BulkDeleter(Cleaner):
             if self._stopping or self._fenced:
                 return None
             now = time.monotonic()
-            for i, batch in enumerate(self._queue):
-                if batch.due <= now:
-                    del self._queue[i]
-                    self._busy += 1
-                    return batch
+            batch = self._take_due(now)
+            if batch is not None:
+                return batch
             wake = min((b.due for b in self._queue), default=None)
             self._cond.wait(None if wake is None else max(0.0, wake - now))
+
+    def _take_due(self, now: float) -> _Batch | None:
+        """Must hold the lock: the first due batch, off the queue and counted busy."""
+        for i, batch in enumerate(self._queue):
+            if batch.due <= now:
+                del self._queue[i]
+                self._busy += 1
+                return batch
+        return None
+
+    def _run_batch(self, batch: _Batch) -> None:
+        """Delete a batch `_take_due` gave (a worker's, or the caller's without workers)."""
+        try:
+            self._delete(batch)
+        finally:
+            with self._cond:
+                self._busy -= 1
+                self._cond.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -215,12 +225,7 @@ class BulkDeleter(Cleaner):
                 batch = self._next()
             if batch is None:
                 return
-            try:
-                self._delete(batch)
-            finally:
-                with self._cond:
-                    self._busy -= 1
-                    self._cond.notify_all()
+            self._run_batch(batch)
 
     def _delete(self, batch: _Batch) -> None:
         failed: dict[str, BaseException] = {}
