@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from statehold import layout
 from statehold.backend import TaskStateBackend, sources_from_metadata, task_range
 from statehold.backend.rocks import RestoreSource
-from statehold.metadata import (
+from statehold.format import layout
+from statehold.format.metadata import (
     CheckpointMetadata,
     KeyGroupState,
     OperatorState,

@@ -42,11 +42,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from statehold import layout
-from statehold.coordinator import CheckpointCoordinator
-from statehold.jobdir import open_job
-from statehold.layout import Scope
-from statehold.metadata import KeyGroupRange, KeyGroupState, StateFile, bytes_checksum
+from statehold.checkpoint.coordinator import CheckpointCoordinator
+from statehold.format import layout
+from statehold.format.layout import Scope
+from statehold.format.metadata import KeyGroupRange, KeyGroupState, StateFile, bytes_checksum
+from statehold.job.directory import open_job
 from statehold.storage import Storage, open_storage
 
 RANGES = [KeyGroupRange(start=0, end=3), KeyGroupRange(start=4, end=7)]

@@ -35,10 +35,10 @@ from statehold.backend import (
     sources_from_metadata,
     task_range,
 )
-from statehold.coordinator import CheckpointCoordinator
+from statehold.checkpoint.coordinator import CheckpointCoordinator
+from statehold.checkpoint.restore import restore_into
+from statehold.format.metadata import RestoreMode, read_metadata
 from statehold.ha.embedded import EmbeddedHAStore
-from statehold.metadata import RestoreMode, read_metadata
-from statehold.restore import restore_into
 from statehold.storage import Storage, open_storage
 
 OPERATOR = "bench"

@@ -20,7 +20,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from statehold.state_schema import JsonCodec, codec_for, data_type
+from statehold.state.schema import JsonCodec, codec_for, data_type
 
 CASES: dict[str, tuple[str, tuple[Any, ...], Any]] = {
     "session state (3 BIGINT/INT)": (

@@ -30,11 +30,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from statehold import layout
 from statehold.backend import TaskStateBackend, sources_from_metadata, task_range
 from statehold.backend.rocks import RestoreSource
 from statehold.backend.ttl import MAX_GARBAGE, expire_and_compact, sweep_expired
-from statehold.metadata import (
+from statehold.format import layout
+from statehold.format.metadata import (
     CheckpointMetadata,
     KeyGroupState,
     OperatorState,

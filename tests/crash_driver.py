@@ -33,14 +33,14 @@ from pathlib import Path
 
 from faulty import FaultyStorage
 
-from statehold import layout
 from statehold.backend import TaskStateBackend, sources_from_metadata, task_of_key, task_range
-from statehold.cleaner import Backoff
-from statehold.coordinator import CheckpointCoordinator
+from statehold.checkpoint.coordinator import CheckpointCoordinator
+from statehold.cleanup.cleaner import Backoff
+from statehold.format import layout
+from statehold.format.metadata import CheckpointMetadata
 from statehold.ha.base import CheckpointPointer, HAState, HAStore
 from statehold.ha.open import open_ha_store
-from statehold.jobresult import JobOutcome, RetentionPolicy
-from statehold.metadata import CheckpointMetadata
+from statehold.job.result import JobOutcome, RetentionPolicy
 from statehold.storage import Storage, StorageError, open_storage
 
 JOB_ID = "crash-job"

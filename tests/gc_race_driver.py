@@ -28,7 +28,7 @@ from typing import Any
 
 import crash_driver as cd
 
-from statehold.coordinator import CheckpointCoordinator, CheckpointError
+from statehold.checkpoint.coordinator import CheckpointCoordinator, CheckpointError
 from statehold.storage import StorageError, open_storage
 
 

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from statehold.backend import TaskStateBackend, key_group_of, sources_from_metadata, task_range
-from statehold.coordinator import CheckpointCoordinator
+from statehold.checkpoint.coordinator import CheckpointCoordinator
 from statehold.ha.base import HAStore
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.storage import Storage

@@ -18,7 +18,6 @@ import pytest
 from forwarding import ForwardingStorage
 from rocksdict import AccessType, Options, Rdict
 
-from statehold import layout
 from statehold.backend import (
     StateBackendError,
     TaskStateBackend,
@@ -32,7 +31,8 @@ from statehold.backend import (
 from statehold.backend.keys import decode_key
 from statehold.backend.local_snapshots import LOCAL_MARKER
 from statehold.backend.rocks import RestoreSource
-from statehold.metadata import (
+from statehold.format import layout
+from statehold.format.metadata import (
     CheckpointMetadata,
     KeyGroupRange,
     KeyGroupState,

@@ -18,22 +18,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statehold import layout, metadata, signed
 from statehold.errors import StateholdError
-from statehold.ha import CheckpointPointer, HAStoreError
-from statehold.ha import zookeeper as zk
-from statehold.ha.embedded import PointerDocument, PointerModel, decode_document, encode_document
-from statehold.jobresult import (
-    RESULT_KEY,
-    JobOutcome,
-    JobResultError,
-    RetentionPolicy,
-    read_result,
-    write_result,
-)
-from statehold.layout import Scope
-from statehold.lease import LeaseRecord, lease_key, read_lease
-from statehold.metadata import (
+from statehold.format import layout, metadata, signed
+from statehold.format.layout import Scope
+from statehold.format.metadata import (
     CheckpointMetadata,
     InlineFile,
     KeyGroupRange,
@@ -44,7 +32,7 @@ from statehold.metadata import (
     RestoreMode,
     StateFile,
 )
-from statehold.signed import (
+from statehold.format.signed import (
     MAX_DEPTH,
     MAX_ID,
     MAX_INLINE_DATA,
@@ -56,6 +44,18 @@ from statehold.signed import (
     MAX_SIZE,
     MAX_SMALL_DOCUMENT_BYTES,
     MAX_TIMESTAMP,
+)
+from statehold.ha import CheckpointPointer, HAStoreError
+from statehold.ha import zookeeper as zk
+from statehold.ha.embedded import PointerDocument, PointerModel, decode_document, encode_document
+from statehold.job.lease import LeaseRecord, lease_key, read_lease
+from statehold.job.result import (
+    RESULT_KEY,
+    JobOutcome,
+    JobResultError,
+    RetentionPolicy,
+    read_result,
+    write_result,
 )
 from statehold.storage import Storage, open_storage
 

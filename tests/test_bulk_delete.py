@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from faulty import FaultyStorage
 
-from statehold.bulk_delete import BulkDeleter
+from statehold.cleanup.bulk_delete import BulkDeleter
 from statehold.ha.base import FencedError
 from statehold.storage import open_storage
 

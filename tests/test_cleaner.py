@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from faulty import FaultyStorage
 
-from statehold.async_cleaner import AsyncCleaner
-from statehold.cleaner import Discard, SyncCleaner
+from statehold.cleanup.async_cleaner import AsyncCleaner
+from statehold.cleanup.cleaner import Discard, SyncCleaner
 from statehold.ha.base import FencedError, HAStoreError
 from statehold.storage import LocalStorage, Storage
 
@@ -87,7 +87,7 @@ def test_transient_failures_all_discards_eventually_succeed(
 def test_permanent_failure_is_retried_reported_and_healed(
     storage: Storage, cleaners: list[AsyncCleaner], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="statehold.cleaner")
+    caplog.set_level(logging.WARNING, logger="statehold.cleanup.cleaner")
     bad = "exclusive/e1-c1-bad"
     others = [f"exclusive/e1-c1-{i}" for i in range(5)]
     _fill(storage, [bad, *others, "shared/keep"])
@@ -105,7 +105,9 @@ def test_permanent_failure_is_retried_reported_and_healed(
     assert any(bad in e for e in status.last_errors)
     assert not cleaner.wait_idle(timeout=0.05)
     assert any(
-        r.name == "statehold.cleaner" and r.levelno == logging.WARNING and bad in r.getMessage()
+        r.name == "statehold.cleanup.cleaner"
+        and r.levelno == logging.WARNING
+        and bad in r.getMessage()
         for r in caplog.records
     )
 
@@ -234,7 +236,7 @@ def test_bulk_deletes_are_batched(storage: Storage, cleaners: list[AsyncCleaner]
 def test_max_attempts_gives_up_and_leaves_the_file(
     storage: Storage, cleaners: list[AsyncCleaner], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="statehold.cleaner")
+    caplog.set_level(logging.ERROR, logger="statehold.cleanup.cleaner")
     _fill(storage, ["exclusive/bad", "exclusive/ok"])
     faulty = FaultyStorage(storage)
     faulty.fail_permanently("exclusive/bad")
@@ -251,7 +253,7 @@ def test_max_attempts_gives_up_and_leaves_the_file(
 def test_backlog_bound(
     storage: Storage, cleaners: list[AsyncCleaner], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="statehold.cleaner")
+    caplog.set_level(logging.WARNING, logger="statehold.cleanup.cleaner")
     keys = [f"exclusive/k{i}" for i in range(8)]
     _fill(storage, keys)
     gate = Gate()
@@ -303,7 +305,7 @@ def test_sync_cleaner_still_deletes_in_the_caller(storage: Storage) -> None:
 def test_backoff_grows_is_capped_and_spread() -> None:
     import random
 
-    from statehold.cleaner import Backoff
+    from statehold.cleanup.cleaner import Backoff
 
     plain = Backoff(0.1, 1.0, 2.0, jitter=0.0)
     assert [plain.delay(n) for n in (1, 2, 3, 4, 5, 50)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]

@@ -241,7 +241,7 @@ def test_bad_metadata(job: tuple[Storage, str], built: Job, tmp_path: Path,
         run_json(*args, code=1)
         assert listing(storage) == before, args
         assert not Path(dest).exists()
-    # changed on purpose: the damaged document is quarantined (statehold.policy), not
+    # changed on purpose: the damaged document is quarantined (statehold.cleanup.policy), not
     # fatal to du or to disposing something else; its directory and the data files it
     # names are spared, so only the savepoint's own files go
     doc = run_json("du", path)

@@ -21,8 +21,8 @@ import typer
 from test_tools import build_job, refs
 
 import statehold
-from statehold import cli_output
 from statehold.cli import app
+from statehold.cli import output as cli_output
 from statehold.storage import open_storage
 
 #: What would make a careless CLI wrap, truncate or colour a pipe.

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from conftest import S3Server
 
-from statehold import layout
+from statehold.format import layout
+from statehold.format.layout import Kind
+from statehold.format.metadata import read_metadata
 from statehold.ha.zookeeper import ZooKeeperHAStore
-from statehold.layout import Kind
-from statehold.metadata import read_metadata
 from statehold.storage import open_storage
 from statehold.tools import verify
 from tests.zk import ZooKeeperServer, zk_server  # noqa: F401

@@ -37,8 +37,8 @@ from conftest import S3Server
 from pause_once import MARK_ENV, PAUSE_ENV
 from test_kafka_pipeline import PER_BATCH, check_exact, jar_args, new_topic, records
 
-from statehold import layout
-from statehold.history import read_history
+from statehold.format import layout
+from statehold.job.history import read_history
 from statehold.storage import open_storage
 from tests.infra import jvm
 from tests.kafka import KafkaBroker, kafka_broker  # noqa: F401

@@ -9,14 +9,12 @@ import pytest
 from faulty import FaultyStorage
 from forwarding import ForwardingStorage
 
-from statehold import layout
-from statehold.async_cleaner import AsyncCleaner
-from statehold.coordinator import CheckpointCoordinator, CheckpointError
-from statehold.ha.base import FencedError, HAStoreError
-from statehold.ha.embedded import EmbeddedHAStore
-from statehold.jobdir import OWNER_KEY
-from statehold.layout import Kind, Scope
-from statehold.metadata import (
+from statehold.checkpoint.coordinator import CheckpointCoordinator, CheckpointError
+from statehold.cleanup.async_cleaner import AsyncCleaner
+from statehold.cleanup.policy import is_history_record
+from statehold.format import layout
+from statehold.format.layout import Kind, Scope
+from statehold.format.metadata import (
     KeyGroupRange,
     KeyGroupState,
     StateFile,
@@ -24,7 +22,9 @@ from statehold.metadata import (
     read_metadata,
     referenced_keys,
 )
-from statehold.policy import is_history_record
+from statehold.ha.base import FencedError, HAStoreError
+from statehold.ha.embedded import EmbeddedHAStore
+from statehold.job.directory import OWNER_KEY
 from statehold.storage import Storage, StorageError
 
 MAX_PARALLELISM = 8
@@ -375,7 +375,7 @@ def test_job_end_removes_a_killed_savepoints_copies(storage: Storage) -> None:
     `_metadata`. While the job runs they are spared for the policy's grace (they may be a
     savepoint still being made); the attempt that ends the job holds its epoch, so no
     savepoint can be in the making any more: the job end removes them, however young."""
-    from statehold.jobresult import JobOutcome, RetentionPolicy, read_result
+    from statehold.job.result import JobOutcome, RetentionPolicy, read_result
 
     coord = start(storage)
     tasks = [SimulatedTask(storage, r, random.Random(11)) for r in RANGES]

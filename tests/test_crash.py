@@ -33,16 +33,16 @@ import crash_driver as drv
 import pytest
 from conftest import S3Server
 
-from statehold import layout
+from statehold.cleanup.policy import is_history_record
+from statehold.cleanup.reconcile import referenced_by_job
+from statehold.format import layout
+from statehold.format.layout import Kind
+from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.ha.base import HAStore
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.open import EMBEDDED, open_ha_store
-from statehold.jobdir import OWNER_KEY, open_job
-from statehold.jobresult import read_result
-from statehold.layout import Kind
-from statehold.metadata import read_metadata, referenced_keys
-from statehold.policy import is_history_record
-from statehold.reconcile import referenced_by_job
+from statehold.job.directory import OWNER_KEY, open_job
+from statehold.job.result import read_result
 from statehold.storage import Storage, open_storage
 from statehold.tools import locate, verify
 from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
@@ -324,7 +324,7 @@ def test_a_lagging_abort_delete_never_removes_the_retried_checkpoint(storage: St
     from faulty import FaultyStorage
     from test_coordinator import RANGES, SimulatedTask
 
-    from statehold.coordinator import CheckpointCoordinator
+    from statehold.checkpoint.coordinator import CheckpointCoordinator
 
     go = th.Event()
     go.set()

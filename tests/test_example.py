@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from statehold import layout
 from statehold.examples.running_totals import LAST_N, generate_demo
+from statehold.format import layout
 
 pytestmark = pytest.mark.spark
 

@@ -110,8 +110,8 @@ def test_gc_refuses_an_unknown_ha_store(tmp_path) -> None:  # type: ignore[no-un
 def _broken_job(tmp_path, damage: str) -> tuple[LocalStorage, set[str], set[str]]:  # type: ignore[no-untyped-def]
     """A stopped job with orphans, then one kind of damage. Returns the storage, its
     listing and what the retained checkpoints referenced before the damage."""
-    from statehold import layout, metadata
-    from statehold.metadata import read_metadata
+    from statehold.format import layout, metadata
+    from statehold.format.metadata import read_metadata
 
     storage = LocalStorage(tmp_path / "job")
     coord = start(storage)
@@ -154,7 +154,7 @@ def test_gc_of_a_job_missing_a_file_deletes_nothing(tmp_path) -> None:  # type: 
 
 @pytest.mark.parametrize("damage", ["corrupt", "escaping-path"])
 def test_gc_quarantines_a_damaged_document_and_spares_its_files(tmp_path, damage: str) -> None:  # type: ignore[no-untyped-def]
-    # changed on purpose (one deletion policy, statehold.policy): a retained document that
+    # changed on purpose (one deletion policy, statehold.cleanup.policy): a retained document that
     # does not verify is quarantined, no longer fatal to gc; its directory and every data
     # file its text still names are spared, and only the orphans are deleted
     storage, before, needed = _broken_job(tmp_path, damage)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from test_gc_scale import add_orphans, running_with_checkpoint_in_flight
 
-from statehold import layout, tools
+from statehold import tools
+from statehold.format import layout
 from statehold.storage import Storage, open_storage
 from statehold.storage.base import NamePage
 

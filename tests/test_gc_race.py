@@ -36,13 +36,13 @@ from pathlib import Path
 import crash_driver as cd
 import pytest
 
-from statehold import layout
+from statehold.cleanup.gc import GcInterruptedError, gc
+from statehold.cleanup.reconcile import ReconcileError
 from statehold.errors import StateholdError
-from statehold.gc import GcInterruptedError, gc
-from statehold.jobdir import open_job
-from statehold.layout import Kind
-from statehold.metadata import read_metadata, referenced_keys
-from statehold.reconcile import ReconcileError
+from statehold.format import layout
+from statehold.format.layout import Kind
+from statehold.format.metadata import read_metadata, referenced_keys
+from statehold.job.directory import open_job
 from statehold.storage import LocalStorage
 
 pytestmark = pytest.mark.crash

@@ -17,11 +17,9 @@ import pytest
 from test_coordinator import RANGES, SimulatedTask, referenced_by_retained, run_checkpoint
 from test_reconcile import leave_in_flight_mess, start
 
-from statehold import layout
-from statehold.coordinator import CheckpointCoordinator
-from statehold.gc import gc
-from statehold.jobdir import open_job
-from statehold.policy import (
+from statehold.checkpoint.coordinator import CheckpointCoordinator
+from statehold.cleanup.gc import gc
+from statehold.cleanup.policy import (
     Holders,
     LiveAttempt,
     Verdict,
@@ -30,11 +28,13 @@ from statehold.policy import (
     judge,
     judge_names,
 )
-from statehold.reconcile import SAMPLE, live_attempt
+from statehold.cleanup.reconcile import SAMPLE, live_attempt
+from statehold.cleanup.sweep import KeyRange, ReconcilePlan, sweep
+from statehold.format import layout
+from statehold.job.directory import open_job
 from statehold.spark.gc import ranges
 from statehold.storage import Storage, open_storage
 from statehold.storage.base import FileInfo, UnsafePathError
-from statehold.sweep import KeyRange, ReconcilePlan, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,9 +11,9 @@ import pytest
 from forwarding import ForwardingStorage
 from ha_contract import ALL_CHECKS, StoreFactory, check_concurrent_publishers_lose_nothing, ptr
 
+from statehold.format.layout import HA_DIR
 from statehold.ha import CheckpointPointer, EmbeddedHAStore, FencedError, HAState, HAStoreError
 from statehold.ha.embedded import FORMAT_VERSION, pointer_key
-from statehold.layout import HA_DIR
 from statehold.storage import Storage
 from statehold.storage.base import FileInfo
 

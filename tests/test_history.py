@@ -12,10 +12,11 @@ from faulty import FaultyStorage
 from minipipeline import MiniPipeline, make_batch
 from typer.testing import CliRunner
 
-from statehold import history, policy
+from statehold.cleanup import policy
+from statehold.cleanup.gc import gc
 from statehold.cli import app
-from statehold.gc import gc
-from statehold.jobdir import open_job
+from statehold.job import history
+from statehold.job.directory import open_job
 from statehold.storage import Storage, UnsafePathError, open_storage
 
 

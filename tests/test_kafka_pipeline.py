@@ -20,12 +20,12 @@ import pytest
 from test_example import example_cmd, example_env, read_output
 from test_spark_crash import run_and_kill
 
-from statehold import layout
 from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
+from statehold.cleanup.reconcile import plan
 from statehold.examples.running_totals import LAST_N
-from statehold.jobdir import open_job
-from statehold.metadata import KeyGroupRange, read_metadata
-from statehold.reconcile import plan
+from statehold.format import layout
+from statehold.format.metadata import KeyGroupRange, read_metadata
+from statehold.job.directory import open_job
 from statehold.storage import Storage, open_storage
 from statehold.tools import locate, verify
 from tests.infra import jvm

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statehold import layout
-from statehold.layout import Kind, Scope
+from statehold.format import layout
+from statehold.format.layout import Kind, Scope
 from statehold.storage import UnsafePathError
 
 ids = st.integers(min_value=0, max_value=2**63)

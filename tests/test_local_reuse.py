@@ -9,7 +9,6 @@ from pathlib import Path
 
 from test_backend import MAXP, OP, CountingStorage, checkpoint, fill, snap
 
-from statehold import layout
 from statehold.backend.keys import task_range
 from statehold.backend.local_snapshots import (
     STALE_KEEP_CHECKPOINTS,
@@ -17,7 +16,8 @@ from statehold.backend.local_snapshots import (
     prune_snapshots,
 )
 from statehold.backend.rocks import TaskStateBackend
-from statehold.metadata import StateFile, read_metadata
+from statehold.format import layout
+from statehold.format.metadata import StateFile, read_metadata
 from statehold.storage import Storage, open_storage
 
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statehold import layout, metadata, signed
-from statehold.layout import Scope
-from statehold.metadata import (
+from statehold.format import layout, metadata, signed
+from statehold.format.layout import Scope
+from statehold.format.metadata import (
     FORMAT_VERSION,
     CheckpointMetadata,
     KeyGroupRange,

@@ -15,8 +15,8 @@ import spark_session
 from pyspark.sql import DataFrame, SparkSession
 from test_spark_pipeline import MAXP, OUT, make_batches, totals
 
-from statehold.history import HistoryRecord, read_history
-from statehold.metadata import read_metadata
+from statehold.format.metadata import read_metadata
+from statehold.job.history import HistoryRecord, read_history
 from statehold.spark import BatchResult, StatefulJob, read_history_df
 from statehold.storage import open_storage
 

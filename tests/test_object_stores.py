@@ -24,7 +24,7 @@ from test_spark_pipeline import (
     totals,
 )
 
-from statehold import layout
+from statehold.format import layout
 from statehold.spark import StatefulJob
 from statehold.storage import open_storage
 

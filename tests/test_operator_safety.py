@@ -38,15 +38,12 @@ import pytest
 from test_tools import MAX_PARALLELISM, RANGES, Task
 from typer.testing import CliRunner, Result
 
-from statehold import layout, signed
+from statehold.checkpoint.coordinator import CheckpointCoordinator
+from statehold.cleanup.reconcile import referenced_by_job
 from statehold.cli import app
-from statehold.coordinator import CheckpointCoordinator
-from statehold.ha.base import CheckpointPointer, HAState, HAStore
-from statehold.ha.embedded import EmbeddedHAStore
-from statehold.ha.zookeeper import ZooKeeperHAStore
-from statehold.jobdir import OWNER_KEY, HAStoreMismatchError, open_job, read_owner
-from statehold.layout import Kind, Scope
-from statehold.metadata import (
+from statehold.format import layout, signed
+from statehold.format.layout import Kind, Scope
+from statehold.format.metadata import (
     CheckpointMetadata,
     KeyGroupRange,
     KeyGroupState,
@@ -56,7 +53,10 @@ from statehold.metadata import (
     read_metadata,
     referenced_keys,
 )
-from statehold.reconcile import referenced_by_job
+from statehold.ha.base import CheckpointPointer, HAState, HAStore
+from statehold.ha.embedded import EmbeddedHAStore
+from statehold.ha.zookeeper import ZooKeeperHAStore
+from statehold.job.directory import OWNER_KEY, HAStoreMismatchError, open_job, read_owner
 from statehold.storage import Storage, open_storage
 from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
 

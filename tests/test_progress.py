@@ -24,11 +24,12 @@ import pytest
 from test_cli_output import SRC, statehold_cli
 from test_tools import build_job
 
-from statehold import layout, progress
-from statehold.cli_output import RichProgress
+from statehold.checkpoint import copy_log as progress
+from statehold.checkpoint.restore import restore_into
+from statehold.cli.output import RichProgress
+from statehold.format import layout
+from statehold.format.metadata import RestoreMode, read_metadata, referenced_keys
 from statehold.ha.embedded import EmbeddedHAStore
-from statehold.metadata import RestoreMode, read_metadata, referenced_keys
-from statehold.restore import restore_into
 from statehold.storage import open_storage
 
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -119,7 +120,7 @@ def test_a_restore_from_another_job_logs_its_copy_progress(
     monkeypatch.setattr(progress, "LOG_EVERY_FILES", 2)
     monkeypatch.setattr(progress, "LOG_EVERY_SECONDS", 1e9)  # by count only: no timing
     target = open_storage(str(tmp_path / "target"))
-    with caplog.at_level(logging.INFO, logger="statehold.restore"):
+    with caplog.at_level(logging.INFO, logger="statehold.checkpoint.restore"):
         report = restore_into(source, key, target, EmbeddedHAStore(target), job_id="copy",
                               mode=RestoreMode.NO_CLAIM, threads=1)
     lines = [r.getMessage() for r in caplog.records if "restore from" in r.getMessage()]

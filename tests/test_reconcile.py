@@ -7,19 +7,19 @@ import time
 
 from test_coordinator import RANGES, SimulatedTask, listing, referenced_by_retained, run_checkpoint
 
-from statehold import layout
-from statehold.coordinator import CheckpointCoordinator
+from statehold.checkpoint.coordinator import CheckpointCoordinator
+from statehold.cleanup.reconcile import live_attempt, plan, referenced_by_job
+from statehold.format import layout
+from statehold.format.layout import Kind
 from statehold.ha.embedded import EmbeddedHAStore
-from statehold.jobdir import OWNER_KEY
-from statehold.jobresult import (
+from statehold.job.directory import OWNER_KEY
+from statehold.job.lease import Lease, lease_key
+from statehold.job.result import (
     JobOutcome,
     RetentionPolicy,
     read_result,
     write_result,
 )
-from statehold.layout import Kind
-from statehold.lease import Lease, lease_key
-from statehold.reconcile import live_attempt, plan, referenced_by_job
 from statehold.storage import Storage
 
 

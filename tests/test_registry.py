@@ -20,10 +20,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from statehold import layout
-from statehold.cleaner import Discard
-from statehold.layout import Scope
-from statehold.metadata import (
+from statehold.cleanup.cleaner import Discard
+from statehold.cleanup.registry import CheckpointHolder, SavepointHolder, SharedStateRegistry
+from statehold.format import layout
+from statehold.format.layout import Scope
+from statehold.format.metadata import (
     CheckpointMetadata,
     KeyGroupRange,
     KeyGroupState,
@@ -34,7 +35,6 @@ from statehold.metadata import (
     read_metadata,
     write_metadata,
 )
-from statehold.registry import CheckpointHolder, SavepointHolder, SharedStateRegistry
 from statehold.storage import LocalStorage, Storage, UnsafePathError
 
 S, X, T = Scope.SHARED, Scope.EXCLUSIVE, Scope.TASKOWNED

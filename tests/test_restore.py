@@ -10,10 +10,16 @@ import pytest
 from conftest import S3Server
 from minipipeline import MiniPipeline, make_batch, reference
 
-from statehold import layout, tools
+from statehold import tools
+from statehold.checkpoint.restore import RestoreError, restore_into
+from statehold.format import layout
+from statehold.format.metadata import (
+    CheckpointMetadata,
+    RestoreMode,
+    read_metadata,
+    referenced_keys,
+)
 from statehold.ha.embedded import EmbeddedHAStore
-from statehold.metadata import CheckpointMetadata, RestoreMode, read_metadata, referenced_keys
-from statehold.restore import RestoreError, restore_into
 from statehold.storage import LocalStorage, Storage, open_storage
 
 

@@ -21,7 +21,7 @@ from test_kafka_pipeline import (
     run_example_to_end,
 )
 
-from statehold import layout
+from statehold.format import layout
 from statehold.storage import open_storage
 from tests.kafka import KafkaBroker, kafka_broker  # noqa: F401
 

@@ -23,9 +23,9 @@ from test_example import example_env
 from test_spark_crash import check_retained_intact
 
 from statehold.backend.state import TIMERS_NAME
+from statehold.cleanup.reconcile import plan
 from statehold.ha.embedded import EmbeddedHAStore
-from statehold.jobdir import open_job
-from statehold.reconcile import plan
+from statehold.job.directory import open_job
 from statehold.spark.reader import iter_state
 from statehold.storage import Storage, open_storage
 

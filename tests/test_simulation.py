@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 import pytest
 from sim.world import run_seed
 
-import statehold.cleaner
-import statehold.gc
-import statehold.lease
-import statehold.published
-from statehold.metadata import KeyGroupRange
+import statehold.checkpoint.published
+import statehold.cleanup.cleaner
+import statehold.cleanup.gc
+import statehold.job.lease
+from statehold.format.metadata import KeyGroupRange
 from statehold.storage.base import Storage
 
 STEPS = 2500
@@ -67,26 +67,26 @@ def test_a_seed_replays_the_same_run() -> None:
 
 def _no_liveness_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
     """gc without its re-check before deleting (failover, resumed pause)."""
-    monkeypatch.setattr(statehold.gc, "outside_guard", lambda *a, **k: lambda: None)
+    monkeypatch.setattr(statehold.cleanup.gc, "outside_guard", lambda *a, **k: lambda: None)
 
 
 def _cleaner_without_fence(monkeypatch: pytest.MonkeyPatch) -> None:
     """A cleaner that deletes without asking its guard (a fenced attempt deletes)."""
-    real = statehold.cleaner.Cleaner._delete_now
+    real = statehold.cleanup.cleaner.Cleaner._delete_now
 
-    def unguarded(self: statehold.cleaner.Cleaner, keys: object, dirs: object) -> int:
+    def unguarded(self: statehold.cleanup.cleaner.Cleaner, keys: object, dirs: object) -> int:
         guard, self.guard = self.guard, None
         try:
             return real(self, keys, dirs)  # type: ignore[arg-type]
         finally:
             self.guard = guard
 
-    monkeypatch.setattr(statehold.cleaner.Cleaner, "_delete_now", unguarded)
+    monkeypatch.setattr(statehold.cleanup.cleaner.Cleaner, "_delete_now", unguarded)
 
 
 def _lease_lapse_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkpoint begun before the lease lapsed may complete."""
-    monkeypatch.setattr(statehold.lease.Lease, "unbroken_since", lambda self, since: True)
+    monkeypatch.setattr(statehold.job.lease.Lease, "unbroken_since", lambda self, since: True)
 
 
 def _metadata_overwritten(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,7 +95,7 @@ def _metadata_overwritten(monkeypatch: pytest.MonkeyPatch) -> None:
     def write_always(storage: Storage, ha: object, epoch: int, key: str, data: bytes) -> None:
         storage.write(key, data)
 
-    monkeypatch.setattr(statehold.published, "write_metadata_once", write_always)
+    monkeypatch.setattr(statehold.checkpoint.published, "write_metadata_once", write_always)
 
 
 PLANTED: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], int]] = {
@@ -124,7 +124,7 @@ def test_seed_13_savepoint_made_during_a_gc_keeps_its_files() -> None:
     exclusive files and created its `_metadata`, and gc's listing of ``savepoints/`` saw
     that `_metadata`: the copies counted as a finished savepoint's leftovers and were
     deleted. A savepoint the holders were not read from is still in the making."""
-    from statehold.policy import Holders, Verdict, View, judge
+    from statehold.cleanup.policy import Holders, Verdict, View, judge
     from statehold.storage.base import FileInfo
 
     now = 1_000_000.0
@@ -151,16 +151,16 @@ def test_seed_21_restored_files_are_not_from_a_future_epoch() -> None:
     from sim.storage import SimStorage
     from sim.world import Config, World
 
-    from statehold import layout
-    from statehold.ha.embedded import EmbeddedHAStore
-    from statehold.metadata import (
+    from statehold.checkpoint.restore import restore_into
+    from statehold.format import layout
+    from statehold.format.metadata import (
         CheckpointMetadata,
         KeyGroupState,
         OperatorState,
         RestoreMode,
         encode,
     )
-    from statehold.restore import restore_into
+    from statehold.ha.embedded import EmbeddedHAStore
 
     world = World(Config(faults=False))  # its storage, outside any run: no scheduler points
     src, dst = SimStorage(world, "src"), SimStorage(world, "dst")
@@ -190,9 +190,9 @@ def test_seed_10125_a_fenced_attempt_keeps_no_savepoint(tmp_path: object) -> Non
 
     from sim import model
 
-    from statehold import layout
-    from statehold.cleaner import SyncCleaner
-    from statehold.coordinator import CheckpointCoordinator
+    from statehold.checkpoint.coordinator import CheckpointCoordinator
+    from statehold.cleanup.cleaner import SyncCleaner
+    from statehold.format import layout
     from statehold.ha.base import FencedError
     from statehold.ha.embedded import EmbeddedHAStore
     from statehold.storage.local import LocalStorage
@@ -239,7 +239,7 @@ def test_seed_20006_20156_a_claim_restore_under_way_is_finished(seed: int) -> No
     before the quiet phase, once the job has a retained checkpoint."""
     from sim.world import Config, World
 
-    from statehold.metadata import RestoreMode
+    from statehold.format.metadata import RestoreMode
 
     class ClaimBeforeQuiet(World):
         started = False
@@ -265,8 +265,8 @@ def _acknowledge_all(coordinator: object, storage: Storage, checkpoint_id: int) 
     """Every task of the model's operator uploads its files and acknowledges."""
     from sim import model
 
-    from statehold import layout
-    from statehold.coordinator import CheckpointCoordinator
+    from statehold.checkpoint.coordinator import CheckpointCoordinator
+    from statehold.format import layout
 
     assert isinstance(coordinator, CheckpointCoordinator)
     epoch = coordinator.epoch
@@ -295,11 +295,11 @@ def test_seed_10129_a_zombie_never_removes_a_newer_attempts_metadata(
     exactly inside attempt 1's pause, on local disk and on S3."""
     from sim import model
 
-    from statehold import layout
-    from statehold.cleaner import SyncCleaner
-    from statehold.coordinator import CheckpointCoordinator, CheckpointError
+    from statehold.checkpoint.coordinator import CheckpointCoordinator, CheckpointError
+    from statehold.cleanup.cleaner import SyncCleaner
+    from statehold.format import layout
+    from statehold.format.metadata import read_metadata
     from statehold.ha.embedded import EmbeddedHAStore
-    from statehold.metadata import read_metadata
 
     def start() -> CheckpointCoordinator:
         return CheckpointCoordinator.start(
@@ -314,7 +314,7 @@ def test_seed_10129_a_zombie_never_removes_a_newer_attempts_metadata(
     zombie = start()
     zombie.begin(1)
     _acknowledge_all(zombie, storage, 1)
-    real_listed = statehold.published.listed
+    real_listed = statehold.checkpoint.published.listed
     newer: list[CheckpointCoordinator] = []
 
     def listed_then_pause(ha: object, epoch: int, checkpoint_id: int, checksum: object) -> bool:
@@ -326,7 +326,7 @@ def test_seed_10129_a_zombie_never_removes_a_newer_attempts_metadata(
             newer[0].complete(1)
         return answer
 
-    monkeypatch.setattr(statehold.published, "listed", listed_then_pause)
+    monkeypatch.setattr(statehold.checkpoint.published, "listed", listed_then_pause)
     with pytest.raises(CheckpointError, match="already written by epoch"):
         zombie.complete(1)
     zombie.abort(1, "failed")
@@ -351,7 +351,7 @@ def test_seed_10117_disposing_of_a_whole_job_keeps_its_epochs(tmp_path: object) 
     from sim import model
 
     from statehold import tools
-    from statehold.coordinator import CheckpointCoordinator
+    from statehold.checkpoint.coordinator import CheckpointCoordinator
     from statehold.ha.embedded import EmbeddedHAStore
     from statehold.storage.local import LocalStorage
 
@@ -389,7 +389,7 @@ def _stopped_job_with_a_savepoint(storage: Storage, name: str) -> None:
     stopped."""
     from sim import model
 
-    from statehold.coordinator import CheckpointCoordinator
+    from statehold.checkpoint.coordinator import CheckpointCoordinator
     from statehold.ha.embedded import EmbeddedHAStore
 
     coordinator = CheckpointCoordinator.start(
@@ -415,7 +415,7 @@ def test_seed_10084_a_failed_whole_job_dispose_leaves_no_savepoint_without_its_f
     from faulty import FaultyStorage
 
     from statehold import tools
-    from statehold.metadata import read_metadata, referenced_keys
+    from statehold.format.metadata import read_metadata, referenced_keys
     from statehold.storage.local import LocalStorage
     from statehold.tools import ToolError
 
@@ -439,7 +439,7 @@ def test_seed_30016_a_savepoint_depends_on_no_file_the_job_deletes(tmp_path: obj
     from pathlib import Path
 
     from statehold import tools
-    from statehold.metadata import read_metadata, referenced_keys
+    from statehold.format.metadata import read_metadata, referenced_keys
     from statehold.storage.local import LocalStorage
 
     storage = LocalStorage(Path(str(tmp_path)))
@@ -471,11 +471,12 @@ def test_seed_1010_dispose_force_claims_its_epoch_before_it_plans(
 
     from sim import model
 
-    from statehold import layout, tools
-    from statehold.coordinator import CheckpointCoordinator
+    from statehold import tools
+    from statehold.checkpoint.coordinator import CheckpointCoordinator
     from statehold.errors import StateholdError
+    from statehold.format import layout
+    from statehold.format.metadata import read_metadata, referenced_keys
     from statehold.ha.embedded import EmbeddedHAStore
-    from statehold.metadata import read_metadata, referenced_keys
     from statehold.storage.local import LocalStorage
     from statehold.tools import operations
 

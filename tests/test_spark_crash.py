@@ -37,13 +37,13 @@ from test_example import (
     reference_state,
 )
 
-from statehold import layout
 from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
+from statehold.cleanup.reconcile import plan
 from statehold.examples.running_totals import generate_demo
+from statehold.format import layout
+from statehold.format.metadata import KeyGroupRange, read_metadata
 from statehold.ha.embedded import EmbeddedHAStore
-from statehold.jobdir import open_job
-from statehold.metadata import KeyGroupRange, read_metadata
-from statehold.reconcile import plan
+from statehold.job.directory import open_job
 from statehold.storage import Storage, open_storage
 from statehold.tools import locate, verify
 

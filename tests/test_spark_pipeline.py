@@ -14,9 +14,9 @@ import pytest
 import spark_session
 from pyspark.sql import DataFrame, SparkSession
 
-from statehold import layout
 from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
-from statehold.metadata import KeyGroupRange, read_metadata
+from statehold.format import layout
+from statehold.format.metadata import KeyGroupRange, read_metadata
 from statehold.spark import BatchResult, KeyedState, MalformedInputError, StatefulJob
 from statehold.storage import Storage, open_storage
 

@@ -16,13 +16,13 @@ import spark_session
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
-from statehold import layout
 from statehold.cli import app
+from statehold.cli.state import Format, dump_state
 from statehold.examples.running_totals import LAST_N, OUTPUT_SCHEMA, update_totals
-from statehold.metadata import read_metadata, referenced_keys
+from statehold.format import layout
+from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.spark import StatefulJob
 from statehold.spark.reader import StateReadError, iter_state, read_state
-from statehold.state_cli import Format, dump_state
 from statehold.storage import Storage
 
 pytestmark = pytest.mark.spark

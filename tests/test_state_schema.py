@@ -38,11 +38,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from statehold import metadata
-from statehold.metadata import CheckpointMetadata, OperatorSchemas, VariableSchema
-from statehold.state_codec import same_value
-from statehold.state_ddl import DDLError, parse_ddl
-from statehold.state_schema import (
+from statehold.format import metadata
+from statehold.format.metadata import CheckpointMetadata, OperatorSchemas, VariableSchema
+from statehold.state.codec import same_value
+from statehold.state.ddl import DDLError, parse_ddl
+from statehold.state.schema import (
     JsonCodec,
     SchemaEvolutionError,
     StateDecodeError,
@@ -51,7 +51,7 @@ from statehold.state_schema import (
     codec_for,
     from_schema_json,
 )
-from statehold.state_types import StateValueError
+from statehold.state.types import StateValueError
 
 spark = spark_session.spark  # the shared session fixture
 
@@ -380,7 +380,7 @@ def test_a_newer_schema_record_is_refused() -> None:
     key = "chk-3/_metadata"
     doc = json.loads(metadata.encode(_meta(state_schemas={"state": OperatorSchemas()}), key))
     doc["state_schemas"]["state"]["version"] = 2
-    from statehold import signed
+    from statehold.format import signed
 
     doc["checksum"] = signed.digest(doc)
     with pytest.raises(metadata.MetadataError, match="upgrade statehold"):

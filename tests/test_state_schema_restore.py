@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import spark_session
 
-from statehold import layout
-from statehold.metadata import read_metadata
+from statehold.format import layout
+from statehold.format.metadata import read_metadata
 from statehold.processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 from statehold.spark import StatefulJob
-from statehold.state_schema import SchemaEvolutionError, codec_for
+from statehold.state.schema import SchemaEvolutionError, codec_for
 from statehold.storage import open_storage
 
 pytestmark = pytest.mark.spark

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from statehold import layout, tools
-from statehold.coordinator import CheckpointCoordinator
-from statehold.ha.embedded import EmbeddedHAStore
-from statehold.jobdir import OWNER_KEY, open_job, read_owner
-from statehold.layout import Scope
-from statehold.metadata import (
+from statehold import tools
+from statehold.checkpoint.coordinator import CheckpointCoordinator
+from statehold.format import layout
+from statehold.format.layout import Scope
+from statehold.format.metadata import (
     CheckpointMetadata,
     KeyGroupRange,
     KeyGroupState,
@@ -28,6 +27,8 @@ from statehold.metadata import (
     read_metadata,
     referenced_keys,
 )
+from statehold.ha.embedded import EmbeddedHAStore
+from statehold.job.directory import OWNER_KEY, open_job, read_owner
 from statehold.storage import Storage, open_storage
 from statehold.tools import NotAJobDirectoryError, ToolError
 
@@ -428,7 +429,7 @@ def test_bad_metadata_is_refused_quarantined_and_spared(
         tools.diff(tools.locate(storage, 4), storage)
     assert tools.list_checkpoints(storage).problems[0].path == key
     assert listing(storage) == before
-    # changed on purpose: a damaged document is quarantined (statehold.policy), no longer
+    # changed on purpose: a damaged document is quarantined (statehold.cleanup.policy), no longer
     # fatal to du or to disposing something else; its directory and every data file it
     # may name are spared, so only the savepoint's own files go
     usage = tools.du(storage)

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from test_backend import MAXP, OP, checkpoint, snap
 
-from statehold import layout
 from statehold.backend import TaskStateBackend, task_range
 from statehold.backend.rocks import RestoreSource
 from statehold.backend.ttl import expire_and_compact
-from statehold.metadata import read_metadata, referenced_keys
+from statehold.format import layout
+from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.processor.api import TimeMode
 from statehold.processor.handle import StatefulProcessorHandle
 from statehold.storage import Storage

@@ -19,14 +19,15 @@ from minipipeline import MiniPipeline, make_batch
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
-from statehold import charts, history, tools
-from statehold.cli import app
+from statehold import tools
+from statehold.cli import app, charts
+from statehold.cli.webview import gather, make_server, render_html
 from statehold.examples import running_totals
 from statehold.examples.running_totals import generate_demo
-from statehold.jobdir import open_job
+from statehold.job import history
+from statehold.job.directory import open_job
 from statehold.spark import StatefulJob
 from statehold.storage import Storage, open_storage
-from statehold.webview import gather, make_server, render_html
 
 CHROMIUM = shutil.which("chromium")
 spark = spark_session.spark  # the shared session fixture

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from statehold import layout
 from statehold.backend import TaskStateBackend
-from statehold.coordinator import CheckpointCoordinator
+from statehold.checkpoint.coordinator import CheckpointCoordinator
+from statehold.format import layout
+from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.ha import HAStoreError, ZooKeeperHAStore
-from statehold.metadata import read_metadata, referenced_keys
 from statehold.storage import LocalStorage, Storage
 from tests import zombie_driver as zd
 from tests.zk import ZooKeeperServer, zk_server  # noqa: F401

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from statehold import layout
+from statehold.format import layout
+from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.ha.open import open_ha_store
-from statehold.lease import lease_key
-from statehold.metadata import read_metadata, referenced_keys
+from statehold.job.lease import lease_key
 from statehold.storage import LocalStorage, Storage
 from tests import zombie_driver as zd
 from tests.zk import ZooKeeperServer, zk_server  # noqa: F401

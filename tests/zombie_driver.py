@@ -29,9 +29,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from statehold import layout
 from statehold.backend import TaskStateBackend, all_ranges, sources_from_metadata, task_of_key
-from statehold.coordinator import CheckpointCoordinator, CheckpointError
+from statehold.checkpoint.coordinator import CheckpointCoordinator, CheckpointError
+from statehold.format import layout
 from statehold.ha.base import FencedError, HAStore
 from statehold.ha.open import open_ha_store
 from statehold.storage import Storage, open_storage
@@ -99,7 +99,7 @@ def totals_of(tasks: list[TaskStateBackend]) -> dict[str, int]:
 
 def restored_totals(storage: Storage, ha: HAStore, local_dir: Path) -> dict[str, int]:
     """The state of the HA store's latest checkpoint, restored from storage alone."""
-    from statehold.metadata import read_metadata
+    from statehold.format.metadata import read_metadata
 
     latest = ha.read().latest
     if latest is None:

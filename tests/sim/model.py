@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from statehold import layout
-from statehold.layout import Scope
-from statehold.metadata import (
+from statehold.format import layout
+from statehold.format.layout import Scope
+from statehold.format.metadata import (
     CheckpointMetadata,
     KeyGroupRange,
     KeyGroupState,

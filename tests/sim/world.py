@@ -37,24 +37,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import statehold.clock
+import statehold.format.layout
 import statehold.ha.embedded
-import statehold.layout
 from sim import model
 from sim.scheduler import Actor, Killed, Process, Scheduler, SimClock
 from sim.storage import InjectedFault, SimStorage
-from statehold import layout
-from statehold.cleaner import Discard, SyncCleaner
-from statehold.coordinator import CheckpointCoordinator, CheckpointError
+from statehold.checkpoint.coordinator import CheckpointCoordinator, CheckpointError
+from statehold.checkpoint.restore import restore_into
+from statehold.cleanup.cleaner import Discard, SyncCleaner
+from statehold.cleanup.gc import gc
+from statehold.cleanup.policy import LiveAttempt
+from statehold.cleanup.reconcile import reconcile
 from statehold.errors import StateholdError
-from statehold.gc import gc
+from statehold.format import layout
+from statehold.format.metadata import CheckpointMetadata, RestoreMode, decode, referenced_keys
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
 from statehold.ha.embedded import EmbeddedHAStore, PointerDocument, decode_document
-from statehold.jobdir import open_job
-from statehold.jobresult import JobOutcome, RetentionPolicy
-from statehold.metadata import CheckpointMetadata, RestoreMode, decode, referenced_keys
-from statehold.policy import LiveAttempt
-from statehold.reconcile import reconcile
-from statehold.restore import restore_into
+from statehold.job.directory import open_job
+from statehold.job.result import JobOutcome, RetentionPolicy
 from statehold.tools.locate import Target
 from statehold.tools.operations import dispose
 
@@ -562,7 +562,7 @@ class World:
                 # by moving past N, as a real job does, then reconciles.
                 beyond = [
                     i.checkpoint_id for k in self.keys(job)
-                    if (i := statehold.layout.parse(k)).checkpoint_id is not None
+                    if (i := statehold.format.layout.parse(k)).checkpoint_id is not None
                     and k.startswith("chk-")
                 ]
                 for _ in range(64):
@@ -919,10 +919,10 @@ class World:
 
     def run(self) -> dict[str, Any]:
         ids = _Ids(random.Random(self.cfg.seed * 7 + 1))
-        saved = (statehold.layout.uuid, statehold.ha.embedded.uuid,
+        saved = (statehold.format.layout.uuid, statehold.ha.embedded.uuid,
                  statehold.ha.embedded.random)
         previous_clock = statehold.clock.use(self.clock)
-        statehold.layout.uuid = ids  # type: ignore[assignment]
+        statehold.format.layout.uuid = ids  # type: ignore[assignment]
         statehold.ha.embedded.uuid = ids  # type: ignore[assignment]
         statehold.ha.embedded.random = random.Random(self.cfg.seed * 7 + 2)  # type: ignore[assignment]
         try:
@@ -940,7 +940,7 @@ class World:
             except Exception:  # noqa: BLE001 - the run is over either way
                 traceback.print_exc()
             statehold.clock.use(previous_clock)
-            (statehold.layout.uuid, statehold.ha.embedded.uuid,
+            (statehold.format.layout.uuid, statehold.ha.embedded.uuid,
              statehold.ha.embedded.random) = saved
         return self.result()
 

@@ -30,7 +30,7 @@ import hashlib
 from dataclasses import dataclass
 from enum import Enum
 
-from statehold.metadata import KeyGroupRange
+from statehold.format.metadata import KeyGroupRange
 
 #: The 2-byte key-group prefix could hold 65536 groups; like Flink we stop at 2**15.
 MAX_MAX_PARALLELISM = 1 << 15

@@ -27,8 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from statehold import layout
-from statehold.metadata import KeyGroupRange
+from statehold.format import layout
+from statehold.format.metadata import KeyGroupRange
 
 LOCAL_MARKER = "statehold-local.json"
 _MARKER_FORMAT = "statehold.local-snapshot"

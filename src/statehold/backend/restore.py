@@ -13,7 +13,6 @@ from pathlib import Path
 
 from rocksdict import AccessType, Rdict, WriteBatch
 
-from statehold import layout
 from statehold.backend.engine import (
     BACKEND_FORMAT,
     BACKEND_NAME,
@@ -24,7 +23,8 @@ from statehold.backend.engine import (
 )
 from statehold.backend.keys import range_bounds
 from statehold.backend.local_snapshots import LOCAL_MARKER, SAFE_NAME, LocalPool, link_or_copy
-from statehold.metadata import (
+from statehold.format import layout
+from statehold.format.metadata import (
     CheckpointMetadata,
     KeyGroupRange,
     KeyGroupState,

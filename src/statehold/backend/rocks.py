@@ -69,7 +69,7 @@ from statehold.backend.state import (
     fold_entry,
 )
 from statehold.backend.ttl import MAX_GARBAGE
-from statehold.metadata import KeyGroupRange, KeyGroupState
+from statehold.format.metadata import KeyGroupRange, KeyGroupState
 from statehold.storage.base import Storage, check_key
 
 __all__ = [

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from rocksdict import Checkpoint, Rdict
 
-from statehold import layout
 from statehold.backend.engine import (
     BACKEND_FORMAT,
     BACKEND_NAME,
@@ -25,8 +24,15 @@ from statehold.backend.engine import (
 )
 from statehold.backend.local_snapshots import write_marker
 from statehold.backend.restore import RestoreSource
-from statehold.layout import Scope
-from statehold.metadata import InlineFile, KeyGroupRange, KeyGroupState, StateFile, file_checksum
+from statehold.format import layout
+from statehold.format.layout import Scope
+from statehold.format.metadata import (
+    InlineFile,
+    KeyGroupRange,
+    KeyGroupState,
+    StateFile,
+    file_checksum,
+)
 from statehold.storage.base import Storage
 
 #: Task files up to this size (RocksDB's MANIFEST and CURRENT) go inside `_metadata`.

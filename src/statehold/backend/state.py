@@ -1,6 +1,6 @@
 """State primitives bound to one key: ValueState, ListState, MapState.
 
-A value becomes bytes through its variable's codec (`statehold.state_schema.codec_for`:
+A value becomes bytes through its variable's codec (`statehold.state.schema.codec_for`:
 strict UTF-8 JSON without a schema, never pickled), so stored state is plain data that
 any tool can read and that can never run code when read. Without a schema, values must be
 JSON data: None, bool, int, float, str, and lists / dicts (with str keys) of those; tuples
@@ -294,7 +294,7 @@ class MapState(_Bound, Generic[K, V]):
 def _codec(schema: Any) -> Codec:
     if schema is None:
         return JSON
-    from statehold.state_schema import codec_for
+    from statehold.state.schema import codec_for
 
     return codec_for(schema)
 
@@ -303,7 +303,7 @@ class KeyedState:
     """All state of one key, for a per-key user function, e.g.
     ``st = backend.for_key("user-1"); st.value("n").update((st.value("n").get() or 0) + 1)``.
 
-    `schema` picks a variable's codec (`statehold.state_schema.codec_for`; None: JSON);
+    `schema` picks a variable's codec (`statehold.state.schema.codec_for`; None: JSON);
     `ttl` (milliseconds or a timedelta) expires its values `ttl` after their last write,
     measured on `now_ms` (the batch's processing time; default: the wall clock).
     """

@@ -19,7 +19,7 @@ from statehold.backend.keys import (
     key_part,
 )
 from statehold.backend.state import KV
-from statehold.metadata import KeyGroupRange
+from statehold.format.metadata import KeyGroupRange
 
 
 def _key_entry(key_group: int, key: Key, expiry_ms: int) -> bytes:

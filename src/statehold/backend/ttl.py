@@ -20,7 +20,7 @@ from typing import Any
 
 from statehold.backend.keys import StateKind, decode_time, index_prefix
 from statehold.backend.state import KV
-from statehold.metadata import KeyGroupRange
+from statehold.format.metadata import KeyGroupRange
 
 #: Garbage (deleted entries and tombstones) share of SST entries that makes a sweep's
 #: task compact its DB: storage stays within ~1.3x of the live state.

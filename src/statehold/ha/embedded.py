@@ -57,9 +57,10 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
-from statehold import clock, signed
+from statehold import clock
+from statehold.format import signed
+from statehold.format.layout import HA_DIR
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
-from statehold.layout import HA_DIR
 from statehold.storage.base import (
     AlreadyExistsError,
     NotFoundError,

@@ -28,7 +28,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from statehold import signed
+from statehold.format import signed
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
 from statehold.storage.base import UnsafePathError, check_key
 

@@ -2,7 +2,7 @@
 ``init``, each acting on the key of the current call (as in Spark).
 
 A variable's values go through the codec of its `schema`
-(`statehold.state_schema.codec_for`; None: JSON); a TTL (milliseconds, `timedelta` or
+(`statehold.state.schema.codec_for`; None: JSON); a TTL (milliseconds, `timedelta` or
 `TTLConfig`) expires a value that long after its last write, on the batch's processing
 time. Names follow Spark's ``StatefulProcessorHandle`` in snake_case and in camelCase.
 """
@@ -32,7 +32,7 @@ from statehold.backend.state import (
 )
 from statehold.backend.timers import Timers
 from statehold.errors import InvalidArgumentError
-from statehold.metadata import KeyGroupRange
+from statehold.format.metadata import KeyGroupRange
 from statehold.processor.api import TimeMode, TTLConfig
 
 TTLLike = TTLConfig | int | Any | None
@@ -41,7 +41,7 @@ TTLLike = TTLConfig | int | Any | None
 def _codec(schema: Any) -> Codec:
     if schema is None:
         return JSON
-    from statehold.state_schema import codec_for
+    from statehold.state.schema import codec_for
 
     return codec_for(schema)
 

@@ -27,7 +27,7 @@ from statehold.processor.handle import StatefulProcessorHandle
 
 if TYPE_CHECKING:
     from statehold.backend.rocks import TaskStateBackend
-    from statehold.spark.output import Output
+    from statehold.processor.output import Output
 
 LateRows = Literal["drop", "process"]
 

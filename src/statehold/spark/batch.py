@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statehold.backend.keys import all_ranges
-from statehold.metadata import KeyGroupState
+from statehold.format.metadata import KeyGroupState
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

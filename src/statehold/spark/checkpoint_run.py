@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from statehold import layout
+from statehold.format import layout
 from statehold.spark.batch import NOTED, BatchResult, batch_figures, check_acks
 from statehold.spark.staging import stage, state_spec
 from statehold.spark.task import ACK_COL
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-    from statehold.metadata import EventTime, OperatorSchemas
+    from statehold.format.metadata import EventTime, OperatorSchemas
     from statehold.processor.runner import ProcessorSpec
     from statehold.spark.api import InputFormat, Sink
     from statehold.spark.job import StatefulJob

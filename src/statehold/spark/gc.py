@@ -20,14 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from statehold import layout
-from statehold.bulk_delete import BulkDeleter
-from statehold.errors import StateholdError
-from statehold.gc import GcInterruptedError, GcReport, gc_cleaner, outside_guard, settle
-from statehold.ha.base import FencedError
-from statehold.jobdir import JobDirectory, open_job
-from statehold.policy import Holders, LiveAttempt, View
-from statehold.reconcile import (
+from statehold.cleanup.bulk_delete import BulkDeleter
+from statehold.cleanup.gc import GcInterruptedError, GcReport, gc_cleaner, outside_guard, settle
+from statehold.cleanup.policy import Holders, LiveAttempt, View
+from statehold.cleanup.reconcile import (
     PAGE_SIZE,
     ReconcileError,
     ReconcilePlan,
@@ -37,7 +33,11 @@ from statehold.reconcile import (
     live_attempt,
     view_for,
 )
-from statehold.sweep import WHOLE, KeyRange, sweep
+from statehold.cleanup.sweep import WHOLE, KeyRange, sweep
+from statehold.errors import StateholdError
+from statehold.format import layout
+from statehold.ha.base import FencedError
+from statehold.job.directory import JobDirectory, open_job
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -216,7 +216,7 @@ def gc_on_spark(
     splits: int | None = None,
     **storage_options: Any,
 ) -> GcReport:
-    """`statehold.gc.gc` with the listing and the deletes on Spark's executors (see the
+    """`statehold.cleanup.gc.gc` with the listing and the deletes on Spark's executors (see the
     module docstring). `location` must be reachable from the executors under the same
     name (a shared filesystem path or an object store URI). `splits`: key ranges per big
     data directory (default: twice the cluster's parallelism, at most `MAX_SPLITS`)."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from statehold.history import HistoryRecord, read_history
-from statehold.jobdir import JobDirectory, open_job
+from statehold.job.directory import JobDirectory, open_job
+from statehold.job.history import HistoryRecord, read_history
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -11,14 +11,14 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from statehold import layout
 from statehold.backend.keys import check_max_parallelism
-from statehold.coordinator import CheckpointCoordinator
+from statehold.checkpoint.coordinator import CheckpointCoordinator
+from statehold.format import layout
+from statehold.format.metadata import CheckpointMetadata, RestoreMode
 from statehold.ha.base import HAStore
-from statehold.history import DEFAULT_KEEP, HistoryRecord
-from statehold.jobdir import open_job
-from statehold.jobresult import JobOutcome, RetentionPolicy
-from statehold.metadata import CheckpointMetadata, RestoreMode
+from statehold.job.directory import open_job
+from statehold.job.history import DEFAULT_KEEP, HistoryRecord
+from statehold.job.result import JobOutcome, RetentionPolicy
 from statehold.spark.api import (
     BatchFunction,
     InputFormat,
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-    from statehold.metrics import JobMetrics
     from statehold.processor.runner import LateRows
+    from statehold.spark.metrics import JobMetrics
 
 
 def _millis(delay: int | timedelta) -> int:
@@ -54,8 +54,8 @@ class StatefulJob:
     groups) is fixed when the job is created; ``parallelism`` (the number of Spark tasks
     owning state) may change between runs. ``retain`` completed checkpoints are kept.
     ``on_phase`` is told each batch's progress (see `PhaseHook`). The newest `history`
-    checkpoints leave a record in ``_job/history/`` (`statehold.history`). With
-    `metrics_port`, the driver serves Prometheus metrics there (`statehold.metrics`; 0:
+    checkpoints leave a record in ``_job/history/`` (`statehold.job.history`). With
+    `metrics_port`, the driver serves Prometheus metrics there (`statehold.spark.metrics`; 0:
     any free port, see ``job.metrics.port``).
     """
 
@@ -102,7 +102,7 @@ class StatefulJob:
         self._coordinator: CheckpointCoordinator | None = None
         self._parsed: dict[str, StructType] = {}
         #: A checkpoint, savepoint or job directory of another job to start from (used
-        #: only while this job has no checkpoint of its own; see statehold.restore).
+        #: only while this job has no checkpoint of its own; see statehold.checkpoint.restore).
         self.restore_from = restore_from
         self.restore_mode = RestoreMode(restore_mode)
         self.on_phase = on_phase
@@ -112,7 +112,7 @@ class StatefulJob:
         #: The newest batches' history records, for `progress_listener`.
         self.recent = RecentRecords()
         if metrics_port is not None:
-            from statehold.metrics import JobMetrics
+            from statehold.spark.metrics import JobMetrics
 
             self.metrics = JobMetrics(job_id, metrics_port)
 
@@ -142,7 +142,7 @@ class StatefulJob:
             # one the job directory records (embedded for a new job).
             job = open_job(self.storage, self._ha, job_id=self.job_id, create=True)
             if self.restore_from is not None and self.restore_mode is not RestoreMode.RESUME:
-                from statehold.restore import restore_into
+                from statehold.checkpoint.restore import restore_into
                 from statehold.tools import opened
 
                 with opened(
@@ -235,7 +235,7 @@ class StatefulJob:
             self, df, processor, keys, time_mode, event_time_column, late_rows,
             now_ms() if processing_time_ms is None else processing_time_ms, input_format,
         )
-        from statehold.state_record import for_batch
+        from statehold.processor.record import for_batch
 
         schemas = for_batch(self, df, processor, keys, fmt)  # refuses what cannot be read
         if initial_state is not None and self.coordinator.latest() is None:

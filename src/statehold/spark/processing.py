@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from statehold.errors import InvalidArgumentError
-from statehold.metadata import EventTime
+from statehold.format.metadata import EventTime
 from statehold.processor.api import TimeMode
 from statehold.processor.compat import is_spark_style
 from statehold.processor.runner import LateRows, ProcessorSpec

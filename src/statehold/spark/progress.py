@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from statehold.history import HistoryRecord
+from statehold.job.history import HistoryRecord
 
 if TYPE_CHECKING:
     from statehold.spark.job import StatefulJob

@@ -31,8 +31,13 @@ from statehold import tools
 from statehold.backend.keys import Key
 from statehold.backend.rocks import StateBackendError, TaskStateBackend
 from statehold.backend.state import EntryDecoders
-from statehold.metadata import CheckpointMetadata, KeyGroupState, MetadataError, OperatorSchemas
-from statehold.state_values import recorded_decoders
+from statehold.format.metadata import (
+    CheckpointMetadata,
+    KeyGroupState,
+    MetadataError,
+    OperatorSchemas,
+)
+from statehold.state.values import recorded_decoders
 from statehold.storage import Storage, open_storage
 from statehold.tools.locate import read
 

@@ -31,9 +31,9 @@ import pyarrow.compute as pc
 
 from statehold.backend.keys import key_group_of, task_of, task_range
 from statehold.errors import StateholdError
-from statehold.metadata import KeyGroupState
+from statehold.format.metadata import KeyGroupState
+from statehold.processor.output import Output
 from statehold.spark.api import BatchFunction, InputFormat, KeyedState, KeyFunction
-from statehold.spark.output import Output
 
 if TYPE_CHECKING:
     from statehold.processor.runner import ProcessorSpec
@@ -260,7 +260,7 @@ class StateStage:
 
 
 def _metadata_key(checkpoint_id: int) -> str:
-    from statehold.layout import checkpoint_metadata_key
+    from statehold.format.layout import checkpoint_metadata_key
 
     return checkpoint_metadata_key(checkpoint_id)
 

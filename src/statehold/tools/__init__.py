@@ -3,13 +3,13 @@ export and dispose. The CLI (`statehold.cli`) is a thin layer over these functio
 
 Every function takes a *target*: a location string (plain path, ``file://``,
 ``s3://bucket/prefix``; see `locate`), a job-directory `Storage`, an open
-`statehold.jobdir.JobDirectory`, or a `Target`, and `ha`: the HA store's URI (default:
+`statehold.job.directory.JobDirectory`, or a `Target`, and `ha`: the HA store's URI (default:
 the one the job directory records). Results are pydantic models, so
 ``result.model_dump_json()`` is the machine-readable form.
 
 Safety: nothing here reads or deletes outside the job directory it was given, every
 check runs before the first delete (an operation that refuses deletes nothing), and
-every delete is one the deletion policy (`statehold.policy`) allows.
+every delete is one the deletion policy (`statehold.cleanup.policy`) allows.
 
     locate.py      where: the job directory and the checkpoint a command names
     results.py     the result models
@@ -18,8 +18,8 @@ every delete is one the deletion policy (`statehold.policy`) allows.
     operations.py  writing: export, dispose
 """
 
-from statehold.jobdir import JobDirectoryError, NotAJobDirectoryError, require_job_directory
-from statehold.metadata import stored_checksum as sha256_of
+from statehold.format.metadata import stored_checksum as sha256_of
+from statehold.job.directory import JobDirectoryError, NotAJobDirectoryError, require_job_directory
 from statehold.tools.locate import Progress, Target, TargetLike, ToolError, locate, opened
 from statehold.tools.operations import dispose, export
 from statehold.tools.reports import diff, inspect, list_checkpoints, verify

@@ -1,4 +1,4 @@
-"""Where a tool works: a job directory opened once (`statehold.jobdir.open_job`) and the
+"""Where a tool works: a job directory opened once (`statehold.job.directory.open_job`) and the
 checkpoint or savepoint in it that a command names.
 
 A location string ending in ``chk-N`` names checkpoint N of the job directory above it,
@@ -14,12 +14,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
-from statehold import layout
 from statehold.errors import StateholdError
+from statehold.format import layout
+from statehold.format.layout import Kind
+from statehold.format.metadata import CheckpointMetadata
 from statehold.ha.base import HAStore
-from statehold.jobdir import JobDirectory, JobDirectoryError, open_job
-from statehold.layout import Kind
-from statehold.metadata import CheckpointMetadata
+from statehold.job.directory import JobDirectory, JobDirectoryError, open_job
 from statehold.storage import FileInfo, Storage, StorageError
 from statehold.storage.base import NamePage
 
@@ -210,7 +210,7 @@ def _counted(
 
 
 def parse(key: str) -> layout.PathInfo:
-    from statehold.policy import parse as policy_parse
+    from statehold.cleanup.policy import parse as policy_parse
 
     return policy_parse(key)
 

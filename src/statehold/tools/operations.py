@@ -2,7 +2,7 @@
 (delete a checkpoint, a savepoint or a whole job directory).
 
 Both are outside writers: dispose deletes only what the deletion policy
-(`statehold.policy`) calls deletable, re-checks before each delete that the job is as
+(`statehold.cleanup.policy`) calls deletable, re-checks before each delete that the job is as
 it planned under (`gc.outside_guard`), never touches a retained checkpoint while
 an attempt runs, and claims an epoch before it changes the HA store, so no zombie
 driver can re-publish what it removed.
@@ -13,15 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from statehold import layout
-from statehold.cleaner import Discard, SyncCleaner
-from statehold.gc import outside_guard
-from statehold.ha.base import CheckpointPointer, HAStore
-from statehold.ha.embedded import EmbeddedHAStore
-from statehold.ha.open import EMBEDDED
-from statehold.jobdir import OWNER_KEY, JobDirectory, open_job, write_owner
-from statehold.layout import Kind, Scope
-from statehold.metadata import (
+from statehold.cleanup.cleaner import Discard, SyncCleaner
+from statehold.cleanup.gc import outside_guard
+from statehold.cleanup.policy import Verdict, View, judge
+from statehold.cleanup.reconcile import live_attempt
+from statehold.format import layout
+from statehold.format.layout import Kind, Scope
+from statehold.format.metadata import (
     MetadataError,
     check_stored,
     decode,
@@ -29,8 +27,10 @@ from statehold.metadata import (
     referenced_keys,
     relocate,
 )
-from statehold.policy import Verdict, View, judge
-from statehold.reconcile import live_attempt
+from statehold.ha.base import CheckpointPointer, HAStore
+from statehold.ha.embedded import EmbeddedHAStore
+from statehold.ha.open import EMBEDDED
+from statehold.job.directory import OWNER_KEY, JobDirectory, open_job, write_owner
 from statehold.storage import Storage, StorageError, open_storage
 from statehold.tools.locate import (
     NoProgress,

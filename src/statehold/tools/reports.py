@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from statehold import layout
 from statehold.errors import StateholdError
+from statehold.format import layout
+from statehold.format.layout import Kind
+from statehold.format.metadata import CheckpointMetadata, MetadataError, StateFile, stored_checksum
 from statehold.ha.base import HAStore
-from statehold.jobdir import JobDirectory
-from statehold.layout import Kind
-from statehold.metadata import CheckpointMetadata, MetadataError, StateFile, stored_checksum
+from statehold.job.directory import JobDirectory
 from statehold.storage import StorageError
 from statehold.tools.locate import (
     NoProgress,

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from statehold.layout import Scope
+from statehold.format.layout import Scope
 
 TargetKind = Literal["job", "checkpoint", "savepoint"]
 

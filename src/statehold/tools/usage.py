@@ -7,13 +7,13 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
-from statehold import layout
+from statehold.cleanup.policy import Verdict, View, judge, judge_names
+from statehold.cleanup.reconcile import live_attempt
+from statehold.format import layout
+from statehold.format.layout import Kind
+from statehold.format.metadata import referenced_keys
 from statehold.ha.base import HAStore
-from statehold.jobdir import JobDirectory
-from statehold.layout import Kind
-from statehold.metadata import referenced_keys
-from statehold.policy import Verdict, View, judge, judge_names
-from statehold.reconcile import live_attempt
+from statehold.job.directory import JobDirectory
 from statehold.storage.base import FileInfo, NamePage
 from statehold.tools.locate import Progress, TargetLike, kind_of, opened, parse, stat_pages
 from statehold.tools.results import CheckpointUsage, DiskUsage

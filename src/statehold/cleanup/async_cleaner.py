@@ -1,0 +1,375 @@
+"""`AsyncCleaner`: the cleaner the driver runs, so deletes never delay processing or recovery.
+
+Callers only enqueue; one background thread deletes in bulk, retries each failing path on
+its own backoff schedule, and stops deleting as soon as its guard reports the attempt
+fenced. The discard model, the guard and the policy check every path passes are in
+`cleaner.py`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from statehold.cleanup.cleaner import Backoff, Cleaner, CleanerStatus, Discard, Guard, _checked
+from statehold.ha.base import FencedError
+from statehold.storage.base import DeleteError, Storage
+
+#: The one cleaner logger, whichever module logs: operators filter on it.
+logger = logging.getLogger("statehold.cleanup.cleaner")
+
+
+@dataclass(eq=False, slots=True)
+class _Item:
+    """One file or directory waiting to be deleted."""
+
+    path: str
+    is_dir: bool
+    attempts: int = 0
+    due: float = 0.0
+
+
+def _fmt(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"
+
+
+class AsyncCleaner(Cleaner):
+    """Deletes in one background thread; `discard()` only enqueues.
+
+    The worker takes up to `batch_size` queued files per bulk `delete_many` call, and
+    removes each queued directory with one `delete_prefix` call. Deletes are idempotent (a
+    missing file is success). A file or directory that fails is retried on its own
+    schedule with exponential backoff (`initial_delay` * `multiplier` ** (attempt - 1),
+    capped at `max_delay`, spread by +-`jitter` as a fraction), so a file that keeps
+    failing never holds up the others. Retries are unlimited unless `max_attempts` is
+    set; a path given up on is left for the reconcile, which finds every orphan anyway.
+
+    The `guard` runs before every batch. If it raises FencedError a newer attempt owns the
+    job: this cleaner deletes nothing any more, drops its queue (the new attempt's
+    reconcile takes over) and reports ``fenced`` in `status()`. Any other guard error
+    means "cannot tell right now": nothing is deleted and the batch waits (with backoff).
+
+    Backlog bound: when the number of pending paths reaches `max_backlog`, a warning is
+    logged and `backlogged()` turns True. Nothing is refused — a discard is never lost —
+    but the coordinator should not begin new checkpoints while `backlogged()` is True, so
+    that storage which cannot keep up with deletes slows checkpointing instead of filling
+    up. `close()` stops the worker without draining (call `wait_idle()` first to drain);
+    whatever is still pending is found by the next reconcile.
+    """
+
+    #: How many retrying paths `status()` lists by name.
+    STATUS_SAMPLE = 100
+
+    def __init__(
+        self,
+        storage: Storage,
+        guard: Guard | None = None,
+        *,
+        batch_size: int = 1000,
+        initial_delay: float = 0.1,
+        max_delay: float = 60.0,
+        multiplier: float = 2.0,
+        jitter: float = 0.2,
+        max_attempts: int | None = None,
+        max_backlog: int = 100_000,
+        max_errors: int = 20,
+        seed: int | None = None,
+        name: str = "statehold-cleaner",
+    ) -> None:
+        super().__init__(storage, guard)
+        if batch_size < 1 or max_backlog < 1 or max_errors < 1:
+            raise ValueError("batch_size, max_backlog and max_errors must be >= 1")
+        if max_attempts is not None and max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1 or None")
+        self.batch_size = batch_size
+        self.backoff = Backoff(initial_delay, max_delay, multiplier, jitter)
+        self.max_attempts = max_attempts
+        self.max_backlog = max_backlog
+
+        self._cond = threading.Condition()
+        self._items: dict[tuple[bool, str], _Item] = {}  # everything pending, by identity
+        self._ready_keys: deque[_Item] = deque()
+        self._ready_dirs: deque[_Item] = deque()
+        self._waiting: list[tuple[float, int, _Item]] = []  # heap of retries by due time
+        self._retrying: dict[tuple[bool, str], _Item] = {}
+        self._seq = itertools.count()
+        self._dirs_turn = False
+        self._busy = False
+        self._stopping = False
+        self._fenced = False
+        self._above_bound = False
+        self._hold_until = 0.0  # a failing (non-fencing) guard pauses all deletes
+        self._guard_failures = 0
+        self._deleted = 0
+        self._failures = 0
+        self._gave_up = 0
+        self._errors: deque[str] = deque(maxlen=max_errors)
+        self._rng = random.Random(seed)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> AsyncCleaner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- caller side (never does I/O) ----------------------------------------------------
+    def discard(self, discard: Discard) -> None:
+        """Enqueue and return. Paths are validated here, so a bad one raises in the
+        caller. After fencing or close() the discard is dropped (the reconcile of the
+        attempt that owns the job will find the files)."""
+        keys, dirs = _checked(discard)
+        with self._cond:
+            if self._fenced or self._stopping:
+                logger.debug("dropping discard (%s): cleaner is fenced or closed", discard.reason)
+                return
+            for path, is_dir in itertools.chain(
+                ((k, False) for k in keys), ((d, True) for d in dirs)
+            ):
+                ident = (is_dir, path)
+                if ident in self._items:
+                    continue  # already pending: deleting twice is the same as once
+                item = _Item(path, is_dir)
+                self._items[ident] = item
+                (self._ready_dirs if is_dir else self._ready_keys).append(item)
+            self._check_bound()
+            self._cond.notify_all()
+
+    def backlogged(self) -> bool:
+        """True while at least `max_backlog` paths are pending: the coordinator should
+        hold back new checkpoints until the cleaner catches up."""
+        with self._cond:
+            return len(self._items) >= self.max_backlog
+
+    def wait_below(self, limit: int, timeout: float | None = None) -> bool:
+        """Wait until fewer than `limit` paths are pending (or the cleaner is fenced or
+        closed): how a caller that streams millions of discards keeps the queue bounded.
+        False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while len(self._items) >= limit and not (self._fenced or self._stopping):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until nothing is pending or in flight. False on timeout, or at once if
+        the cleaner is closed with work left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._items or self._busy:
+                if self._stopping and not self._thread.is_alive():
+                    return False
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def status(self) -> CleanerStatus:
+        with self._cond:
+            dirs = sum(1 for is_dir, _ in self._items if is_dir)
+            return CleanerStatus(
+                pending_keys=len(self._items) - dirs,
+                pending_dirs=dirs,
+                deleted=self._deleted,
+                failures=self._failures,
+                last_errors=list(self._errors),
+                retrying=[
+                    i.path for i in itertools.islice(self._retrying.values(), self.STATUS_SAMPLE)
+                ],
+                retrying_count=len(self._retrying),
+                gave_up=self._gave_up,
+                fenced=self._fenced,
+                backlogged=len(self._items) >= self.max_backlog,
+            )
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the worker (after its current batch) and wait up to `timeout` for it."""
+        with self._cond:
+            self._stopping = True
+            pending = len(self._items)
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if pending:
+            logger.info("cleaner closed with %d path(s) pending; the reconcile finds them", pending)
+
+    # -- worker side ---------------------------------------------------------------------
+    def _check_bound(self) -> None:
+        """Must hold the lock. Log when the backlog crosses `max_backlog` either way."""
+        above = len(self._items) >= self.max_backlog
+        if above and not self._above_bound:
+            logger.warning(
+                "cleaner backlog reached %d path(s) (max_backlog=%d): deletes are not keeping "
+                "up; new checkpoints should wait",
+                len(self._items),
+                self.max_backlog,
+            )
+        elif not above and self._above_bound:
+            logger.info("cleaner backlog back below %d path(s)", self.max_backlog)
+        self._above_bound = above
+
+    def _backoff(self, attempts: int) -> float:
+        """Must hold the lock (uses the shared random generator)."""
+        return self.backoff.delay(attempts, self._rng)
+
+    def _next_batch(self) -> list[_Item] | None:
+        """Must hold the lock. Wait for the next batch: up to `batch_size` files, or one
+        directory. None when the worker must stop."""
+        while True:
+            if self._stopping or self._fenced:
+                return None
+            now = time.monotonic()
+            while self._waiting and self._waiting[0][0] <= now:
+                item = heapq.heappop(self._waiting)[2]
+                (self._ready_dirs if item.is_dir else self._ready_keys).append(item)
+            ready = bool(self._ready_keys or self._ready_dirs)
+            if ready and now >= self._hold_until:
+                self._dirs_turn = not self._dirs_turn
+                if self._ready_dirs and (self._dirs_turn or not self._ready_keys):
+                    return [self._ready_dirs.popleft()]
+                n = min(self.batch_size, len(self._ready_keys))
+                return [self._ready_keys.popleft() for _ in range(n)]
+            wake = [self._hold_until] if ready else []
+            if self._waiting:
+                wake.append(self._waiting[0][0])
+            self._cond.wait(max(0.0, min(wake) - now) if wake else None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._busy = True
+            try:
+                self._process(batch)
+            except Exception as e:  # a bug must not kill the worker: retry the batch
+                logger.exception("cleaner batch failed unexpectedly")
+                self._record([], [(item, e) for item in batch], 0)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _process(self, batch: list[_Item]) -> None:
+        if self.guard is not None:
+            try:
+                self.guard()
+            except FencedError as e:
+                self._fence(e)
+                return
+            except Exception as e:
+                self._guard_failed(batch, e)
+                return
+            with self._cond:
+                self._guard_failures = 0
+        done: list[_Item] = []
+        failed: list[tuple[_Item, BaseException]] = []
+        deleted = 0
+        if batch[0].is_dir:
+            item = batch[0]
+            try:
+                deleted += self.storage.delete_prefix(item.path + "/")
+                done.append(item)
+            except Exception as e:
+                failed.append((item, e))
+        else:
+            try:
+                self.storage.delete_many([item.path for item in batch])
+                done = batch
+            except DeleteError as e:
+                for item in batch:
+                    if item.path in e.failed:
+                        failed.append((item, e.failed[item.path]))
+                    else:
+                        done.append(item)
+            except Exception as e:  # the whole request failed
+                failed = [(item, e) for item in batch]
+            deleted += len(done)
+        self._record(done, failed, deleted)
+
+    def _record(
+        self, done: list[_Item], failed: list[tuple[_Item, BaseException]], deleted: int
+    ) -> None:
+        retry_msgs: list[str] = []
+        given_up: list[str] = []
+        with self._cond:
+            if self._fenced:
+                return
+            now = time.monotonic()
+            self._deleted += deleted
+            for item in done:
+                ident = (item.is_dir, item.path)
+                self._items.pop(ident, None)
+                self._retrying.pop(ident, None)
+            for item, err in failed:
+                ident = (item.is_dir, item.path)
+                item.attempts += 1
+                self._failures += 1
+                msg = f"{item.path}{'/' if item.is_dir else ''}: {_fmt(err)}"
+                self._errors.append(msg)
+                if self.max_attempts is not None and item.attempts >= self.max_attempts:
+                    self._items.pop(ident, None)
+                    self._retrying.pop(ident, None)
+                    self._gave_up += 1
+                    given_up.append(msg)
+                    continue
+                self._retrying[ident] = item
+                item.due = now + self._backoff(item.attempts)
+                heapq.heappush(self._waiting, (item.due, next(self._seq), item))
+                # log the 1st, 2nd, 4th, 8th... failure of a path: visible, not flooding
+                if item.attempts & (item.attempts - 1) == 0:
+                    retry_msgs.append(f"{msg} (attempt {item.attempts})")
+            self._check_bound()
+            self._cond.notify_all()
+        if retry_msgs:
+            logger.warning(
+                "%d delete(s) failed, will retry: %s", len(retry_msgs), "; ".join(retry_msgs[:10])
+            )
+        if given_up:
+            logger.error(
+                "gave up on %d path(s) after %s attempts (left for the reconcile): %s",
+                len(given_up),
+                self.max_attempts,
+                "; ".join(given_up[:10]),
+            )
+
+    def _guard_failed(self, batch: list[_Item], err: BaseException) -> None:
+        """The guard could not confirm we may delete: put the batch back and pause."""
+        with self._cond:
+            self._guard_failures += 1
+            self._hold_until = time.monotonic() + self._backoff(self._guard_failures)
+            for item in reversed(batch):
+                (self._ready_dirs if item.is_dir else self._ready_keys).appendleft(item)
+            self._errors.append(f"guard: {_fmt(err)}")
+            self._cond.notify_all()
+        logger.warning("cleaner guard failed, deletes paused: %s", _fmt(err))
+
+    def _fence(self, err: FencedError) -> None:
+        with self._cond:
+            self._fenced = True
+            dropped = len(self._items)
+            self._items.clear()
+            self._ready_keys.clear()
+            self._ready_dirs.clear()
+            self._waiting.clear()
+            self._retrying.clear()
+            self._errors.append(f"fenced: {err}")
+            self._check_bound()
+            self._cond.notify_all()
+        logger.error(
+            "cleaner fenced (%s): deleting nothing any more, dropped %d pending path(s); "
+            "the current attempt's reconcile takes over",
+            err,
+            dropped,
+        )

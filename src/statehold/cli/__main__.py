@@ -1,0 +1,5 @@
+"""``python -m statehold.cli``."""
+
+from statehold.cli.app import main
+
+main()

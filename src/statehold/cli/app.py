@@ -1,0 +1,48 @@
+"""The ``statehold`` command: one entry point over `statehold.tools`.
+
+Every command takes ``--json`` (machine-readable result on stdout, no progress bars);
+any problem exits non-zero with one line ``statehold: error: ...`` on stderr (and, with
+``--json``, an ``{"ok": false, "error": ..., "problems": [...]}`` document on stdout).
+
+Human-readable output (`statehold.cli.output`) depends on where it goes. To a terminal:
+rich tables and highlighting, progress of long work on stderr (`RichProgress`: only when
+stdout and stderr are both terminals), rich ``--help``. To a pipe or a
+file: never wrapped or styled, whatever ``COLUMNS`` says: one line per message, a table
+as a tab-separated header line and one tab-separated line per row, no progress, and
+plain ``--help`` with each paragraph on one line.
+
+Each command group is a module with ``register(app)``, registered here by name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from statehold.cli import gc, history, jobs, state
+from statehold.cli.output import UNWRAPPED, PlainWhenPiped
+
+app = typer.Typer(
+    name="statehold",
+    help="Inspect, verify, measure, export and dispose statehold checkpoints.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    cls=PlainWhenPiped,
+    context_settings={"terminal_width": UNWRAPPED},
+)
+
+for group in (jobs, gc, state, history):
+    group.register(app)
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:
+        # `statehold list JOB | head`: the reader left; that is no error worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+

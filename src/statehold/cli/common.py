@@ -1,0 +1,103 @@
+"""What every ``statehold`` command shares: its options, one-line errors, JSON or text.
+
+Every command takes ``--json`` (machine-readable result on stdout, no progress bars);
+any problem exits non-zero with one line ``statehold: error: ...`` on stderr (and, with
+``--json``, an ``{"ok": false, "error": ..., "problems": [...]}`` document on stdout).
+
+Human-readable output (`statehold.cli.output`) depends on where it goes. To a terminal:
+rich tables and highlighting, progress of long work on stderr (`RichProgress`: only when
+stdout and stderr are both terminals), rich ``--help``. To a pipe or a
+file: never wrapped or styled, whatever ``COLUMNS`` says: one line per message, a table
+as a tab-separated header line and one tab-separated line per row, no progress, and
+plain ``--help`` with each paragraph on one line.
+
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, NoReturn
+
+import typer
+from pydantic import BaseModel
+
+from statehold.errors import StateholdError
+from statehold.job.directory import JobDirectory, open_job
+from statehold.tools import Problem, ToolError
+from statehold.tools.locate import split_location
+
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print the result as JSON (no progress bars).")
+]
+CheckpointArg = Annotated[
+    str,
+    typer.Argument(
+        help="A chk-N directory, savepoints/NAME, or a job directory (its newest retained "
+        "checkpoint). Plain path, file:// or s3://bucket/prefix."
+    ),
+]
+JobArg = Annotated[str, typer.Argument(help="A job directory (path, file:// or s3://).")]
+HaOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ha",
+        help="The job's HA store: 'embedded' or zookeeper://host:port/path. Default: the "
+        "store the job directory records; a different one is refused.",
+    ),
+]
+
+
+def error_line(message: str) -> None:
+    sys.stderr.write(f"statehold: error: {' '.join(message.split())}\n")
+    sys.stderr.flush()
+
+
+def fail(message: str, *, as_json: bool = False, problems: list[Problem] | None = None) -> NoReturn:
+    """Exit 1 with a one-line message (and a JSON error document with ``--json``)."""
+    if as_json:
+        doc = {
+            "ok": False,
+            "error": " ".join(message.split()),
+            "problems": [p.model_dump(mode="json") for p in problems or []],
+        }
+        typer.echo(json.dumps(doc, indent=2))
+    error_line(message)
+    raise typer.Exit(1)
+
+
+@contextmanager
+def handle_errors(as_json: bool) -> Iterator[None]:
+    """Turn every statehold error into `fail` (one line, exit 1)."""
+    try:
+        yield
+    except ToolError as e:
+        fail(str(e), as_json=as_json, problems=e.problems)
+    except StateholdError as e:
+        fail(str(e), as_json=as_json)
+    except (OSError, ValueError, RecursionError, MemoryError) as e:
+        # Not statehold's own (a full disk, a permission, a value a library refused):
+        # still one line, never a traceback; STATEHOLD_DEBUG=1 re-raises for one.
+        if os.environ.get("STATEHOLD_DEBUG"):
+            raise
+        fail(f"{type(e).__name__}: {e}", as_json=as_json)
+
+
+@contextmanager
+def open_job_for(location: str, ha: str | None) -> Iterator[JobDirectory]:
+    """The job directory at `location` (a job directory, or a checkpoint in one), opened
+    with the HA store `--ha` names (None: the one it records), closed afterwards."""
+    job_uri, _ref = split_location(location)
+    with open_job(job_uri, ha) as job:
+        yield job
+
+
+def emit(result: BaseModel, as_json: bool, render: Callable[[], None]) -> None:
+    """Print `result` as JSON with ``--json``, else call `render`."""
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        render()

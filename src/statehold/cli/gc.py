@@ -1,0 +1,187 @@
+"""Maintenance commands: ``statehold gc`` (the reconcile, run from outside the job) and
+``statehold status`` (the running attempt and its cleanup backlog)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from statehold.cleanup.gc import GcAllReport, GcProgress, GcReport, gc, job_locations
+from statehold.cli.common import (
+    HaOption,
+    JobArg,
+    JsonOption,
+    emit,
+    handle_errors,
+    open_job_for,
+)
+from statehold.cli.output import RichProgress, say
+from statehold.errors import StateholdError
+from statehold.job.directory import open_job
+from statehold.job.status import job_status
+from statehold.tools.locate import split_location
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Report what would be deleted; delete nothing.")
+]
+
+
+SparkOption = Annotated[
+    bool,
+    typer.Option(
+        "--spark",
+        help="List and delete on Spark executors (by prefix); the driver only plans.",
+    ),
+]
+MasterOption = Annotated[
+    str | None,
+    typer.Option("--master", help="Spark master for --spark (default: Spark's own setting)."),
+]
+AllJobsOption = Annotated[
+    bool,
+    typer.Option(
+        "--all-jobs",
+        help="JOB_DIR is a checkpoint root: gc every job directory right under it, each "
+        "with its own recorded HA store.",
+    ),
+]
+
+
+def gc_command(
+    job_dir: JobArg,
+    dry_run: DryRunOption = False,
+    ha: HaOption = None,
+    spark: SparkOption = False,
+    master: MasterOption = None,
+    all_jobs: AllJobsOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Delete every file no retained checkpoint or savepoint references. Safe while the
+    job runs: files of its in-flight checkpoints are spared while its lease is fresh."""
+    if all_jobs:
+        _gc_all(job_dir, dry_run=dry_run, spark=spark, master=master, as_json=as_json)
+        return
+    with handle_errors(as_json):
+        if spark:
+            job_uri, _ref = split_location(job_dir)
+            report = _spark_gc(_session(master), job_uri, ha=ha, dry_run=dry_run)
+        else:
+            with RichProgress(not as_json) as progress, open_job_for(job_dir, ha) as job:
+                report = gc(job, dry_run=dry_run, progress=_shown(progress, job.uri))
+    emit(report, as_json, lambda: _render(report))
+
+
+def _shown(progress: RichProgress, job_uri: str) -> GcProgress:
+    """gc's listing and its deletes (which run beside it) as two lines of `progress`."""
+    listed = progress.counter(f"gc {job_uri}: listed", "files")
+    deleted = progress.counter(f"gc {job_uri}: deleted", "files")
+    return GcProgress(listed=listed, deleted=lambda files, _bytes: deleted(files))
+
+
+def _render(report: GcReport) -> None:
+    verb = "would delete" if report.dry_run else "deleted"
+    size = "bytes not counted" if report.orphan_bytes is None else f"{report.orphan_bytes} bytes"
+    say(
+        f"{report.job_uri}: {verb} {report.orphan_count} orphan(s), "
+        f"{size}; kept {report.referenced} referenced file(s)"
+    )
+    if report.live_epoch is not None:
+        say(
+            f"a running attempt (epoch {report.live_epoch}) holds "
+            f"{report.protected_count} in-flight file(s): spared"
+        )
+    for key in report.foreign:
+        say(f"left alone (not made by statehold): {key}")
+    if report.foreign_count > len(report.foreign):
+        say(f"... and {report.foreign_count - len(report.foreign)} more left alone")
+    for key, why in report.quarantined.items():
+        say(f"quarantined (its files are spared): {key}: {why}")
+
+
+def _session(master: str | None) -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    from statehold.spark.session import use_this_python
+
+    use_this_python()
+    builder = SparkSession.builder.appName("statehold-gc")
+    if master:
+        builder = builder.master(master)
+    return builder.getOrCreate()
+
+
+def _spark_gc(session: SparkSession, location: str, *, ha: str | None, dry_run: bool) -> GcReport:
+    from statehold.spark.gc import gc_on_spark
+
+    return gc_on_spark(session, location, ha=ha, dry_run=dry_run)
+
+
+def _gc_all(root: str, *, dry_run: bool, spark: bool, master: str | None, as_json: bool) -> None:
+    """Each job under `root` with its own recorded HA store; one failing job does not
+    stop the others, and makes the exit status 1."""
+    with handle_errors(as_json):
+        locations = job_locations(root)
+    session = _session(master) if spark and locations else None
+    reports: list[GcReport] = []
+    errors: dict[str, str] = {}
+    for location in locations:
+        try:
+            if session is not None:
+                reports.append(_spark_gc(session, location, ha=None, dry_run=dry_run))
+            else:
+                with RichProgress(not as_json) as progress, open_job(location) as job:
+                    reports.append(gc(job, dry_run=dry_run, progress=_shown(progress, job.uri)))
+        except StateholdError as e:
+            errors[location] = " ".join(str(e).split())
+    result = GcAllReport(root=root, jobs=reports, errors=errors)
+
+    def render() -> None:
+        for report in reports:
+            _render(report)
+        for location, error in errors.items():
+            say(f"{location}: error: {error}")
+        say(f"{root}: {len(reports)} job(s) collected, {len(errors)} failed")
+
+    emit(result, as_json, render)
+    if errors:
+        raise typer.Exit(1)
+
+
+def status_command(
+    job_dir: JobArg, ha: HaOption = None, as_json: JsonOption = False
+) -> None:
+    """Epoch, retained checkpoints, whether an attempt runs, its cleanup backlog and
+    failures, and the job result entry."""
+    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
+        status = job_status(job.storage, job.ha)
+
+    def render() -> None:
+        say(f"{status.job_uri}: epoch {status.epoch}, retained {status.retained}")
+        if status.running:
+            cleaner = status.attempt.get("cleaner", {})
+            say(
+                f"running (lease renewed {status.lease_age_seconds:.0f}s ago); cleanup "
+                f"backlog {cleaner.get('pending_keys', 0)} file(s) + "
+                f"{cleaner.get('pending_dirs', 0)} dir(s), {cleaner.get('failures', 0)} "
+                "failed attempt(s)"
+            )
+            for error in cleaner.get("last_errors", [])[-5:]:
+                say(f"  {error}")
+        else:
+            say("no running attempt")
+        if status.result is not None:
+            say(
+                f"ended {status.result.outcome} ({status.result.policy}), "
+                f"cleanup {status.result.state}"
+            )
+
+    emit(status, as_json, render)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gc")(gc_command)
+    app.command("status")(status_command)

@@ -1,0 +1,91 @@
+"""``statehold history`` (the checkpoint history), ``statehold report --html`` and
+``statehold ui`` (the web view of a job directory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import BaseModel
+
+from statehold.cli.common import HaOption, JobArg, JsonOption, emit, handle_errors, open_job_for
+from statehold.cli.output import say, size, table, when
+from statehold.job.history import HistoryRecord, read_history
+
+
+class HistoryListing(BaseModel):
+    job_uri: str
+    records: list[HistoryRecord]
+
+
+LimitOption = Annotated[
+    int, typer.Option("--limit", min=1, help="Show the newest this many records.")
+]
+
+
+def history_command(
+    job_dir: JobArg, limit: LimitOption = 100, ha: HaOption = None, as_json: JsonOption = False
+) -> None:
+    """Completed and aborted checkpoints, oldest first: duration (tasks' snapshot,
+    driver's complete), bytes uploaded and reused, state size, keys, rows, cleanup
+    backlog, and why an aborted one failed."""
+    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
+        result = HistoryListing(job_uri=job.storage.uri, records=read_history(job.storage, limit))
+
+    def render() -> None:
+        if not result.records:
+            say(f"{result.job_uri}: no checkpoint history")
+            return
+        table(
+            ["checkpoint", "epoch", "outcome", "ended", "seconds", "snapshot s", "complete s",
+             "uploaded", "files", "reused", "state", "keys", "rows", "backlog", "reason"],
+            [
+                [str(r.checkpoint_id), str(r.epoch), r.outcome, when(r.ended_at),
+                 f"{r.duration:.2f}", f"{r.snapshot_seconds:.2f}", f"{r.complete_seconds:.3f}",
+                 size(r.bytes_uploaded), str(r.files_uploaded), size(r.bytes_reused),
+                 size(r.state_size), str(r.keys), str(r.rows), str(r.cleanup_backlog),
+                 r.reason or ""]
+                for r in result.records
+            ],
+            title=result.job_uri,
+        )
+
+    emit(result, as_json, render)
+
+
+def report_command(
+    job_dir: JobArg,
+    html: Annotated[Path, typer.Option("--html", help="Write the web view to this file.")],
+    ha: HaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write the web view of a job directory as one self-contained HTML file (charts of
+    the checkpoint history, retained checkpoints and savepoints, storage, cleanup, verify
+    problems; no network needed to view it)."""
+    from statehold.cli.webview import gather, render_html
+
+    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
+        view = gather(job)
+        html.write_text(render_html(view), encoding="utf-8")
+
+    emit(view.summary(str(html)), as_json, lambda: say(f"wrote {html}"))
+
+
+def ui_command(
+    job_dir: JobArg,
+    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (0: any).")] = 8765,
+    ha: HaOption = None,
+) -> None:
+    """Serve the web view on http://127.0.0.1:PORT/ (built afresh on every load) until
+    interrupted."""
+    from statehold.cli.webview import serve
+
+    with handle_errors(False):
+        serve(job_dir, ha, port, announce=say)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("history")(history_command)
+    app.command("report")(report_command)
+    app.command("ui")(ui_command)

@@ -1,0 +1,225 @@
+"""The commands over `statehold.tools`: list, inspect, verify, diff, du, export, dispose,
+set-ha."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from pydantic import BaseModel
+
+from statehold import tools
+from statehold.cli.common import (
+    CheckpointArg,
+    HaOption,
+    JobArg,
+    JsonOption,
+    emit,
+    error_line,
+    handle_errors,
+    open_job_for,
+)
+from statehold.cli.output import (
+    RichProgress,
+    say,
+    show_diff,
+    show_inspection,
+    show_listing,
+    show_problems,
+    show_usage,
+    size,
+)
+from statehold.job.directory import change_ha_store
+from statehold.tools.locate import split_location
+
+
+def list_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None) -> None:
+    """Retained checkpoints, chk-N directories not retained (flagged), and savepoints."""
+    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
+        job_dir, ha
+    ) as job:
+        result = tools.list_checkpoints(job, progress=progress)
+
+    emit(result, as_json, lambda: show_listing(result))
+    if result.problems:
+        p = result.problems[0]
+        n = len(result.problems)
+        error_line(f"{n} unreadable checkpoint(s), first: {p.path}: {p.problem}")
+        raise typer.Exit(1)
+
+
+def inspect_command(
+    checkpoint: CheckpointArg, as_json: JsonOption = False, ha: HaOption = None
+) -> None:
+    """Header fields of a checkpoint; with --json also every file it references."""
+    with handle_errors(as_json), open_job_for(checkpoint, ha) as job:
+        result = tools.inspect(tools.locate(job, split_location(checkpoint)[1]))
+
+    emit(result, as_json, lambda: show_inspection(result))
+
+
+def verify_command(
+    checkpoint: CheckpointArg,
+    as_json: JsonOption = False,
+    no_checksums: Annotated[
+        bool, typer.Option("--no-checksums", help="Check presence and size only.")
+    ] = False,
+    ha: HaOption = None,
+) -> None:
+    """Every referenced file present, of the right size and checksum, inside the job
+    directory. Exits 1 and lists the problems otherwise."""
+    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
+        checkpoint, ha
+    ) as job:
+        target = tools.locate(job, split_location(checkpoint)[1])
+        result = tools.verify(target, checksums=not no_checksums, progress=progress)
+
+    def render() -> None:
+        if result.ok:
+            say(
+                f"OK {result.job_uri.rstrip('/')}/{result.metadata_path}: "
+                f"{result.files_checked} files, {size(result.bytes_checked)}"
+            )
+        else:
+            show_problems(result.problems)
+
+    emit(result, as_json, render)
+    if not result.ok:
+        p = result.problems[0]
+        n = len(result.problems)
+        error_line(f"verify failed: {n} problem(s), first: {p.path}: {p.problem}")
+        raise typer.Exit(1)
+
+
+def diff_command(
+    checkpoint_a: CheckpointArg,
+    checkpoint_b: CheckpointArg,
+    as_json: JsonOption = False,
+    ha: HaOption = None,
+) -> None:
+    """Files added and removed from checkpoint A to checkpoint B, and their bytes."""
+    with handle_errors(as_json):
+        result = tools.diff(checkpoint_a, checkpoint_b, ha=ha)
+
+    emit(result, as_json, lambda: show_diff(result))
+    if result.changed:
+        error_line(f"{len(result.changed)} file(s) differ in size or checksum under one path")
+        raise typer.Exit(1)
+
+
+def du_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None) -> None:
+    """Bytes by scope and by checkpoint (each shared file's bytes split evenly among the
+    retained checkpoints and savepoints referencing it), and unreferenced bytes."""
+    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
+        job_dir, ha
+    ) as job:
+        result = tools.du(job, progress=progress)
+
+    emit(result, as_json, lambda: show_usage(result))
+
+
+def export_command(
+    checkpoint: CheckpointArg,
+    dest: Annotated[str, typer.Argument(help="An empty destination (path, file://, s3://).")],
+    as_json: JsonOption = False,
+    no_verify: Annotated[
+        bool, typer.Option("--no-verify", help="Skip verifying the exported copy.")
+    ] = False,
+    ha: HaOption = None,
+) -> None:
+    """Write a minimal self-contained job directory holding only this checkpoint."""
+    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
+        checkpoint, ha
+    ) as job:
+        source = tools.locate(job, split_location(checkpoint)[1])
+        result = tools.export(source, dest, progress=progress, verify_after=not no_verify)
+
+    def render() -> None:
+        say(
+            f"exported {result.source} -> {result.dest.rstrip('/')}/{result.metadata_path}: "
+            f"{result.files_copied} files, {size(result.bytes_copied)}"
+            + (", verified" if result.verified else "")
+        )
+
+    emit(result, as_json, render)
+
+
+def dispose_command(
+    target: Annotated[
+        str, typer.Argument(help="A chk-N directory, savepoints/NAME, or a job directory.")
+    ],
+    as_json: JsonOption = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Also dispose retained checkpoints / whole jobs."),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would be deleted; delete nothing.")
+    ] = False,
+    ha: HaOption = None,
+) -> None:
+    """Delete a checkpoint, a savepoint or a job directory; files that a retained
+    checkpoint or another savepoint references are always kept."""
+    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
+        target, ha
+    ) as job:
+        located = tools.locate(job, split_location(target)[1])
+        result = tools.dispose(located, force=force, dry_run=dry_run, progress=progress)
+
+    def render() -> None:
+        verb = "would delete" if result.dry_run else "deleted"
+        say(
+            f"{verb} {len(result.deleted)} files ({size(result.deleted_bytes)}) of "
+            f"{result.job_uri.rstrip('/')}/{result.path}; kept {len(result.kept)} still "
+            "referenced"
+        )
+
+    emit(result, as_json, render)
+
+
+def set_ha_command(
+    job_dir: JobArg,
+    new_ha: Annotated[
+        str, typer.Argument(help="The new HA store: embedded or zookeeper://host:port/path.")
+    ],
+    as_json: JsonOption = False,
+    ha: HaOption = None,
+) -> None:
+    """Move a stopped job to another HA store: fences the old one (a new epoch there),
+    seeds the new one with that epoch and the retained checkpoints, then records it."""
+    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
+        state = change_ha_store(job, new_ha)
+        result = SetHaReport(
+            job_uri=job.uri,
+            old_ha=job.ha_uri,
+            new_ha=new_ha,
+            epoch=state.epoch,
+            retained=[p.checkpoint_id for p in state.retained],
+        )
+
+    def render() -> None:
+        say(
+            f"{result.job_uri}: HA store {result.old_ha} -> {result.new_ha} (epoch "
+            f"{result.epoch}, retained {result.retained})"
+        )
+
+    emit(result, as_json, render)
+
+
+class SetHaReport(BaseModel):
+    job_uri: str
+    old_ha: str
+    new_ha: str
+    epoch: int
+    retained: list[int]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("list")(list_command)
+    app.command("inspect")(inspect_command)
+    app.command("verify")(verify_command)
+    app.command("diff")(diff_command)
+    app.command("du")(du_command)
+    app.command("export")(export_command)
+    app.command("dispose")(dispose_command)
+    app.command("set-ha")(set_ha_command)

@@ -1,0 +1,368 @@
+"""Checkpoint metadata: one versioned, self-describing JSON document per checkpoint.
+
+JSON, never pickle: a `_metadata` file is data a person can read and a program can verify,
+and reading one can never execute code. The document carries a SHA-256 of its own
+canonical form, so truncation and bit rot are detected, and every state file path is
+relative to the `_metadata` file, so the job directory can be copied anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import tempfile
+from collections.abc import Iterator, Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
+
+from statehold import clock
+from statehold.errors import StateholdError
+from statehold.format import layout, signed
+from statehold.format.layout import Scope
+from statehold.storage.base import NotFoundError, Storage, UnsafePathError
+
+FORMAT_NAME: Final = "statehold.checkpoint"
+#: Bump on any change a reader of the previous version would misread. Version 2 added
+#: `state_schemas`; a document without them is still written as version 1, so a job
+#: without typed state stays readable by an older statehold.
+FORMAT_VERSION = 2
+#: The version of one operator's schema record (`OperatorSchemas.version`).
+SCHEMA_RECORD_VERSION = 1
+#: Characters of one recorded type (Spark's type JSON).
+MAX_SCHEMA_JSON = 1 << 20
+
+SchemaJson = Annotated[str, Field(min_length=1, max_length=MAX_SCHEMA_JSON)]
+
+#: Stored files up to this size are checksummed from memory, larger ones streamed.
+_IN_MEMORY = 16 << 20
+
+Checksum = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class MetadataError(StateholdError):
+    """A `_metadata` document cannot be used; the message names the file and the problem."""
+
+
+class RestoreMode(StrEnum):
+    RESUME = "resume"
+    NO_CLAIM = "no-claim"
+    CLAIM = "claim"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StateFile(_Model):
+    """One file a checkpoint references."""
+
+    #: Relative to the `_metadata` file; an absolute URI only when `external`.
+    path: signed.Name
+    scope: Scope
+    size: signed.Size
+    checksum: Checksum
+    #: A file of a restored checkpoint still outside this job directory (only in the
+    #: first checkpoint after a no-claim restore, until it holds its own copy).
+    external: bool = False
+    #: The task's own name for the file (e.g. RocksDB's SST name), so it can be
+    #: downloaded back under that name.
+    name: signed.Name | None = None
+
+
+class InlineFile(_Model):
+    """A small file of a task's state kept inside `_metadata` instead of on its own (as
+    Flink does below its memory threshold): on an object store, one PUT and one later
+    DELETE less per file, task and checkpoint. Covered by the document's checksum."""
+
+    #: The task's own name for the file (e.g. RocksDB's MANIFEST-000012).
+    name: str = Field(min_length=1, max_length=200)
+    #: The bytes, base64.
+    data: str = Field(max_length=signed.MAX_INLINE_DATA)
+
+    def content(self) -> bytes:
+        try:
+            return base64.b64decode(self.data, validate=True)
+        except ValueError as e:
+            raise ValueError(f"inline file {self.name!r}: bad base64: {e}") from e
+
+    @classmethod
+    def of(cls, name: str, content: bytes) -> InlineFile:
+        return cls(name=name, data=base64.b64encode(content).decode("ascii"))
+
+
+class KeyGroupRange(_Model):
+    """Key groups `start`..`end`, both inclusive."""
+
+    start: signed.KeyGroup
+    end: signed.KeyGroup
+
+    @model_validator(mode="after")
+    def _ordered(self) -> KeyGroupRange:
+        if self.end < self.start:
+            raise ValueError(f"empty key-group range {self.start}..{self.end}")
+        return self
+
+    def __contains__(self, key_group: object) -> bool:
+        return isinstance(key_group, int) and self.start <= key_group <= self.end
+
+    def overlaps(self, other: KeyGroupRange) -> bool:
+        return self.start <= other.end and other.start <= self.end
+
+
+class KeyGroupState(_Model):
+    """The state of one task: its key-group range and the files that hold it."""
+
+    key_groups: KeyGroupRange
+    files: signed.Items[StateFile]
+    #: Small files held in the metadata itself (no storage file to reference or delete).
+    inline: signed.Items[InlineFile] = Field(default_factory=list)
+    #: Small backend-specific facts the task needs to restore (JSON, never code).
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class OperatorState(_Model):
+    operator: signed.Name = Field(min_length=1)
+    ranges: signed.Items[KeyGroupState]
+
+
+class VariableSchema(_Model):
+    """How one state variable's values were stored: its kind and, when typed, Spark's
+    type JSON of its values (and of a map's user keys); None is the untyped JSON fallback."""
+
+    kind: str = Field(min_length=1, max_length=64)
+    value: SchemaJson | None = None
+    map_key: SchemaJson | None = None
+
+
+class OperatorSchemas(_Model):
+    """What a restore checks before the operator reads its state: the grouping key's column
+    types and every state variable's schema (see `statehold.state.schema`)."""
+
+    version: signed.Version = SCHEMA_RECORD_VERSION
+    #: Spark's type JSON of the grouping key's columns (a struct); None if unknown.
+    key: SchemaJson | None = None
+    variables: dict[signed.Name, VariableSchema] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_version(self) -> OperatorSchemas:
+        if self.version > SCHEMA_RECORD_VERSION:
+            raise ValueError(
+                f"state schema record version {self.version} is newer than this statehold "
+                f"reads ({SCHEMA_RECORD_VERSION}); upgrade statehold"
+            )
+        return self
+
+
+class Lineage(_Model):
+    """Where the state came from when the job was restored from another checkpoint."""
+
+    mode: RestoreMode
+    source: signed.Name  # URI of the source `_metadata`
+    source_job_id: signed.Name
+    source_checkpoint_id: signed.Id
+    #: False while a checkpoint still references files of the source (no-claim).
+    source_needed: bool = True
+
+
+class EventTime(_Model):
+    """Time after a checkpoint of a job with a stateful processor: its time mode, the
+    event-time watermark (ms) the next batch uses, and its earliest pending timer (ms),
+    so a driver knows, also after a restart, whether a batch without input is due."""
+
+    time_mode: Literal["none", "processingtime", "eventtime"] = "none"
+    watermark_ms: int | None = None
+    next_timer_ms: int | None = None
+
+
+class CheckpointMetadata(_Model):
+    format: Literal["statehold.checkpoint"] = FORMAT_NAME
+    #: 1 unless the document records state schemas (see FORMAT_VERSION).
+    version: signed.Version = 1
+    job_id: signed.Name = Field(min_length=1)
+    checkpoint_id: signed.Id
+    epoch: signed.Id
+    kind: Literal["checkpoint", "savepoint"] = "checkpoint"
+    savepoint_name: signed.Name | None = None
+    created_at: signed.Timestamp = Field(default_factory=clock.now)
+    completed_at: signed.Timestamp = Field(default_factory=clock.now)
+    #: Where the input stood after this checkpoint (e.g. Spark batch id and offsets).
+    source_position: dict[str, Any] = Field(default_factory=dict)
+    max_parallelism: signed.MaxParallelism
+    operators: signed.Items[OperatorState] = Field(default_factory=list)
+    lineage: Lineage | None = None
+    #: Per operator, the schemas its state was written with (absent before version 2 and
+    #: in jobs that record none).
+    state_schemas: dict[signed.Name, OperatorSchemas] | None = None
+    #: Watermark and timers (jobs with a stateful processor only).
+    event_time: EventTime | None = None
+    #: SHA-256 of the canonical document without this field; set by `encode`.
+    checksum: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_of_content(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "version" not in data and (
+            data.get("state_schemas") or data.get("event_time")
+        ):
+            return {**data, "version": 2}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _without_absent_schemas(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Leave `state_schemas` out when there are none: the document an older statehold
+        (which forbids unknown fields) wrote and reads."""
+        data = handler(self)
+        for name in ("state_schemas", "event_time"):  # event_time: the same, version 2
+            if isinstance(data, dict) and data.get(name, 0) is None:
+                del data[name]
+        return data
+
+    def state_files(self) -> Iterator[tuple[str, KeyGroupState, StateFile]]:
+        for op in self.operators:
+            for kg in op.ranges:
+                for f in kg.files:
+                    yield op.operator, kg, f
+
+
+def check_paths(meta: CheckpointMetadata, metadata_key: str) -> None:
+    """Every non-external file must resolve to a data file of the job directory (see
+    `layout.check_data_key`); external files (no-claim only) must carry an absolute URI."""
+    for _op, _kg, f in meta.state_files():
+        if f.external:
+            if "://" not in f.path:
+                raise UnsafePathError(f"external file {f.path!r} is not an absolute URI")
+        else:
+            layout.check_data_key(metadata_key, layout.resolve(metadata_key, f.path))
+
+
+def encode(meta: CheckpointMetadata, metadata_key: str) -> bytes:
+    """Serialize with its checksum; refuses absolute or escaping paths."""
+    check_paths(meta, metadata_key)
+    has_new = meta.state_schemas is not None or meta.event_time is not None
+    if has_new and meta.version < 2:  # e.g. set by model_copy
+        meta = meta.model_copy(update={"version": 2})
+    return signed.encode(meta)
+
+
+def decode(data: bytes, metadata_key: str, where: str | None = None) -> CheckpointMetadata:
+    """Parse and verify a document; raise MetadataError naming `where` and the problem."""
+    where = where or metadata_key
+    meta = signed.decode(
+        data,
+        CheckpointMetadata,
+        where=where,
+        format_name=FORMAT_NAME,
+        version=FORMAT_VERSION,
+        what="checkpoint metadata",
+        error=MetadataError,
+    )
+    try:
+        check_paths(meta, metadata_key)
+    except UnsafePathError as e:
+        raise MetadataError(f"{where}: unsafe state file path: {e}") from e
+    return meta
+
+
+def write_metadata(storage: Storage, metadata_key: str, meta: CheckpointMetadata) -> None:
+    """Atomically write a `_metadata` document (the last step of a checkpoint)."""
+    storage.write(metadata_key, encode(meta, metadata_key))
+
+
+def read_metadata(storage: Storage, metadata_key: str) -> CheckpointMetadata:
+    where = f"{storage.uri.rstrip('/')}/{metadata_key}"
+    try:
+        data = storage.read(metadata_key)
+    except NotFoundError as e:
+        raise MetadataError(f"{where}: missing") from e
+    return decode(data, metadata_key, where)
+
+
+def referenced_keys(meta: CheckpointMetadata, metadata_key: str) -> dict[str, StateFile]:
+    """Job-directory keys of the files this checkpoint references inside the job
+    directory (external files are not ours and are left out)."""
+    return {
+        layout.resolve(metadata_key, f.path): f
+        for _op, _kg, f in meta.state_files()
+        if not f.external
+    }
+
+
+def file_checksum(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def bytes_checksum(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def stored_checksum(storage: Storage, key: str, size_hint: int | None = None) -> str:
+    """``sha256:<hex>`` of a stored file, streamed (through a temp file unless it is small
+    or on local disk)."""
+    from statehold.storage.local import LocalStorage
+
+    h = hashlib.sha256()
+    if isinstance(storage, LocalStorage):
+        return file_checksum(storage._path(key))  # refuses symlinks like every access
+    if size_hint is not None and size_hint <= _IN_MEMORY:
+        h.update(storage.read(key))
+        return "sha256:" + h.hexdigest()
+    with tempfile.TemporaryDirectory(prefix="statehold-checksum-") as tmp:
+        local = Path(tmp) / "data"
+        storage.download(key, local)
+        return file_checksum(local)
+
+
+def check_stored(storage: Storage, files: Mapping[str, StateFile]) -> list[tuple[str, str]]:
+    """(key, problem) for each file that is missing, of another size or another checksum
+    than `files` (key -> what the metadata says) records. What restore and export check
+    before they publish anything."""
+    problems = []
+    for key, f in sorted(files.items()):
+        info = storage.stat(key)
+        if info is None:
+            problems.append((key, "missing"))
+        elif info.size != f.size:
+            problems.append((key, f"size {info.size}, metadata says {f.size}"))
+        elif stored_checksum(storage, key, info.size) != f.checksum:
+            problems.append((key, "checksum mismatch"))
+    return problems
+
+
+def relocate(
+    meta: CheckpointMetadata, old_key: str, new_key: str, moved: Mapping[str, str]
+) -> CheckpointMetadata:
+    """The same document for a new place `new_key`, with every file path relative to it;
+    `moved` maps a file's old job-directory key to its new one (unchanged if absent)."""
+
+    def path(f: StateFile) -> str:
+        old = layout.resolve(old_key, f.path)
+        return layout.relativize(new_key, moved.get(old, old))
+
+    operators = [
+        op.model_copy(
+            update={
+                "ranges": [
+                    kg.model_copy(
+                        update={"files": [f.model_copy(update={"path": path(f)}) for f in kg.files]}
+                    )
+                    for kg in op.ranges
+                ]
+            }
+        )
+        for op in meta.operators
+    ]
+    return meta.model_copy(update={"operators": operators})
