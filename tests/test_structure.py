@@ -1,0 +1,58 @@
+"""The package's structure, checked: imports only go down the layers and form no cycle
+(import-linter's contracts in pyproject.toml), and every deliberate error is one of
+statehold's (`StateholdError`), never a bare builtin."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "statehold"
+
+#: Builtins a deliberate raise must not use bare: each has a statehold subclass that keeps
+#: it as a second base where callers catch the builtin (`InvalidArgumentError` is also a
+#: `ValueError`).
+BARE = {"ValueError", "RuntimeError", "TypeError", "Exception", "KeyError", "OSError"}
+
+
+def bare_raises(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of each ``raise Builtin(...)`` or ``raise Builtin`` in `tree`."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(exc, ast.Name) and exc.id in BARE:
+                found.append((node.lineno, exc.id))
+    return found
+
+
+def test_every_deliberate_raise_is_a_statehold_error() -> None:
+    problems = [
+        f"{path.relative_to(ROOT)}:{line}: raise {name}"
+        for path in sorted(SRC.rglob("*.py"))
+        for line, name in bare_raises(ast.parse(path.read_text(), str(path)))
+    ]
+    assert not problems, "raise a StateholdError subclass instead:\n" + "\n".join(problems)
+
+
+def test_the_raise_check_finds_a_bare_raise() -> None:
+    tree = ast.parse(
+        "def f(x):\n"
+        "    if x:\n"
+        "        raise ValueError('bad')\n"
+        "    raise InvalidArgumentError('fine')\n"
+        "try:\n    pass\nexcept ValueError:\n    raise\n"
+    )
+    assert bare_raises(tree) == [(3, "ValueError")]
+
+
+def test_imports_only_go_down_and_form_no_cycle() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "importlinter.cli", "--no-cache"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert "BROKEN" not in done.stdout and " KEPT" in done.stdout, done.stdout
