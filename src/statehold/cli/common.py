@@ -1,17 +1,6 @@
-"""What every ``statehold`` command shares: its options, one-line errors, JSON or text.
-
-Every command takes ``--json`` (machine-readable result on stdout, no progress bars);
-any problem exits non-zero with one line ``statehold: error: ...`` on stderr (and, with
-``--json``, an ``{"ok": false, "error": ..., "problems": [...]}`` document on stdout).
-
-Human-readable output (`statehold.cli.output`) depends on where it goes. To a terminal:
-rich tables and highlighting, progress of long work on stderr (`RichProgress`: only when
-stdout and stderr are both terminals), rich ``--help``. To a pipe or a
-file: never wrapped or styled, whatever ``COLUMNS`` says: one line per message, a table
-as a tab-separated header line and one tab-separated line per row, no progress, and
-plain ``--help`` with each paragraph on one line.
-
-"""
+"""What every ``statehold`` command shares: its argument and option types, `fail` (one
+line, exit 1, a JSON error document with ``--json``), `handle_errors` and `emit`; the
+rules they follow are in `statehold.cli.app`."""
 
 from __future__ import annotations
 
