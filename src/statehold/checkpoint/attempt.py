@@ -23,6 +23,7 @@ from statehold.cleanup.async_cleaner import AsyncCleaner
 from statehold.cleanup.cleaner import Cleaner, Discard, Guard
 from statehold.cleanup.policy import LiveAttempt
 from statehold.cleanup.reconcile import reconcile
+from statehold.errors import CheckpointError
 from statehold.format.metadata import CheckpointMetadata, MetadataError
 from statehold.ha.base import FencedError, HAStore
 from statehold.job.directory import JobDirectory, open_job
@@ -66,8 +67,6 @@ def start(
     renew_lease_in_background: bool = True,
 ) -> CheckpointCoordinator:
     """`CheckpointCoordinator.start`: a coordinator of type `cls` for a new attempt."""
-    from statehold.checkpoint.coordinator import CheckpointError  # that module imports this one
-
     if not isinstance(job, JobDirectory):
         job = open_job(job, ha, job_id=job_id, create=True)
     job_id = job.job_id

@@ -32,7 +32,7 @@ from statehold.cleanup.async_cleaner import AsyncCleaner
 from statehold.cleanup.cleaner import Cleaner, Discard, Guard
 from statehold.cleanup.reconcile import ReconcilePlan
 from statehold.cleanup.registry import SharedStateRegistry
-from statehold.errors import StateholdError
+from statehold.errors import CheckpointError, InvalidArgumentError
 from statehold.format import layout
 from statehold.format.layout import Scope
 from statehold.format.metadata import (
@@ -53,10 +53,6 @@ from statehold.job.result import JobOutcome, RetentionPolicy
 from statehold.storage.base import Storage
 
 log = logging.getLogger("statehold.checkpoint.coordinator")
-
-
-class CheckpointError(StateholdError):
-    """A checkpoint cannot be begun or completed as asked."""
 
 
 @dataclass
@@ -90,7 +86,7 @@ class CheckpointCoordinator:
         reconcile_every: int = 50,
     ) -> None:
         if retain < 1:
-            raise ValueError("retain must be at least 1")
+            raise InvalidArgumentError("retain must be at least 1")
         self.job = job
         self.storage = job.storage
         self.ha = job.ha

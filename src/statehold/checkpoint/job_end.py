@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from statehold import clock
 from statehold.cleanup.cleaner import Discard
 from statehold.cleanup.reconcile import plan
-from statehold.errors import StateholdError
+from statehold.errors import CheckpointError, StateholdError
 from statehold.format import layout
 from statehold.format.layout import Scope
 from statehold.format.metadata import CheckpointMetadata, decode, encode, referenced_keys
@@ -33,8 +33,6 @@ log = logging.getLogger("statehold.checkpoint.coordinator")
 
 def savepoint(coordinator: CheckpointCoordinator, name: str) -> CheckpointMetadata:
     """`CheckpointCoordinator.savepoint`."""
-    from statehold.checkpoint.coordinator import CheckpointError  # that module imports this one
-
     latest = coordinator.latest()
     if latest is None:
         raise CheckpointError("no completed checkpoint to take a savepoint of")

@@ -8,6 +8,7 @@ whose outcome is unknown, and an abort that must not delete a checkpoint that la
 
 from __future__ import annotations
 
+from statehold.errors import CheckpointError
 from statehold.format import layout
 from statehold.format.metadata import MetadataError, decode
 from statehold.ha.base import FencedError, HAStore
@@ -38,8 +39,6 @@ def write_metadata_once(
     checkpoint ids are Spark batch ids, reused after a failure, so a zombie paused between
     its check and an unconditional delete removed the document a newer attempt had
     written and published meanwhile (simulation, seed 10129)."""
-    from statehold.checkpoint.coordinator import CheckpointError  # that module imports this one
-
     checkpoint_id = layout.parse(metadata_key).checkpoint_id
     assert checkpoint_id is not None
     for _ in range(10):
