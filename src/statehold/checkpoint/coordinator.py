@@ -55,10 +55,6 @@ from statehold.storage.base import Storage
 log = logging.getLogger("statehold.checkpoint.coordinator")
 
 
-def _scopes(files: Mapping[str, Any]) -> dict[str, Scope]:
-    return {key: f.scope for key, f in files.items()}
-
-
 def _pointers(checkpoints: list[Retained]) -> list[CheckpointPointer]:
     return [CheckpointPointer(m.checkpoint_id, key, m.epoch, m.checksum) for key, m in checkpoints]
 
@@ -214,7 +210,8 @@ class CheckpointCoordinator:
                 self._discard_unreferenced(files, f"late upload for aborted {checkpoint_id}")
                 return
             raise CheckpointError(f"checkpoint {checkpoint_id} is not pending")
-        self.registry.register_checkpoint(checkpoint_id, _scopes(files), pending=True)
+        scopes = {key: f.scope for key, f in files.items()}
+        self.registry.register_checkpoint(checkpoint_id, scopes, pending=True)
         pending.acks.setdefault(operator, []).append(state)
 
     def complete(
@@ -254,13 +251,9 @@ class CheckpointCoordinator:
         published.write_metadata_once(self.storage, self.ha, self.epoch, metadata_key, data)
         retained = [*self._retained, (metadata_key, meta)]
         subsumed, retained = retained[: -self.retain], retained[-self.retain :]
-        try:
-            self.ha.publish(self.epoch, _pointers(retained))  # FencedError: nothing completed
-        except FencedError:
-            raise
-        except Exception:
-            if not published.listed(self.ha, self.epoch, checkpoint_id, meta.checksum):
-                raise  # not (known to be) published: the caller aborts N
+        # FencedError: nothing completed or deleted; any error: the caller aborts N.
+        pointers = _pointers(retained)
+        if published.publish_settled(self.ha, self.epoch, pointers, checkpoint_id, meta.checksum):
             log.warning("job %s: publish of %d failed but landed", self.job_id, checkpoint_id)
         # N is completed from here on.
         del self._pending[checkpoint_id]
@@ -283,23 +276,19 @@ class CheckpointCoordinator:
         self.history.record(checkpoint_id, "aborted", pending.started_at, pending.acks,
                             self.cleaner.status(), reason=reason)
         discard = self.registry.release_checkpoint(checkpoint_id)
-        if pending.metadata_written:
-            # complete() got to the HA publish. Unless the HA store says N is not listed
-            # (and this epoch is current), N may be retained: delete nothing of it and
-            # leave it to the reconcile, which trusts only the HA store.
-            try:
-                listed = published.listed(self.ha, self.epoch, checkpoint_id, None)
-            except Exception:
-                listed = True
-            if listed:
-                log.warning("job %s: checkpoint %d may be published; kept", self.job_id,
-                            checkpoint_id)
-                return
-            # Its _metadata is left in place, not deleted: by the time a delete landed, a
-            # newer attempt may have written and published its own document for N (a
-            # replayed batch; simulation, seed 10129). A retry of N replaces it only if
-            # unchanged (`published.write_metadata_once`); the job moving past N, or its
-            # end, removes it.
+        # complete() got to the HA publish: unless the HA store says N is not listed (and
+        # this epoch is current), N may be retained; delete nothing of it and leave it to
+        # the reconcile, which trusts only the HA store. Its _metadata is left in place
+        # even if not listed: by the time a delete landed, a newer attempt may have
+        # written and published its own document for N (a replayed batch; simulation,
+        # seed 10129). A retry of N replaces it only if unchanged
+        # (`published.write_metadata_once`); the job moving past N, or its end, removes it.
+        if pending.metadata_written and published.may_be_listed(
+            self.ha, self.epoch, checkpoint_id
+        ):
+            log.warning("job %s: checkpoint %d may be published; kept", self.job_id,
+                        checkpoint_id)
+            return
         # chk-N/ never goes to the cleaner: a retry of N writes the very same keys, which
         # a lagging delete would remove.
         chk = layout.checkpoint_dir(checkpoint_id)
@@ -382,11 +371,8 @@ class CheckpointCoordinator:
         its bound, a new checkpoint waits (at most `backlog_wait` seconds) for it to drain."""
         backlogged = getattr(self.cleaner, "backlogged", None)
         if backlogged is not None and backlogged():
-            log.warning(
-                "job %s: cleanup backlog over its bound; delaying the next checkpoint up to %.0fs",
-                self.job_id,
-                self.backlog_wait,
-            )
+            log.warning("job %s: cleanup backlog over its bound; delaying the next "
+                        "checkpoint up to %.0fs", self.job_id, self.backlog_wait)
             self.cleaner.wait_idle(self.backlog_wait)
 
     def _abort_timed_out(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from statehold.errors import CheckpointError
 from statehold.format import layout
 from statehold.format.metadata import MetadataError, decode
-from statehold.ha.base import FencedError, HAStore
+from statehold.ha.base import CheckpointPointer, FencedError, HAStore
 from statehold.storage.base import AlreadyExistsError, ConflictError, NotFoundError, Storage
 
 
@@ -25,6 +25,33 @@ def listed(ha: HAStore, epoch: int, checkpoint_id: int, checksum: str | None) ->
         p.checkpoint_id == checkpoint_id and (checksum is None or p.checksum == checksum)
         for p in state.retained
     )
+
+
+def may_be_listed(ha: HAStore, epoch: int, checkpoint_id: int) -> bool:
+    """Might the HA store list checkpoint N? Only its answer to a current `epoch` that N
+    is not listed is a no: an error, fenced or not, is a maybe."""
+    try:
+        return listed(ha, epoch, checkpoint_id, None)
+    except Exception:
+        return True
+
+
+def publish_settled(
+    ha: HAStore, epoch: int, pointers: list[CheckpointPointer], checkpoint_id: int,
+    checksum: str,
+) -> bool:
+    """Publish `pointers` (N's with `checksum` among them). A publish whose outcome is
+    unknown is settled by reading the store: True if it failed but landed; its error
+    again if N is not (known to be) listed. FencedError always propagates."""
+    try:
+        ha.publish(epoch, pointers)
+    except FencedError:
+        raise
+    except Exception:
+        if not listed(ha, epoch, checkpoint_id, checksum):
+            raise
+        return True
+    return False
 
 
 def write_metadata_once(
