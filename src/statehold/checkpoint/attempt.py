@@ -31,6 +31,22 @@ Retained = tuple[str, CheckpointMetadata]
 
 
 @dataclass(frozen=True)
+class CheckpointSettings:
+    """How an attempt checkpoints (`CheckpointCoordinator.start`'s arguments)."""
+
+    max_parallelism: int
+    #: Completed checkpoints kept; older ones are subsumed.
+    retain: int = 3
+    #: A checkpoint pending longer is aborted when the next one begins.
+    checkpoint_timeout: float = 600.0
+    #: The longest a new checkpoint waits for the cleaner's backlog to drain.
+    backlog_wait: float = 60.0
+    #: Also reconcile in the background after every this many completed checkpoints (0:
+    #: only at start), for what no discard names.
+    reconcile_every: int = 50
+
+
+@dataclass(frozen=True)
 class ClaimedAttempt:
     """What a new attempt starts from, read after it claimed its epoch."""
 

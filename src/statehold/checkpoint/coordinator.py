@@ -26,13 +26,12 @@ from typing import Any
 
 from statehold import clock
 from statehold.checkpoint import attempt, job_end, published
-from statehold.checkpoint.attempt import Retained
+from statehold.checkpoint.attempt import CheckpointSettings, ClaimedAttempt, Retained
 from statehold.checkpoint.pending import PendingCheckpoint
 from statehold.checkpoint.reconciler import Reconciler
 from statehold.cleanup.async_cleaner import AsyncCleaner
 from statehold.cleanup.cleaner import Cleaner, Discard, Guard
 from statehold.cleanup.reconcile import ReconcilePlan
-from statehold.cleanup.registry import SharedStateRegistry
 from statehold.errors import CheckpointError, InvalidArgumentError
 from statehold.format import layout
 from statehold.format.layout import Scope
@@ -40,7 +39,6 @@ from statehold.format.metadata import (
     CheckpointMetadata,
     EventTime,
     KeyGroupState,
-    Lineage,
     OperatorSchemas,
     decode,
     encode,
@@ -63,32 +61,23 @@ class CheckpointCoordinator:
     def __init__(
         self,
         job: JobDirectory,
-        *,
-        job_id: str,
-        max_parallelism: int,
-        epoch: int,
-        retained: list[Retained],
-        registry: SharedStateRegistry,
-        retain: int = 3,
+        claimed: ClaimedAttempt,
+        settings: CheckpointSettings,
         cleaner: Cleaner | Callable[[Guard], Cleaner] | None = None,
-        checkpoint_timeout: float = 600.0,
-        backlog_wait: float = 60.0,
-        lineage: Lineage | None = None,
-        reconcile_every: int = 50,
-        spare_all_data: bool = False,
     ) -> None:
-        if retain < 1:
+        """The coordinator of attempt `claimed` of `job` (`start` claims it)."""
+        if settings.retain < 1:
             raise InvalidArgumentError("retain must be at least 1")
         self.job = job
         self.storage = job.storage
         self.ha = job.ha
-        self.job_id = job_id
-        self.max_parallelism = max_parallelism
-        self.epoch = epoch
-        self.retain = retain
-        self.registry = registry
-        self.checkpoint_timeout = checkpoint_timeout
-        self.lineage = lineage
+        self.job_id = job.job_id
+        self.max_parallelism = settings.max_parallelism
+        self.epoch = claimed.epoch
+        self.retain = settings.retain
+        self.registry = claimed.registry
+        self.checkpoint_timeout = settings.checkpoint_timeout
+        self.lineage = claimed.lineage
         #: Discards run in the background: processing and recovery never wait on them.
         #: A factory given instead is called with this attempt's fence as the guard.
         if cleaner is None:
@@ -96,17 +85,15 @@ class CheckpointCoordinator:
         elif not isinstance(cleaner, Cleaner):
             cleaner = cleaner(self.check_epoch)
         self.cleaner: Cleaner = cleaner
-        self.backlog_wait = backlog_wait
-        self._retained = list(retained)
-        self.history = history.Recorder(job.storage, job_id, epoch)
+        self.backlog_wait = settings.backlog_wait
+        self._retained = list(claimed.retained)
+        self.history = history.Recorder(job.storage, self.job_id, self.epoch)
         self._pending: dict[int, PendingCheckpoint] = {}
         self._aborted: set[int] = set()
         self.lease: Lease | None = None
-        #: Also reconcile in the background after every `reconcile_every` completed
-        #: checkpoints (0: only at start), for what no discard names.
-        self._reconciler = Reconciler(job, epoch, self.check_epoch, reconcile_every)
+        self._reconciler = Reconciler(job, self.epoch, self.check_epoch, settings.reconcile_every)
         #: A quarantined document named no readable path: no data file is discarded.
-        self.spare_all_data = spare_all_data
+        self.spare_all_data = claimed.spare_all_data
 
     # -- start -----------------------------------------------------------------------------
     @classmethod
@@ -139,12 +126,10 @@ class CheckpointCoordinator:
         if not isinstance(job, JobDirectory):
             job = open_job(job, ha, job_id=job_id, create=True)
         claimed = attempt.claim(job, max_parallelism)
-        coordinator = cls(
-            job, job_id=job.job_id, max_parallelism=max_parallelism, epoch=claimed.epoch,
-            retained=claimed.retained, registry=claimed.registry, retain=retain,
-            cleaner=cleaner, checkpoint_timeout=checkpoint_timeout, lineage=claimed.lineage,
-            reconcile_every=reconcile_every, spare_all_data=claimed.spare_all_data,
+        settings = CheckpointSettings(
+            max_parallelism, retain, checkpoint_timeout, reconcile_every=reconcile_every
         )
+        coordinator = cls(job, claimed, settings, cleaner)
         coordinator.lease = Lease(
             job.storage, claimed.epoch, lease_ttl, status=coordinator.status
         ).start(background=renew_lease_in_background)
