@@ -18,4 +18,8 @@ class InvalidArgumentError(StateholdError, ValueError):
     """An argument (a name, a number, a URI) is not acceptable."""
 
 
-__all__ = ["InvalidArgumentError", "StateholdError"]
+class CheckpointError(StateholdError):
+    """A checkpoint cannot be begun or completed as asked."""
+
+
+__all__ = ["CheckpointError", "InvalidArgumentError", "StateholdError"]

@@ -10,102 +10,74 @@
 5. `abort(N)` discards what N uploaded and nothing any other checkpoint references.
 A fenced attempt (FencedError) completes nothing and deletes nothing.
 
-Steps 3 and 5 ask the HA store alone whether N is published (`published.py`). The attempt
-around the lifecycle (`start`: claiming the epoch, loading the retained checkpoints, the
-lease; the background reconcile; `close`) is in `attempt.py`, savepoints and the job end in
-`jobend.py`; the methods here delegate to them, so callers hold one object.
+Steps 3 and 5 ask the HA store alone whether N is published (`published.py`). The
+coordinator owns its collaborators and callers hold it alone: a begun checkpoint's reports
+(`pending.py`), the start of the attempt (`attempt.py`: claiming the epoch, loading the
+retained checkpoints), its background reconcile (`reconciler.py`), and savepoints and the
+job end (`job_end.py`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from statehold import clock
-from statehold.checkpoint import attempt, published
-from statehold.checkpoint import job_end as jobend
+from statehold.checkpoint import attempt, job_end, published
+from statehold.checkpoint.attempt import CheckpointSettings, ClaimedAttempt, Retained
+from statehold.checkpoint.pending import PendingCheckpoint
+from statehold.checkpoint.reconciler import Reconciler
 from statehold.cleanup.async_cleaner import AsyncCleaner
 from statehold.cleanup.cleaner import Cleaner, Discard, Guard
 from statehold.cleanup.reconcile import ReconcilePlan
-from statehold.cleanup.registry import SharedStateRegistry
-from statehold.errors import StateholdError
+from statehold.errors import CheckpointError, InvalidArgumentError
 from statehold.format import layout
 from statehold.format.layout import Scope
 from statehold.format.metadata import (
     CheckpointMetadata,
     EventTime,
     KeyGroupState,
-    Lineage,
     OperatorSchemas,
-    OperatorState,
     decode,
     encode,
 )
 from statehold.ha.base import CheckpointPointer, FencedError, HAStore
 from statehold.job import history
-from statehold.job.directory import JobDirectory
-from statehold.job.lease import DEFAULT_TTL, Lease
+from statehold.job.directory import JobDirectory, open_job
+from statehold.job.lease import DEFAULT_TTL, Lease, lease_key
 from statehold.job.result import JobOutcome, RetentionPolicy
 from statehold.storage.base import Storage
 
 log = logging.getLogger("statehold.checkpoint.coordinator")
 
 
-class CheckpointError(StateholdError):
-    """A checkpoint cannot be begun or completed as asked."""
-
-
-@dataclass
-class _Pending:
-    checkpoint_id: int
-    started_at: float
-    acks: dict[str, list[KeyGroupState]] = field(default_factory=dict)
-    #: complete() got as far as writing ``chk-N/_metadata``.
-    metadata_written: bool = False
-
-
-def _scopes(files: Mapping[str, Any]) -> dict[str, Scope]:
-    return {key: f.scope for key, f in files.items()}
+def _pointers(checkpoints: list[Retained]) -> list[CheckpointPointer]:
+    return [CheckpointPointer(m.checkpoint_id, key, m.epoch, m.checksum) for key, m in checkpoints]
 
 
 class CheckpointCoordinator:
     def __init__(
         self,
         job: JobDirectory,
-        *,
-        job_id: str,
-        max_parallelism: int,
-        epoch: int,
-        retained: list[tuple[str, CheckpointMetadata]],
-        registry: SharedStateRegistry,
-        retain: int = 3,
+        claimed: ClaimedAttempt,
+        settings: CheckpointSettings,
         cleaner: Cleaner | Callable[[Guard], Cleaner] | None = None,
-        checkpoint_timeout: float = 600.0,
-        backlog_wait: float = 60.0,
-        lineage: Lineage | None = None,
-        reconcile_every: int = 50,
     ) -> None:
-        if retain < 1:
-            raise ValueError("retain must be at least 1")
+        """The coordinator of attempt `claimed` of `job` (`start` claims it)."""
+        if settings.retain < 1:
+            raise InvalidArgumentError("retain must be at least 1")
         self.job = job
         self.storage = job.storage
         self.ha = job.ha
-        self.job_id = job_id
-        self.max_parallelism = max_parallelism
-        self.epoch = epoch
-        self.retain = retain
-        self.registry = registry
-        self.checkpoint_timeout = checkpoint_timeout
-        #: Also reconcile in the background after every this many completed checkpoints
-        #: (0: only at start), for what no discard names: uploads of failed or duplicate
-        #: task attempts, checkpoints whose abort could not tell whether they were
-        #: published.
-        self.reconcile_every = reconcile_every
-        self.lineage = lineage
+        self.job_id = job.job_id
+        self.max_parallelism = settings.max_parallelism
+        self.epoch = claimed.epoch
+        self.retain = settings.retain
+        self.registry = claimed.registry
+        self.checkpoint_timeout = settings.checkpoint_timeout
+        self.lineage = claimed.lineage
         #: Discards run in the background: processing and recovery never wait on them.
         #: A factory given instead is called with this attempt's fence as the guard.
         if cleaner is None:
@@ -113,17 +85,15 @@ class CheckpointCoordinator:
         elif not isinstance(cleaner, Cleaner):
             cleaner = cleaner(self.check_epoch)
         self.cleaner: Cleaner = cleaner
-        self.backlog_wait = backlog_wait
-        self._retained = list(retained)
-        self.history = history.Recorder(job.storage, job_id, epoch)
-        self._pending: dict[int, _Pending] = {}
+        self.backlog_wait = settings.backlog_wait
+        self._retained = list(claimed.retained)
+        self.history = history.Recorder(job.storage, self.job_id, self.epoch)
+        self._pending: dict[int, PendingCheckpoint] = {}
         self._aborted: set[int] = set()
         self.lease: Lease | None = None
-        self._reconciler: threading.Thread | None = None
-        self._completed_since_reconcile = 0
-        self.last_reconcile: ReconcilePlan | None = None
+        self._reconciler = Reconciler(job, self.epoch, self.check_epoch, settings.reconcile_every)
         #: A quarantined document named no readable path: no data file is discarded.
-        self.spare_all_data = False
+        self.spare_all_data = claimed.spare_all_data
 
     # -- start -----------------------------------------------------------------------------
     @classmethod
@@ -153,19 +123,27 @@ class CheckpointCoordinator:
         (`check_epoch`) as its guard; default an AsyncCleaner so fenced. With
         `renew_lease_in_background` False nobody renews the lease but the caller
         (``coordinator.lease.renew()``), e.g. a deterministic simulation."""
-        return attempt.start(
-            cls, job, ha, job_id=job_id, max_parallelism=max_parallelism, retain=retain,
-            cleaner=cleaner, checkpoint_timeout=checkpoint_timeout, lease_ttl=lease_ttl,
-            reconcile_in_background=reconcile_in_background, reconcile_every=reconcile_every,
-            renew_lease_in_background=renew_lease_in_background,
+        if not isinstance(job, JobDirectory):
+            job = open_job(job, ha, job_id=job_id, create=True)
+        claimed = attempt.claim(job, max_parallelism)
+        settings = CheckpointSettings(
+            max_parallelism, retain, checkpoint_timeout, reconcile_every=reconcile_every
         )
+        coordinator = cls(job, claimed, settings, cleaner)
+        coordinator.lease = Lease(
+            job.storage, claimed.epoch, lease_ttl, status=coordinator.status
+        ).start(background=renew_lease_in_background)
+        attempt.finish_earlier_end(job.storage, job.job_id, coordinator.end, coordinator.close)
+        if reconcile_in_background:
+            coordinator.start_reconcile()
+        return coordinator
 
     # -- queries ---------------------------------------------------------------------------
-    def retained(self) -> list[tuple[str, CheckpointMetadata]]:
+    def retained(self) -> list[Retained]:
         """Retained completed checkpoints as (metadata key, metadata), oldest first."""
         return list(self._retained)
 
-    def latest(self) -> tuple[str, CheckpointMetadata] | None:
+    def latest(self) -> Retained | None:
         return self._retained[-1] if self._retained else None
 
     def pending_ids(self) -> list[int]:
@@ -184,6 +162,11 @@ class CheckpointCoordinator:
         """Raise FencedError if a later attempt has taken over (the cleaner's guard)."""
         self.ha.check_epoch(self.epoch)
 
+    @property
+    def last_reconcile(self) -> ReconcilePlan | None:
+        """The plan of the last background reconcile that finished."""
+        return self._reconciler.last
+
     # -- lifecycle -------------------------------------------------------------------------
     def begin(self, checkpoint_id: int) -> None:
         latest = self.latest()
@@ -197,7 +180,7 @@ class CheckpointCoordinator:
         self._abort_timed_out()
         self._wait_for_backlog()
         self._aborted.discard(checkpoint_id)
-        self._pending[checkpoint_id] = _Pending(checkpoint_id, clock.now())
+        self._pending[checkpoint_id] = PendingCheckpoint(checkpoint_id, clock.now())
 
     def acknowledge(self, checkpoint_id: int, operator: str, state: KeyGroupState) -> None:
         """A task's report of the files holding its key-group range. A late report for an
@@ -212,7 +195,8 @@ class CheckpointCoordinator:
                 self._discard_unreferenced(files, f"late upload for aborted {checkpoint_id}")
                 return
             raise CheckpointError(f"checkpoint {checkpoint_id} is not pending")
-        self.registry.register_checkpoint(checkpoint_id, _scopes(files), pending=True)
+        scopes = {key: f.scope for key, f in files.items()}
+        self.registry.register_checkpoint(checkpoint_id, scopes, pending=True)
         pending.acks.setdefault(operator, []).append(state)
 
     def complete(
@@ -226,14 +210,7 @@ class CheckpointCoordinator:
         if pending is None:
             raise CheckpointError(f"checkpoint {checkpoint_id} is not pending")
         metadata_key = layout.checkpoint_metadata_key(checkpoint_id)
-        operators = [
-            OperatorState(
-                operator=name, ranges=sorted(states, key=lambda s: s.key_groups.start)
-            )
-            for name, states in sorted(pending.acks.items())
-        ]
-        for op in operators:
-            self._check_coverage(op)
+        operators = pending.operators(self.max_parallelism)
         meta = CheckpointMetadata(
             job_id=self.job_id,
             checkpoint_id=checkpoint_id,
@@ -255,30 +232,23 @@ class CheckpointCoordinator:
                 "(paused or storage unreachable); an outside gc may have deleted its files"
             )
         pending.metadata_written = True
-        self._write_metadata_once(metadata_key, data)
+        # Never over a newer attempt's document or a published one.
+        published.write_metadata_once(self.storage, self.ha, self.epoch, metadata_key, data)
         retained = [*self._retained, (metadata_key, meta)]
         subsumed, retained = retained[: -self.retain], retained[-self.retain :]
-        pointers = [self._pointer(key, m) for key, m in retained]
-        try:
-            self.ha.publish(self.epoch, pointers)  # FencedError: nothing completed or deleted
-        except FencedError:
-            raise
-        except Exception:
-            if not published.listed(self.ha, self.epoch, checkpoint_id, meta.checksum):
-                raise  # not (known to be) published: the caller aborts N
+        # FencedError: nothing completed or deleted; any error: the caller aborts N.
+        pointers = _pointers(retained)
+        if published.publish_settled(self.ha, self.epoch, pointers, checkpoint_id, meta.checksum):
             log.warning("job %s: publish of %d failed but landed", self.job_id, checkpoint_id)
         # N is completed from here on.
         del self._pending[checkpoint_id]
         self._retained = retained
         self.registry.complete(checkpoint_id)
-        for _key, old in subsumed:
-            self._discard(self.registry.release_checkpoint(old.checkpoint_id))
+        self._release(subsumed)
         log.info("job %s: completed checkpoint %d", self.job_id, checkpoint_id)
         self.history.record(checkpoint_id, "completed", pending.started_at, pending.acks,
                             self.cleaner.status(), complete_seconds=clock.now() - meta.completed_at)
-        self._completed_since_reconcile += 1
-        if self.reconcile_every and self._completed_since_reconcile >= self.reconcile_every:
-            self.start_reconcile()
+        self._reconciler.checkpoint_completed(self._latest_id())
         return meta
 
     def abort(self, checkpoint_id: int, reason: str) -> None:
@@ -291,49 +261,45 @@ class CheckpointCoordinator:
         self.history.record(checkpoint_id, "aborted", pending.started_at, pending.acks,
                             self.cleaner.status(), reason=reason)
         discard = self.registry.release_checkpoint(checkpoint_id)
-        if pending.metadata_written:
-            # complete() got to the HA publish. Unless the HA store says N is not listed
-            # (and this epoch is current), N may be retained: delete nothing of it and
-            # leave it to the reconcile, which trusts only the HA store.
-            try:
-                listed = published.listed(self.ha, self.epoch, checkpoint_id, None)
-            except Exception:
-                listed = True
-            if listed:
-                log.warning("job %s: checkpoint %d may be published; kept", self.job_id,
-                            checkpoint_id)
-                return
-            # Its _metadata is left in place, not deleted: by the time a delete landed, a
-            # newer attempt may have written and published its own document for N (a
-            # replayed batch; simulation, seed 10129). A retry of N replaces it only if
-            # unchanged (`published.write_metadata_once`); the job moving past N, or its
-            # end, removes it.
+        # complete() got to the HA publish: unless the HA store says N is not listed (and
+        # this epoch is current), N may be retained; delete nothing of it and leave it to
+        # the reconcile, which trusts only the HA store. Its _metadata is left in place
+        # even if not listed: by the time a delete landed, a newer attempt may have
+        # written and published its own document for N (a replayed batch; simulation,
+        # seed 10129). A retry of N replaces it only if unchanged
+        # (`published.write_metadata_once`); the job moving past N, or its end, removes it.
+        if pending.metadata_written and published.may_be_listed(
+            self.ha, self.epoch, checkpoint_id
+        ):
+            log.warning("job %s: checkpoint %d may be published; kept", self.job_id,
+                        checkpoint_id)
+            return
         # chk-N/ never goes to the cleaner: a retry of N writes the very same keys, which
         # a lagging delete would remove.
         chk = layout.checkpoint_dir(checkpoint_id)
-        self._discard(
+        self.discard(
             Discard(
                 keys=tuple(k for k in discard.keys if not k.startswith(chk + "/")),
                 reason=discard.reason,
             )
         )
 
-    # -- attempt and job end (attempt.py, jobend.py) --------------------------------------
+    # -- attempt and job end (reconciler.py, job_end.py) ----------------------------------
     def savepoint(self, name: str) -> CheckpointMetadata:
         """A named, never-subsumed, self-contained copy of the latest checkpoint: the
         metadata and the checkpoint's shared and exclusive files are copied into
         ``savepoints/<name>/`` (hard links or server-side copies), so nothing the job
         deletes can break it."""
-        return jobend.savepoint(self, name)
+        return job_end.savepoint(self.storage, self.latest(), name, self.check_epoch)
 
     def start_reconcile(self) -> None:
         """Reconcile the job directory with the HA store in a background thread (unless
         one is still running)."""
-        attempt.start_reconcile(self)
+        self._reconciler.start(self._latest_id())
 
     def wait_reconciled(self, timeout: float | None = None) -> bool:
         """Wait for the background reconcile and the discards it handed over."""
-        return attempt.wait_reconciled(self, timeout)
+        return self._reconciler.wait(timeout) and self.cleaner.wait_idle(timeout)
 
     def end(
         self,
@@ -347,68 +313,30 @@ class CheckpointCoordinator:
         With `savepoint`, the newest checkpoint is first kept as that savepoint (which
         no policy deletes). Returns False (entry left dirty, for the next driver to
         finish) if the cleanup could not finish within `timeout`."""
-        return jobend.end(self, outcome, policy, savepoint=savepoint, timeout=timeout)
+        return job_end.end(self, outcome, policy, savepoint=savepoint, timeout=timeout)
 
     def close(self, drain_timeout: float = 30.0) -> None:
         """Give pending discards a bounded chance to finish; what remains is not lost,
         the next attempt's reconcile deletes it."""
-        attempt.close(self, drain_timeout)
+        self.wait_reconciled(drain_timeout)
+        if self.lease is not None:
+            # Released through the cleaner, so a failed delete is retried like any other
+            # (if it still fails, the lease is stale to the next attempt's reconcile).
+            self.lease.stop(release=False)
+            self.discard(Discard(keys=(lease_key(self.epoch),), reason="lease released"))
+            self.cleaner.wait_idle(drain_timeout)
+        self.cleaner.close()
 
-    # -- internals -------------------------------------------------------------------------
-    @staticmethod
-    def _pointer(key: str, meta: CheckpointMetadata) -> CheckpointPointer:
-        return CheckpointPointer(meta.checkpoint_id, key, meta.epoch, meta.checksum)
+    def retain_only(self, count: int) -> None:
+        """Publish only the newest `count` retained checkpoints (the job end); the others'
+        files are released."""
+        keep = self._retained[max(0, len(self._retained) - count) :]
+        self.ha.publish(self.epoch, _pointers(keep))
+        dropped, self._retained = self._retained[: len(self._retained) - len(keep)], keep
+        self._release(dropped)
 
-    def _latest_id(self) -> int:
-        latest = self.latest()
-        return latest[1].checkpoint_id if latest else -1
-
-    def _check_coverage(self, op: OperatorState) -> None:
-        """The ranges of one operator must cover 0..max_parallelism-1 exactly once."""
-        expected = 0
-        for kg in op.ranges:
-            if kg.key_groups.start != expected:
-                raise CheckpointError(
-                    f"operator {op.operator!r}: key groups {expected}..{kg.key_groups.start - 1} "
-                    "missing or reported twice"
-                )
-            expected = kg.key_groups.end + 1
-        if expected != self.max_parallelism:
-            raise CheckpointError(
-                f"operator {op.operator!r}: key groups {expected}..{self.max_parallelism - 1} "
-                "missing"
-            )
-
-    def _write_metadata_once(self, metadata_key: str, data: bytes) -> None:
-        """Create ``chk-N/_metadata``, never over a newer attempt's or a published one."""
-        published.write_metadata_once(self.storage, self.ha, self.epoch, metadata_key, data)
-
-    def _wait_for_backlog(self) -> None:
-        """The one place cleanup may delay processing: when the cleaner's backlog passed
-        its bound, a new checkpoint waits (at most `backlog_wait` seconds) for it to drain."""
-        backlogged = getattr(self.cleaner, "backlogged", None)
-        if backlogged is not None and backlogged():
-            log.warning(
-                "job %s: cleanup backlog over its bound; delaying the next checkpoint up to %.0fs",
-                self.job_id,
-                self.backlog_wait,
-            )
-            self.cleaner.wait_idle(self.backlog_wait)
-
-    def _abort_timed_out(self) -> None:
-        now = clock.now()
-        for pending in list(self._pending.values()):
-            if now - pending.started_at > self.checkpoint_timeout:
-                self.abort(pending.checkpoint_id, "timed out")
-
-    def _discard_unreferenced(self, files: Mapping[str, Any], reason: str) -> None:
-        keep = self.registry.referenced()
-        keys = tuple(
-            k for k, f in files.items() if k not in keep and f.scope is not Scope.TASKOWNED
-        )
-        self._discard(Discard(keys=keys, reason=reason))
-
-    def _discard(self, discard: Discard) -> None:
+    def discard(self, discard: Discard) -> None:
+        """Hand `discard` to the cleaner; with `spare_all_data`, no data file of it."""
         if self.spare_all_data:
             # A quarantined document may name any data file: spare them all until a person
             # disposes of it; folders of released checkpoints still go.
@@ -417,6 +345,37 @@ class CheckpointCoordinator:
             discard = Discard(keys, discard.dirs, discard.reason)
         if discard:
             self.cleaner.discard(discard)
+
+    # -- internals -------------------------------------------------------------------------
+    def _latest_id(self) -> int:
+        latest = self.latest()
+        return latest[1].checkpoint_id if latest else -1
+
+    def _wait_for_backlog(self) -> None:
+        """The one place cleanup may delay processing: when the cleaner's backlog passed
+        its bound, a new checkpoint waits (at most `backlog_wait` seconds) for it to drain."""
+        backlogged = getattr(self.cleaner, "backlogged", None)
+        if backlogged is not None and backlogged():
+            log.warning("job %s: cleanup backlog over its bound; delaying the next "
+                        "checkpoint up to %.0fs", self.job_id, self.backlog_wait)
+            self.cleaner.wait_idle(self.backlog_wait)
+
+    def _abort_timed_out(self) -> None:
+        now = clock.now()
+        for pending in list(self._pending.values()):
+            if now - pending.started_at > self.checkpoint_timeout:
+                self.abort(pending.checkpoint_id, "timed out")
+
+    def _release(self, dropped: list[Retained]) -> None:
+        for _key, old in dropped:
+            self.discard(self.registry.release_checkpoint(old.checkpoint_id))
+
+    def _discard_unreferenced(self, files: Mapping[str, Any], reason: str) -> None:
+        keep = self.registry.referenced()
+        keys = tuple(
+            k for k, f in files.items() if k not in keep and f.scope is not Scope.TASKOWNED
+        )
+        self.discard(Discard(keys=keys, reason=reason))
 
 
 __all__ = ["CheckpointCoordinator", "CheckpointError", "FencedError"]

@@ -6,43 +6,110 @@ registry then holds until the savepoint is disposed. The job end writes a dirty 
 result entry before it deletes anything and the clean one only once nothing is left to
 delete, so a driver that dies during the cleanup leaves the next one an entry to finish.
 
-`CheckpointCoordinator.savepoint` and `CheckpointCoordinator.end` delegate here.
+`CheckpointCoordinator.savepoint` and `CheckpointCoordinator.end` delegate here; the end
+drives the attempt through its public methods (`EndingAttempt`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from statehold import clock
-from statehold.cleanup.cleaner import Discard
+from statehold.cleanup.cleaner import Cleaner, Discard, Guard
 from statehold.cleanup.reconcile import plan
-from statehold.errors import StateholdError
+from statehold.errors import CheckpointError, StateholdError
 from statehold.format import layout
 from statehold.format.layout import Scope
-from statehold.format.metadata import CheckpointMetadata, decode, encode, referenced_keys
+from statehold.format.metadata import (
+    CheckpointMetadata,
+    OperatorState,
+    decode,
+    encode,
+    referenced_keys,
+)
+from statehold.job.directory import JobDirectory
 from statehold.job.result import JobOutcome, RetentionPolicy, write_result
-from statehold.storage.base import AlreadyExistsError
-
-if TYPE_CHECKING:
-    from statehold.checkpoint.coordinator import CheckpointCoordinator
+from statehold.storage.base import AlreadyExistsError, Storage
 
 #: The coordinator's logger: the job end is part of its story.
 log = logging.getLogger("statehold.checkpoint.coordinator")
 
 
-def savepoint(coordinator: CheckpointCoordinator, name: str) -> CheckpointMetadata:
-    """`CheckpointCoordinator.savepoint`."""
-    from statehold.checkpoint.coordinator import CheckpointError  # that module imports this one
+class EndingAttempt(Protocol):
+    """What the job end uses of the attempt it ends (`CheckpointCoordinator`)."""
 
-    latest = coordinator.latest()
+    @property
+    def job(self) -> JobDirectory: ...
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def cleaner(self) -> Cleaner: ...
+    def check_epoch(self) -> None: ...
+    def savepoint(self, name: str) -> CheckpointMetadata: ...
+    def pending_ids(self) -> list[int]: ...
+    def abort(self, checkpoint_id: int, reason: str) -> None: ...
+    def retain_only(self, count: int) -> None: ...
+    def wait_reconciled(self, timeout: float | None = None) -> bool: ...
+    def discard(self, discard: Discard) -> None: ...
+
+
+def savepoint(
+    storage: Storage,
+    latest: tuple[str, CheckpointMetadata] | None,
+    name: str,
+    guard: Guard,
+) -> CheckpointMetadata:
+    """`CheckpointCoordinator.savepoint` of its `latest` checkpoint, kept only if `guard`
+    (the attempt's epoch check) still passes once it is written."""
     if latest is None:
         raise CheckpointError("no completed checkpoint to take a savepoint of")
-    storage = coordinator.storage
     source_key, source = latest
     target_key = layout.savepoint_metadata_key(name)
     if storage.exists(target_key):
         raise CheckpointError(f"savepoint {name!r} already exists")
+    meta = source.model_copy(
+        update={
+            "kind": "savepoint",
+            "savepoint_name": name,
+            "operators": _copied_operators(storage, source_key, source, name),
+            "completed_at": clock.now(),
+        }
+    )
+    data = encode(meta, target_key)
+    try:
+        storage.create_if_absent(target_key, data)
+    except AlreadyExistsError:
+        raise CheckpointError(f"savepoint {name!r} already exists") from None
+    try:
+        # Kept only if this attempt is still current (a fenced one publishes nothing;
+        # simulation, seed 10125) and every copy is still there: copies older than the
+        # policy's grace, of a writer paused that long, may have gone to a gc as an
+        # abandoned savepoint's leftovers before this document existed.
+        guard()
+        present = {i.key for page in storage.list_pages(layout.savepoint_dir(name))
+                   for i in page}
+        missing = sorted(k for k in referenced_keys(meta, target_key)
+                         if k.startswith(layout.savepoint_dir(name) + "/") and k not in present)
+        if missing:
+            raise CheckpointError(
+                f"savepoint {name!r}: {len(missing)} of its copies went missing while it was "
+                f"being written (first: {missing[0]}); take it again"
+            )
+    except StateholdError:
+        storage.delete_many([target_key])  # its copies are left to the reconcile
+        raise
+    return decode(data, target_key)
+
+
+def _copied_operators(
+    storage: Storage, source_key: str, source: CheckpointMetadata, name: str
+) -> list[OperatorState]:
+    """The source checkpoint's operators, its shared and exclusive files copied into
+    savepoint `name` and every path relative to the savepoint's `_metadata`."""
+    target_key = layout.savepoint_metadata_key(name)
     operators = []
     for op in source.operators:
         ranges = []
@@ -65,42 +132,11 @@ def savepoint(coordinator: CheckpointCoordinator, name: str) -> CheckpointMetada
                 files.append(f.model_copy(update={"path": layout.relativize(target_key, key)}))
             ranges.append(kg.model_copy(update={"files": files}))
         operators.append(op.model_copy(update={"ranges": ranges}))
-    meta = source.model_copy(
-        update={
-            "kind": "savepoint",
-            "savepoint_name": name,
-            "operators": operators,
-            "completed_at": clock.now(),
-        }
-    )
-    data = encode(meta, target_key)
-    try:
-        storage.create_if_absent(target_key, data)
-    except AlreadyExistsError:
-        raise CheckpointError(f"savepoint {name!r} already exists") from None
-    try:
-        # Kept only if this attempt is still current (a fenced one publishes nothing;
-        # simulation, seed 10125) and every copy is still there: copies older than the
-        # policy's grace, of a writer paused that long, may have gone to a gc as an
-        # abandoned savepoint's leftovers before this document existed.
-        coordinator.check_epoch()
-        present = {i.key for page in storage.list_pages(layout.savepoint_dir(name))
-                   for i in page}
-        missing = sorted(k for k in referenced_keys(meta, target_key)
-                         if k.startswith(layout.savepoint_dir(name) + "/") and k not in present)
-        if missing:
-            raise CheckpointError(
-                f"savepoint {name!r}: {len(missing)} of its copies went missing while it was "
-                f"being written (first: {missing[0]}); take it again"
-            )
-    except StateholdError:
-        storage.delete_many([target_key])  # its copies are left to the reconcile
-        raise
-    return decode(data, target_key)
+    return operators
 
 
 def end(
-    coordinator: CheckpointCoordinator,
+    attempt: EndingAttempt,
     outcome: JobOutcome,
     policy: RetentionPolicy,
     *,
@@ -108,19 +144,16 @@ def end(
     timeout: float | None,
 ) -> bool:
     """`CheckpointCoordinator.end`."""
-    c = coordinator
+    c = attempt
+    storage = c.job.storage
     c.check_epoch()
-    if savepoint is not None and not c.storage.exists(layout.savepoint_metadata_key(savepoint)):
+    if savepoint is not None and not storage.exists(layout.savepoint_metadata_key(savepoint)):
         c.savepoint(savepoint)
-    write_result(c.storage, job_id=c.job_id, epoch=c.epoch, outcome=outcome,
+    write_result(storage, job_id=c.job_id, epoch=c.epoch, outcome=outcome,
                  policy=policy, state="dirty")
     for checkpoint_id in c.pending_ids():
         c.abort(checkpoint_id, f"job {outcome}")
-    keep = c._retained[-1:] if policy is RetentionPolicy.KEEP_LATEST else []
-    c.ha.publish(c.epoch, [c._pointer(k, m) for k, m in keep])
-    dropped, c._retained = c._retained[: len(c._retained) - len(keep)], keep
-    for _key, old in dropped:
-        c._discard(c.registry.release_checkpoint(old.checkpoint_id))
+    c.retain_only(1 if policy is RetentionPolicy.KEEP_LATEST else 0)
     c.wait_reconciled(timeout)
     # This attempt holds the job's epoch and is ending it: no interrupted HA or job
     # entry write, and no savepoint without its `_metadata` (a killed attempt's copies),
@@ -132,15 +165,15 @@ def end(
         bookkeeping_grace=0,
         temp_grace=0,
         spare_next_checkpoints=False,
-        on_orphans=lambda files: c._discard(Discard(tuple(f.key for f in files), reason="job end")),
+        on_orphans=lambda files: c.discard(Discard(tuple(f.key for f in files), reason="job end")),
     )
     if policy is RetentionPolicy.DELETE_ALL:
-        c._discard(Discard(dirs=(layout.SPARK_DIR,), reason="job ended: delete-all"))
+        c.discard(Discard(dirs=(layout.SPARK_DIR,), reason="job ended: delete-all"))
     if not c.cleaner.wait_idle(timeout) or plan(
         c.job, None, bookkeeping_grace=0, temp_grace=0, spare_next_checkpoints=False
     ).orphan_count:
         log.warning("job %s: cleanup unfinished; the entry stays dirty", c.job_id)
         return False
-    write_result(c.storage, job_id=c.job_id, epoch=c.epoch, outcome=outcome,
+    write_result(storage, job_id=c.job_id, epoch=c.epoch, outcome=outcome,
                  policy=policy, state="clean")
     return True

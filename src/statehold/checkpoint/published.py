@@ -8,9 +8,10 @@ whose outcome is unknown, and an abort that must not delete a checkpoint that la
 
 from __future__ import annotations
 
+from statehold.errors import CheckpointError
 from statehold.format import layout
 from statehold.format.metadata import MetadataError, decode
-from statehold.ha.base import FencedError, HAStore
+from statehold.ha.base import CheckpointPointer, FencedError, HAStore
 from statehold.storage.base import AlreadyExistsError, ConflictError, NotFoundError, Storage
 
 
@@ -26,6 +27,33 @@ def listed(ha: HAStore, epoch: int, checkpoint_id: int, checksum: str | None) ->
     )
 
 
+def may_be_listed(ha: HAStore, epoch: int, checkpoint_id: int) -> bool:
+    """Might the HA store list checkpoint N? Only its answer to a current `epoch` that N
+    is not listed is a no: an error, fenced or not, is a maybe."""
+    try:
+        return listed(ha, epoch, checkpoint_id, None)
+    except Exception:
+        return True
+
+
+def publish_settled(
+    ha: HAStore, epoch: int, pointers: list[CheckpointPointer], checkpoint_id: int,
+    checksum: str,
+) -> bool:
+    """Publish `pointers` (N's with `checksum` among them). A publish whose outcome is
+    unknown is settled by reading the store: True if it failed but landed; its error
+    again if N is not (known to be) listed. FencedError always propagates."""
+    try:
+        ha.publish(epoch, pointers)
+    except FencedError:
+        raise
+    except Exception:
+        if not listed(ha, epoch, checkpoint_id, checksum):
+            raise
+        return True
+    return False
+
+
 def write_metadata_once(
     storage: Storage, ha: HAStore, epoch: int, metadata_key: str, data: bytes
 ) -> None:
@@ -38,8 +66,6 @@ def write_metadata_once(
     checkpoint ids are Spark batch ids, reused after a failure, so a zombie paused between
     its check and an unconditional delete removed the document a newer attempt had
     written and published meanwhile (simulation, seed 10129)."""
-    from statehold.checkpoint.coordinator import CheckpointError  # that module imports this one
-
     checkpoint_id = layout.parse(metadata_key).checkpoint_id
     assert checkpoint_id is not None
     for _ in range(10):

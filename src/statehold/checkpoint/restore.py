@@ -89,41 +89,8 @@ def restore_into(
         log.info("%s already has checkpoints: resuming, not restoring again", target.uri)
         return RestoreReport(mode, state.retained[-1].checkpoint_id, 0, 0, skipped=True)
 
-    moves: list[tuple[str, str, StateFile]] = []
-    for _op, _kg, f in meta.state_files():
-        if f.external:
-            raise RestoreError(f"{source.uri}/{source_metadata_key}: references external {f.path}")
-        key = layout.resolve(source_metadata_key, f.path)
-        moves.append((key, _target_key(key, f.scope), f))
-    copied = CopyLog(log, f"{target.uri}: restore from {source.uri}", len(moves),
-                     sum(f.size for _src, _dst, f in moves))
-
-    def bring(item: tuple[str, str, StateFile]) -> int:
-        """Bring one file (unless an interrupted restore already did) and check it: size
-        and checksum, in the pool, so nothing is published unless every file is what the
-        metadata says."""
-        src, dst, f = item
-        have = target.stat(dst)
-        brought = 0
-        if have is None or have.size != f.size:
-            try:
-                if mode is RestoreMode.CLAIM:
-                    source.move(src, dst, target=target)
-                else:
-                    source.copy(src, dst, target=target)
-            except NotFoundError as e:
-                raise RestoreError(f"{source.uri}/{src}: missing, cannot restore: {e}") from e
-            brought = f.size
-        for key, why in check_stored(target, {dst: f}):
-            raise RestoreError(
-                f"{target.uri}/{key}: does not match the source checkpoint ({why}); "
-                "nothing published"
-            )
-        copied.add(f.size)
-        return brought
-
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        moved_bytes = sum(pool.map(bring, moves))
+    moves = _moves(source, source_metadata_key, meta)
+    moved_bytes = _bring_all(source, target, mode, moves, threads)
 
     newest = max((layout.parse(dst).epoch or 0 for _src, dst, _f in moves), default=0)
     epoch = _claim_above(ha, newest)
@@ -161,6 +128,56 @@ def restore_into(
     return RestoreReport(mode, meta.checkpoint_id, len(moves), moved_bytes)
 
 
+#: A file to bring: its source key, its key in the new job, its entry in the metadata.
+Move = tuple[str, str, StateFile]
+
+
+def _moves(source: Storage, source_metadata_key: str, meta: CheckpointMetadata) -> list[Move]:
+    moves: list[Move] = []
+    for _op, _kg, f in meta.state_files():
+        if f.external:
+            raise RestoreError(f"{source.uri}/{source_metadata_key}: references external {f.path}")
+        key = layout.resolve(source_metadata_key, f.path)
+        moves.append((key, _target_key(key, f.scope), f))
+    return moves
+
+
+def _bring_all(
+    source: Storage, target: Storage, mode: RestoreMode, moves: list[Move], threads: int
+) -> int:
+    """Bring every file into `target` (moved for claim, copied otherwise) on `threads`
+    threads; the bytes actually brought (an interrupted restore's files are kept)."""
+    copied = CopyLog(log, f"{target.uri}: restore from {source.uri}", len(moves),
+                     sum(f.size for _src, _dst, f in moves))
+
+    def bring(item: Move) -> int:
+        """Bring one file (unless an interrupted restore already did) and check it: size
+        and checksum, in the pool, so nothing is published unless every file is what the
+        metadata says."""
+        src, dst, f = item
+        have = target.stat(dst)
+        brought = 0
+        if have is None or have.size != f.size:
+            try:
+                if mode is RestoreMode.CLAIM:
+                    source.move(src, dst, target=target)
+                else:
+                    source.copy(src, dst, target=target)
+            except NotFoundError as e:
+                raise RestoreError(f"{source.uri}/{src}: missing, cannot restore: {e}") from e
+            brought = f.size
+        for key, why in check_stored(target, {dst: f}):
+            raise RestoreError(
+                f"{target.uri}/{key}: does not match the source checkpoint ({why}); "
+                "nothing published"
+            )
+        copied.add(f.size)
+        return brought
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return sum(pool.map(bring, moves))
+
+
 def _claim_above(ha: HAStore, floor: int) -> int:
     """Claim the new job's epoch above every restored file's: the files keep their
     names, and the deletion policy never deletes a file of an epoch newer than the job's,
@@ -181,7 +198,7 @@ def _relocate(
     meta: CheckpointMetadata,
     source_metadata_key: str,
     metadata_key: str,
-    moves: list[tuple[str, str, StateFile]],
+    moves: list[Move],
 ) -> CheckpointMetadata:
     """The same document with every path relative to the new `_metadata`."""
     new_path = {src: dst for src, dst, _f in moves}
