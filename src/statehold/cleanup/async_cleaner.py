@@ -2,8 +2,8 @@
 
 Callers only enqueue; one background thread deletes in bulk, retries each failing path on
 its own backoff schedule, and stops deleting as soon as its guard reports the attempt
-fenced. The discard model, the guard and the policy check every path passes are in
-`cleaner.py`.
+fenced. The cleaner interface and its guard are in `cleaner.py`; the policy check every
+path passes is `policy.check_discard`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from statehold.cleanup.cleaner import Backoff, Cleaner, CleanerStatus, Discard, Guard, _checked
+from statehold.cleanup.cleaner import Cleaner, CleanerStatus, Guard
+from statehold.cleanup.discard import Discard
+from statehold.cleanup.policy import check_discard
+from statehold.cleanup.retry import Backoff
 from statehold.ha.base import FencedError
 from statehold.storage.base import DeleteError, Storage
 
@@ -125,7 +128,7 @@ class AsyncCleaner(Cleaner):
         """Enqueue and return. Paths are validated here, so a bad one raises in the
         caller. After fencing or close() the discard is dropped (the reconcile of the
         attempt that owns the job will find the files)."""
-        keys, dirs = _checked(discard)
+        keys, dirs = check_discard(discard)
         with self._cond:
             if self._fenced or self._stopping:
                 logger.debug("dropping discard (%s): cleaner is fenced or closed", discard.reason)

@@ -24,8 +24,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from statehold.cleanup.cleaner import Backoff, Cleaner, CleanerStatus, Discard, Guard, _checked
-from statehold.cleanup.policy import check_discardable_names
+from statehold.cleanup.cleaner import Cleaner, CleanerStatus, Guard
+from statehold.cleanup.discard import Discard
+from statehold.cleanup.policy import check_discard, check_discardable_names
+from statehold.cleanup.retry import Backoff
 from statehold.ha.base import FencedError
 from statehold.storage.base import DeleteError, Storage
 
@@ -88,7 +90,7 @@ class BulkDeleter(Cleaner):
     def discard(self, discard: Discard) -> None:
         """Files of any directories (grouped here by directory); whole directories are
         not this cleaner's (the gc judges files)."""
-        keys, dirs = _checked(discard)
+        keys, dirs = check_discard(discard)
         if dirs:
             raise ValueError("BulkDeleter deletes files, not directories")
         groups: dict[str, list[str]] = {}

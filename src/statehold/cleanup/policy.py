@@ -35,6 +35,7 @@ from enum import StrEnum
 from typing import Any
 
 from statehold import clock
+from statehold.cleanup.discard import Discard
 from statehold.cleanup.registry import SharedStateRegistry
 from statehold.format import layout
 from statehold.format.layout import Kind
@@ -399,6 +400,15 @@ def check_discardable(path: str, *, is_dir: bool = False) -> str:
     return path
 
 
+def check_discard(discard: Discard) -> tuple[list[str], list[str]]:
+    """The discard's files and directories, each one this policy may have chosen (else
+    raises in the caller, before anything is deleted): what every cleaner deletes."""
+    return (
+        [check_discardable(check_key(k)) for k in discard.keys],
+        [check_discardable(check_key(d.rstrip("/")), is_dir=True) for d in discard.dirs],
+    )
+
+
 def is_history_record(key: str) -> bool:
     return _HISTORY.match(key) is not None
 
@@ -419,6 +429,7 @@ __all__ = [
     "TEMP_GRACE_SECONDS",
     "Verdict",
     "View",
+    "check_discard",
     "check_discardable",
     "check_discardable_names",
     "history_to_prune",

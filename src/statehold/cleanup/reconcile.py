@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from statehold.cleanup.async_cleaner import AsyncCleaner
 from statehold.cleanup.bulk_delete import BulkDeleter
-from statehold.cleanup.cleaner import Cleaner, Discard
+from statehold.cleanup.cleaner import Cleaner
+from statehold.cleanup.discard import Discard
 from statehold.cleanup.policy import LiveAttempt, View
 from statehold.cleanup.sweep import SAMPLE, OnListed, OnNames, ReconcilePlan, sweep
 from statehold.errors import StateholdError

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from statehold.cleanup.cleaner import Discard, SyncCleaner
+from statehold.cleanup.cleaner import SyncCleaner
+from statehold.cleanup.discard import Discard
 from statehold.cleanup.gc import outside_guard
 from statehold.cleanup.policy import Verdict, View, judge
 from statehold.cleanup.reconcile import live_attempt
