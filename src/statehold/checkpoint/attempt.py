@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from statehold import clock
 from statehold.cleanup.async_cleaner import AsyncCleaner
 from statehold.cleanup.cleaner import Cleaner, Discard, Guard
+from statehold.cleanup.holders import read_holders
 from statehold.cleanup.policy import LiveAttempt
 from statehold.cleanup.reconcile import reconcile
 from statehold.format.metadata import CheckpointMetadata, MetadataError
@@ -72,7 +73,7 @@ def start(
         job = open_job(job, ha, job_id=job_id, create=True)
     job_id = job.job_id
     state = job.ha.claim_epoch()
-    holders = job.holders(state)
+    holders = read_holders(job, state)
     retained: list[tuple[str, CheckpointMetadata]] = []
     for ptr in state.retained:
         meta = holders.documents.get(ptr.metadata)

@@ -30,6 +30,7 @@ from statehold.checkpoint import attempt, published
 from statehold.checkpoint import job_end as jobend
 from statehold.cleanup.async_cleaner import AsyncCleaner
 from statehold.cleanup.cleaner import Cleaner, Discard, Guard
+from statehold.cleanup.policy import history_to_prune
 from statehold.cleanup.reconcile import ReconcilePlan
 from statehold.cleanup.registry import SharedStateRegistry
 from statehold.errors import StateholdError
@@ -115,7 +116,7 @@ class CheckpointCoordinator:
         self.cleaner: Cleaner = cleaner
         self.backlog_wait = backlog_wait
         self._retained = list(retained)
-        self.history = history.Recorder(job.storage, job_id, epoch)
+        self.history = history.Recorder(job.storage, job_id, epoch, prune=history_to_prune)
         self._pending: dict[int, _Pending] = {}
         self._aborted: set[int] = set()
         self.lease: Lease | None = None

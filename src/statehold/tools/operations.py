@@ -16,6 +16,7 @@ from typing import Any
 from statehold.cleanup.cleaner import SyncCleaner
 from statehold.cleanup.discard import Discard
 from statehold.cleanup.gc import outside_guard
+from statehold.cleanup.holders import read_holders
 from statehold.cleanup.policy import Verdict, View, judge
 from statehold.cleanup.reconcile import live_attempt
 from statehold.format import layout
@@ -31,7 +32,8 @@ from statehold.format.metadata import (
 from statehold.ha.base import CheckpointPointer, HAStore
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.open import EMBEDDED
-from statehold.job.directory import OWNER_KEY, JobDirectory, open_job, write_owner
+from statehold.job.directory import JobDirectory, open_job
+from statehold.job.owner import OWNER_KEY, write_owner
 from statehold.storage import Storage, StorageError, open_storage
 from statehold.tools.locate import (
     NoProgress,
@@ -247,7 +249,7 @@ def _dispose_one(t: Target, *, force: bool, dry_run: bool, progress: Progress) -
         if not force:
             raise ToolError(f"cannot dispose: {one_line(e)} (--force removes it)") from e
         names = set()  # what it may name is left to gc, which spares it no longer
-    holders = job.holders(state, skip=key)
+    holders = read_holders(job, state, skip=key)
     view = View.of(state.epoch, holders, live, files)
     by_key = {i.key: i for i in files}
     deleted: list[str] = []
