@@ -35,7 +35,7 @@ from faulty import FaultyStorage
 
 from statehold.backend import TaskStateBackend, sources_from_metadata, task_of_key, task_range
 from statehold.checkpoint.coordinator import CheckpointCoordinator
-from statehold.cleanup.cleaner import Backoff
+from statehold.cleanup.retry import Backoff
 from statehold.format import layout
 from statehold.format.metadata import CheckpointMetadata
 from statehold.ha.base import CheckpointPointer, HAState, HAStore

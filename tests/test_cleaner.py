@@ -12,7 +12,8 @@ import pytest
 from faulty import FaultyStorage
 
 from statehold.cleanup.async_cleaner import AsyncCleaner
-from statehold.cleanup.cleaner import Discard, SyncCleaner
+from statehold.cleanup.cleaner import SyncCleaner
+from statehold.cleanup.discard import Discard
 from statehold.ha.base import FencedError, HAStoreError
 from statehold.storage import LocalStorage, Storage
 
@@ -305,7 +306,7 @@ def test_sync_cleaner_still_deletes_in_the_caller(storage: Storage) -> None:
 def test_backoff_grows_is_capped_and_spread() -> None:
     import random
 
-    from statehold.cleanup.cleaner import Backoff
+    from statehold.cleanup.retry import Backoff
 
     plain = Backoff(0.1, 1.0, 2.0, jitter=0.0)
     assert [plain.delay(n) for n in (1, 2, 3, 4, 5, 50)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]

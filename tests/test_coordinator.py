@@ -11,7 +11,6 @@ from forwarding import ForwardingStorage
 
 from statehold.checkpoint.coordinator import CheckpointCoordinator, CheckpointError
 from statehold.cleanup.async_cleaner import AsyncCleaner
-from statehold.cleanup.policy import is_history_record
 from statehold.format import layout
 from statehold.format.layout import Kind, Scope
 from statehold.format.metadata import (
@@ -25,6 +24,7 @@ from statehold.format.metadata import (
 from statehold.ha.base import FencedError, HAStoreError
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.job.directory import OWNER_KEY
+from statehold.job.history import is_history_record
 from statehold.storage import Storage, StorageError
 
 MAX_PARALLELISM = 8

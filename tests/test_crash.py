@@ -33,7 +33,6 @@ import crash_driver as drv
 import pytest
 from conftest import S3Server
 
-from statehold.cleanup.policy import is_history_record
 from statehold.cleanup.reconcile import referenced_by_job
 from statehold.format import layout
 from statehold.format.layout import Kind
@@ -42,6 +41,7 @@ from statehold.ha.base import HAStore
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.open import EMBEDDED, open_ha_store
 from statehold.job.directory import OWNER_KEY, open_job
+from statehold.job.history import is_history_record
 from statehold.job.result import read_result
 from statehold.storage import Storage, open_storage
 from statehold.tools import locate, verify

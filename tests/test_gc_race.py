@@ -37,6 +37,7 @@ import crash_driver as cd
 import pytest
 
 from statehold.cleanup.gc import GcInterruptedError, gc
+from statehold.cleanup.holders import read_holders
 from statehold.cleanup.reconcile import ReconcileError
 from statehold.errors import StateholdError
 from statehold.format import layout
@@ -130,7 +131,7 @@ def missing_references(job_dir: Path) -> dict[str, set[str]]:
     storage = LocalStorage(job_dir)
     with open_job(storage) as job:
         first = job.state()
-        holders = job.holders(first)
+        holders = read_holders(job, first)
         sizes = {info.key: info.size for info in storage.list()}
         second = job.state()
     throughout = set(first.retained) & set(second.retained)

@@ -19,8 +19,8 @@ from test_reconcile import leave_in_flight_mess, start
 
 from statehold.checkpoint.coordinator import CheckpointCoordinator
 from statehold.cleanup.gc import gc
+from statehold.cleanup.holders import Holders, read_holders
 from statehold.cleanup.policy import (
-    Holders,
     LiveAttempt,
     Verdict,
     View,
@@ -79,7 +79,7 @@ def in_memory_deletable(storage: Storage) -> set[str]:
     with open_job(storage) as job:
         state = job.state()
         files = list(storage.list())
-        view = View.of(state.epoch, job.holders(state), live_attempt(job, state), files)
+        view = View.of(state.epoch, read_holders(job, state), live_attempt(job, state), files)
         return {f.key for f in files if judge(f, view) is Verdict.DELETABLE}
 
 
@@ -200,7 +200,7 @@ def test_key_ranges_split_a_sweep_without_losing_or_repeating_a_file(
     crashed_job(storage, 300 if storage.uri.startswith("file:") else 120)
     with open_job(storage) as job:
         state = job.state()
-        view = View.of(state.epoch, job.holders(state), None, storage.list("savepoints"))
+        view = View.of(state.epoch, read_holders(job, state), None, storage.list("savepoints"))
     whole = ReconcilePlan()
     seen_whole: list[str] = []
     sweep(storage, view, whole, prefix="shared", page_size=25,

@@ -95,7 +95,6 @@ def test_bytes_per_job_stay_small_at_retain_10(
         pending.extend(f"{path}/{child}" for child in raw_client.get_children(path))
     assert sizes[f"{ROOT}/{job_id}"] > 0
     assert sum(sizes.values()) < 4096
-    assert store.node_sizes() == sizes
 
 
 @pytest.mark.parametrize(

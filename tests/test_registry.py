@@ -20,7 +20,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from statehold.cleanup.cleaner import Discard
+from statehold.cleanup.discard import Discard
 from statehold.cleanup.registry import CheckpointHolder, SavepointHolder, SharedStateRegistry
 from statehold.format import layout
 from statehold.format.layout import Scope
@@ -74,6 +74,32 @@ def make_meta(
                 ranges=[KeyGroupState(key_groups=KeyGroupRange(start=0, end=127), files=state)],
             )
         ],
+    )
+
+
+def release_savepoint(registry: SharedStateRegistry, name: str) -> Discard:
+    """Savepoint `name` disposed of: its files nobody else references and its directory.
+    (Dispose goes through the deletion policy, not the registry; the tests release
+    savepoints here to check the registry's reference counting with them.)"""
+    with registry._lock:
+        files = registry._savepoints.pop(name, set())
+        return registry._release(
+            SavepointHolder(name),
+            files,
+            layout.savepoint_dir(name),
+            layout.savepoint_metadata_key(name),
+            f"savepoint {name} disposed",
+        )
+
+
+def files_of(
+    registry: SharedStateRegistry, holder: CheckpointHolder | SavepointHolder
+) -> frozenset[str]:
+    """The keys one checkpoint or savepoint references (empty if unknown)."""
+    return frozenset(
+        key
+        for key in registry.referenced()
+        if (entry := registry.entry(key)) is not None and holder in entry.holders
     )
 
 
@@ -175,7 +201,7 @@ def test_savepoint_keeps_files_of_subsumed_checkpoints_until_disposed() -> None:
     assert r.referenced() == {sh, ex, own}
     entry = r.entry(sh)
     assert entry is not None and entry.holders == frozenset({SavepointHolder("sp-1")})
-    d = r.release_savepoint("sp-1")
+    d = release_savepoint(r, "sp-1")
     assert set(d.keys) == {sh, ex, own}
     assert d.dirs == ("savepoints/sp-1",)
     assert r.savepoints() == []
@@ -192,7 +218,7 @@ def test_releasing_unknown_or_twice_returns_only_the_directory() -> None:
     assert again.keys == () and again.dirs == ("chk-1",)
     assert r.entry(k) is not None  # still held by 2
     assert r.release_checkpoint(99) == Discard((), ("chk-99",), "checkpoint 99 released")
-    assert r.release_savepoint("nope").keys == ()
+    assert release_savepoint(r, "nope").keys == ()
     assert r.release_checkpoint(2).keys == (k,)
     assert r.release_checkpoint(2).keys == ()
 
@@ -205,7 +231,7 @@ def test_directory_holding_a_referenced_file_is_not_removed() -> None:
     d = r.release_checkpoint(3)
     assert d.dirs == ()
     assert d.keys == ("chk-3/_metadata",)
-    assert r.release_savepoint("keep").keys == (inside,)
+    assert release_savepoint(r, "keep").keys == (inside,)
 
 
 def test_entry_tracks_creator_last_user_and_holders() -> None:
@@ -224,9 +250,9 @@ def test_entry_tracks_creator_last_user_and_holders() -> None:
     assert o.created_by == 9  # first registering checkpoint (the savepoint has no id)
     assert o.holders == frozenset({SavepointHolder("sp"), CheckpointHolder(9)})
     assert r.entry("shared/unknown") is None
-    assert r.files_of(CheckpointHolder(9)) == {named, odd}
-    assert r.files_of(SavepointHolder("sp")) == {odd}
-    assert r.files_of(CheckpointHolder(1)) == frozenset()
+    assert files_of(r, CheckpointHolder(9)) == {named, odd}
+    assert files_of(r, SavepointHolder("sp")) == {odd}
+    assert files_of(r, CheckpointHolder(1)) == frozenset()
 
 
 def test_incremental_registration_and_state_checks() -> None:
@@ -234,7 +260,7 @@ def test_incremental_registration_and_state_checks() -> None:
     a, b = layout.shared_key(1, 1), layout.exclusive_key(1, 1)
     r.register_checkpoint(1, {a: S}, pending=True)
     r.register_checkpoint(1, {b: X}, pending=True)  # another task reports later
-    assert r.files_of(CheckpointHolder(1)) == {a, b}
+    assert files_of(r, CheckpointHolder(1)) == {a, b}
     with pytest.raises(ValueError, match="pending"):
         r.register_checkpoint(1, {}, pending=False)
     with pytest.raises(KeyError):
@@ -282,7 +308,7 @@ def test_rebuild_from_metadata_on_storage(storage: Storage) -> None:
     assert (e.created_by, e.last_used_by) == (1, 2)
     assert r.release_checkpoint(1).keys == ()
     assert set(r.release_checkpoint(2).keys) == {sh2, ex2}
-    assert r.release_savepoint("before-upgrade").keys == (sh1,)
+    assert release_savepoint(r, "before-upgrade").keys == (sh1,)
 
 
 def test_rebuild_ignores_external_files(storage: Storage) -> None:
@@ -423,7 +449,7 @@ class RegistryMachine(RuleBasedStateMachine):
     @rule(name=consumes(savepoint_names))
     def dispose_savepoint(self, name: str) -> None:
         del self.live_savepoints[name]
-        self.apply(self.registry.release_savepoint(name))
+        self.apply(release_savepoint(self.registry, name))
 
     @rule()
     def restart(self) -> None:
@@ -497,4 +523,4 @@ def test_savepoint_outlives_subsumed_checkpoint_in_a_long_run(tmp_path: object) 
     assert base not in released
     r = rebuild(storage, [layout.checkpoint_metadata_key(7), sp_key])
     assert r.entry(base) is not None
-    assert r.release_savepoint("sp").keys == (base,)
+    assert release_savepoint(r, "sp").keys == (base,)

@@ -124,7 +124,8 @@ def test_seed_13_savepoint_made_during_a_gc_keeps_its_files() -> None:
     exclusive files and created its `_metadata`, and gc's listing of ``savepoints/`` saw
     that `_metadata`: the copies counted as a finished savepoint's leftovers and were
     deleted. A savepoint the holders were not read from is still in the making."""
-    from statehold.cleanup.policy import Holders, Verdict, View, judge
+    from statehold.cleanup.holders import Holders
+    from statehold.cleanup.policy import Verdict, View, judge
     from statehold.storage.base import FileInfo
 
     now = 1_000_000.0

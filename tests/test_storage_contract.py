@@ -247,7 +247,8 @@ def test_a_copy_is_a_new_file(storage: Storage, tmp_path: Path) -> None:
     a savepoint's copies are judged young by the deletion policy until its `_metadata`
     exists, and a hard link on local disk would carry its source's months-old mtime (a
     gc listing meanwhile would take them for an abandoned savepoint's leftovers)."""
-    from statehold.cleanup.policy import TEMP_GRACE_SECONDS, Holders, Verdict, View, judge
+    from statehold.cleanup.holders import Holders
+    from statehold.cleanup.policy import TEMP_GRACE_SECONDS, Verdict, View, judge
 
     storage.write("shared/e1-c1-0123456789abcdef-t0", b"state")
     if isinstance(storage, LocalStorage):  # object stores date their objects themselves

@@ -44,7 +44,8 @@ from sim.scheduler import Actor, Killed, Process, Scheduler, SimClock
 from sim.storage import InjectedFault, SimStorage
 from statehold.checkpoint.coordinator import CheckpointCoordinator, CheckpointError
 from statehold.checkpoint.restore import restore_into
-from statehold.cleanup.cleaner import Discard, SyncCleaner
+from statehold.cleanup.cleaner import SyncCleaner
+from statehold.cleanup.discard import Discard
 from statehold.cleanup.gc import gc
 from statehold.cleanup.policy import LiveAttempt
 from statehold.cleanup.reconcile import reconcile

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from statehold import clock
-from statehold.cleanup.policy import Holders
+from statehold.cleanup.holders import Holders, read_holders
 from statehold.cleanup.registry import SharedStateRegistry
 from statehold.errors import CheckpointError
 from statehold.format.metadata import CheckpointMetadata, Lineage, MetadataError
@@ -67,7 +67,7 @@ def claim(job: JobDirectory, max_parallelism: int) -> ClaimedAttempt:
     checkpoints named by the HA store alone and the registry of their documents and the
     savepoints' (a damaged savepoint is quarantined, not fatal)."""
     state = job.ha.claim_epoch()
-    holders = job.holders(state)
+    holders = read_holders(job, state)
     retained = _retained(job, state, holders, max_parallelism)
     for key, why in holders.quarantined.items():
         log.error("job %s: %s quarantined (its files are spared): %s", job.job_id, key, why)

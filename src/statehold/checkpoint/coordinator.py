@@ -31,6 +31,7 @@ from statehold.checkpoint.pending import PendingCheckpoint
 from statehold.checkpoint.reconciler import Reconciler
 from statehold.cleanup.async_cleaner import AsyncCleaner
 from statehold.cleanup.cleaner import Cleaner, Discard, Guard
+from statehold.cleanup.policy import history_to_prune
 from statehold.cleanup.reconcile import ReconcilePlan
 from statehold.errors import CheckpointError, InvalidArgumentError
 from statehold.format import layout
@@ -87,7 +88,9 @@ class CheckpointCoordinator:
         self.cleaner: Cleaner = cleaner
         self.backlog_wait = settings.backlog_wait
         self._retained = list(claimed.retained)
-        self.history = history.Recorder(job.storage, self.job_id, self.epoch)
+        self.history = history.Recorder(
+            job.storage, self.job_id, self.epoch, prune=history_to_prune
+        )
         self._pending: dict[int, PendingCheckpoint] = {}
         self._aborted: set[int] = set()
         self.lease: Lease | None = None

@@ -2,24 +2,26 @@
 
 Callers only enqueue; one background thread deletes in bulk, retries each failing path on
 its own backoff schedule, and stops deleting as soon as its guard reports the attempt
-fenced. The discard model, the guard and the policy check every path passes are in
-`cleaner.py`.
+fenced. The cleaner interface and its guard are in `cleaner.py`, the retry engine it
+shares with `BulkDeleter` in `retry.py`; the policy check every path passes is
+`policy.check_discard`.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
-import random
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 
-from statehold.cleanup.cleaner import Backoff, Cleaner, CleanerStatus, Discard, Guard, _checked
+from statehold.cleanup.cleaner import CleanerStatus, Guard
+from statehold.cleanup.discard import Discard
+from statehold.cleanup.policy import check_discard
+from statehold.cleanup.retry import Backoff, RetryingCleaner, RetrySchedule, failures_of
+from statehold.errors import InvalidArgumentError
 from statehold.ha.base import FencedError
-from statehold.storage.base import DeleteError, Storage
+from statehold.storage.base import Storage
 
 #: The one cleaner logger, whichever module logs: operators filter on it.
 logger = logging.getLogger("statehold.cleanup.cleaner")
@@ -39,7 +41,7 @@ def _fmt(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-class AsyncCleaner(Cleaner):
+class AsyncCleaner(RetryingCleaner[list[_Item]]):
     """Deletes in one background thread; `discard()` only enqueues.
 
     The worker takes up to `batch_size` queued files per bulk `delete_many` call, and
@@ -82,37 +84,26 @@ class AsyncCleaner(Cleaner):
         seed: int | None = None,
         name: str = "statehold-cleaner",
     ) -> None:
-        super().__init__(storage, guard)
         if batch_size < 1 or max_backlog < 1 or max_errors < 1:
-            raise ValueError("batch_size, max_backlog and max_errors must be >= 1")
+            raise InvalidArgumentError("batch_size, max_backlog and max_errors must be >= 1")
         if max_attempts is not None and max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1 or None")
+            raise InvalidArgumentError("max_attempts must be >= 1 or None")
+        backoff = Backoff(initial_delay, max_delay, multiplier, jitter)
+        super().__init__(
+            storage, guard, backoff, max_attempts=max_attempts, max_errors=max_errors, seed=seed
+        )
         self.batch_size = batch_size
-        self.backoff = Backoff(initial_delay, max_delay, multiplier, jitter)
-        self.max_attempts = max_attempts
         self.max_backlog = max_backlog
-
-        self._cond = threading.Condition()
         self._items: dict[tuple[bool, str], _Item] = {}  # everything pending, by identity
         self._ready_keys: deque[_Item] = deque()
         self._ready_dirs: deque[_Item] = deque()
-        self._waiting: list[tuple[float, int, _Item]] = []  # heap of retries by due time
+        self._waiting: RetrySchedule[_Item] = RetrySchedule()
         self._retrying: dict[tuple[bool, str], _Item] = {}
-        self._seq = itertools.count()
         self._dirs_turn = False
-        self._busy = False
-        self._stopping = False
-        self._fenced = False
         self._above_bound = False
         self._hold_until = 0.0  # a failing (non-fencing) guard pauses all deletes
         self._guard_failures = 0
-        self._deleted = 0
-        self._failures = 0
-        self._gave_up = 0
-        self._errors: deque[str] = deque(maxlen=max_errors)
-        self._rng = random.Random(seed)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._start_workers([name])
 
     def __enter__(self) -> AsyncCleaner:
         return self
@@ -125,7 +116,7 @@ class AsyncCleaner(Cleaner):
         """Enqueue and return. Paths are validated here, so a bad one raises in the
         caller. After fencing or close() the discard is dropped (the reconcile of the
         attempt that owns the job will find the files)."""
-        keys, dirs = _checked(discard)
+        keys, dirs = check_discard(discard)
         with self._cond:
             if self._fenced or self._stopping:
                 logger.debug("dropping discard (%s): cleaner is fenced or closed", discard.reason)
@@ -152,54 +143,42 @@ class AsyncCleaner(Cleaner):
         """Wait until fewer than `limit` paths are pending (or the cleaner is fenced or
         closed): how a caller that streams millions of discards keeps the queue bounded.
         False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while len(self._items) >= limit and not (self._fenced or self._stopping):
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._cond.wait(remaining)
-            return True
+        return self._wait(
+            lambda: True
+            if len(self._items) < limit or self._fenced or self._stopping
+            else None,
+            timeout,
+        )
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until nothing is pending or in flight. False on timeout, or at once if
         the cleaner is closed with work left."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while self._items or self._busy:
-                if self._stopping and not self._thread.is_alive():
-                    return False
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._cond.wait(remaining)
-            return True
+
+        def outcome() -> bool | None:
+            if not (self._items or self._busy):
+                return True
+            return False if self._stopping and not self._threads[0].is_alive() else None
+
+        return self._wait(outcome, timeout)
 
     def status(self) -> CleanerStatus:
         with self._cond:
             dirs = sum(1 for is_dir, _ in self._items if is_dir)
-            return CleanerStatus(
-                pending_keys=len(self._items) - dirs,
-                pending_dirs=dirs,
-                deleted=self._deleted,
-                failures=self._failures,
-                last_errors=list(self._errors),
+            return self._status(
+                len(self._items) - dirs,
+                dirs,
                 retrying=[
                     i.path for i in itertools.islice(self._retrying.values(), self.STATUS_SAMPLE)
                 ],
                 retrying_count=len(self._retrying),
-                gave_up=self._gave_up,
-                fenced=self._fenced,
                 backlogged=len(self._items) >= self.max_backlog,
             )
 
     def close(self, timeout: float | None = None) -> None:
         """Stop the worker (after its current batch) and wait up to `timeout` for it."""
         with self._cond:
-            self._stopping = True
             pending = len(self._items)
-            self._cond.notify_all()
-        self._thread.join(timeout)
+        super().close(timeout)
         if pending:
             logger.info("cleaner closed with %d path(s) pending; the reconcile finds them", pending)
 
@@ -218,19 +197,14 @@ class AsyncCleaner(Cleaner):
             logger.info("cleaner backlog back below %d path(s)", self.max_backlog)
         self._above_bound = above
 
-    def _backoff(self, attempts: int) -> float:
-        """Must hold the lock (uses the shared random generator)."""
-        return self.backoff.delay(attempts, self._rng)
-
-    def _next_batch(self) -> list[_Item] | None:
+    def _next_work(self) -> list[_Item] | None:
         """Must hold the lock. Wait for the next batch: up to `batch_size` files, or one
         directory. None when the worker must stop."""
         while True:
             if self._stopping or self._fenced:
                 return None
             now = time.monotonic()
-            while self._waiting and self._waiting[0][0] <= now:
-                item = heapq.heappop(self._waiting)[2]
+            for item in self._waiting.pop_due(now):
                 (self._ready_dirs if item.is_dir else self._ready_keys).append(item)
             ready = bool(self._ready_keys or self._ready_dirs)
             if ready and now >= self._hold_until:
@@ -240,62 +214,45 @@ class AsyncCleaner(Cleaner):
                 n = min(self.batch_size, len(self._ready_keys))
                 return [self._ready_keys.popleft() for _ in range(n)]
             wake = [self._hold_until] if ready else []
-            if self._waiting:
-                wake.append(self._waiting[0][0])
+            if self._waiting.next_due is not None:
+                wake.append(self._waiting.next_due)
             self._cond.wait(max(0.0, min(wake) - now) if wake else None)
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                batch = self._next_batch()
-                if batch is None:
-                    return
-                self._busy = True
-            try:
-                self._process(batch)
-            except Exception as e:  # a bug must not kill the worker: retry the batch
-                logger.exception("cleaner batch failed unexpectedly")
-                self._record([], [(item, e) for item in batch], 0)
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
+    def _attempt(self, batch: list[_Item]) -> None:
+        try:
+            self._process(batch)
+        except Exception as e:  # a bug must not kill the worker: retry the batch
+            logger.exception("cleaner batch failed unexpectedly")
+            self._record([], [(item, e) for item in batch], 0)
 
     def _process(self, batch: list[_Item]) -> None:
         if self.guard is not None:
             try:
                 self.guard()
             except FencedError as e:
-                self._fence(e)
+                self._fenced_now(e)
                 return
             except Exception as e:
                 self._guard_failed(batch, e)
                 return
             with self._cond:
                 self._guard_failures = 0
-        done: list[_Item] = []
-        failed: list[tuple[_Item, BaseException]] = []
-        deleted = 0
         if batch[0].is_dir:
             item = batch[0]
-            try:
-                deleted += self.storage.delete_prefix(item.path + "/")
-                done.append(item)
-            except Exception as e:
-                failed.append((item, e))
+            deleted = 0
+
+            def delete_dir() -> None:
+                nonlocal deleted
+                deleted = self.storage.delete_prefix(item.path + "/")
+
+            errors = failures_of(delete_dir, [item.path])
         else:
-            try:
-                self.storage.delete_many([item.path for item in batch])
-                done = batch
-            except DeleteError as e:
-                for item in batch:
-                    if item.path in e.failed:
-                        failed.append((item, e.failed[item.path]))
-                    else:
-                        done.append(item)
-            except Exception as e:  # the whole request failed
-                failed = [(item, e) for item in batch]
-            deleted += len(done)
+            keys = [item.path for item in batch]
+            errors = failures_of(lambda: self.storage.delete_many(keys), keys)
+        failed = [(item, errors[item.path]) for item in batch if item.path in errors]
+        done = [item for item in batch if item.path not in errors]
+        if not batch[0].is_dir:
+            deleted = len(done)
         self._record(done, failed, deleted)
 
     def _record(
@@ -314,19 +271,14 @@ class AsyncCleaner(Cleaner):
                 self._retrying.pop(ident, None)
             for item, err in failed:
                 ident = (item.is_dir, item.path)
-                item.attempts += 1
-                self._failures += 1
                 msg = f"{item.path}{'/' if item.is_dir else ''}: {_fmt(err)}"
-                self._errors.append(msg)
-                if self.max_attempts is not None and item.attempts >= self.max_attempts:
+                if not self._failed(item, 1, msg, now):
                     self._items.pop(ident, None)
                     self._retrying.pop(ident, None)
-                    self._gave_up += 1
                     given_up.append(msg)
                     continue
                 self._retrying[ident] = item
-                item.due = now + self._backoff(item.attempts)
-                heapq.heappush(self._waiting, (item.due, next(self._seq), item))
+                self._waiting.push(item)
                 # log the 1st, 2nd, 4th, 8th... failure of a path: visible, not flooding
                 if item.attempts & (item.attempts - 1) == 0:
                     retry_msgs.append(f"{msg} (attempt {item.attempts})")
@@ -348,25 +300,28 @@ class AsyncCleaner(Cleaner):
         """The guard could not confirm we may delete: put the batch back and pause."""
         with self._cond:
             self._guard_failures += 1
-            self._hold_until = time.monotonic() + self._backoff(self._guard_failures)
+            self._hold_until = time.monotonic() + self.backoff.delay(
+                self._guard_failures, self._rng
+            )
             for item in reversed(batch):
                 (self._ready_dirs if item.is_dir else self._ready_keys).appendleft(item)
             self._errors.append(f"guard: {_fmt(err)}")
             self._cond.notify_all()
         logger.warning("cleaner guard failed, deletes paused: %s", _fmt(err))
 
-    def _fence(self, err: FencedError) -> None:
+    def _drop_pending(self) -> int:
+        dropped = len(self._items)
+        self._items.clear()
+        self._ready_keys.clear()
+        self._ready_dirs.clear()
+        self._waiting.clear()
+        self._retrying.clear()
+        self._check_bound()
+        return dropped
+
+    def _fenced_now(self, err: FencedError) -> None:
         with self._cond:
-            self._fenced = True
-            dropped = len(self._items)
-            self._items.clear()
-            self._ready_keys.clear()
-            self._ready_dirs.clear()
-            self._waiting.clear()
-            self._retrying.clear()
-            self._errors.append(f"fenced: {err}")
-            self._check_bound()
-            self._cond.notify_all()
+            dropped = self._fence(err)
         logger.error(
             "cleaner fenced (%s): deleting nothing any more, dropped %d pending path(s); "
             "the current attempt's reconcile takes over",

@@ -13,21 +13,23 @@ as `find -delete` does: a directory's lock serialises a listing and unlinks, and
 listing thread and a deleting thread were measured contending for it (each unlink
 twice as slow). A failing batch is retried on backoff with only its failed names (with
 no worker, when the caller hands over or waits); a guard that says FencedError stops
-everything, as `AsyncCleaner`'s does.
+everything, as `AsyncCleaner`'s does. The retry engine is the one they share (`retry.py`).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from statehold.cleanup.cleaner import Backoff, Cleaner, CleanerStatus, Discard, Guard, _checked
-from statehold.cleanup.policy import check_discardable_names
+from statehold.cleanup.cleaner import CleanerStatus, Guard
+from statehold.cleanup.discard import Discard
+from statehold.cleanup.policy import check_discard, check_discardable_names
+from statehold.cleanup.retry import Backoff, RetryingCleaner, RetrySchedule, failures_of
+from statehold.errors import InvalidArgumentError
 from statehold.ha.base import FencedError
-from statehold.storage.base import DeleteError, Storage
+from statehold.storage.base import Storage
 
 #: Called from a worker thread after each deleted batch: (files deleted, bytes freed).
 OnDeleted = Callable[[int, int], None]
@@ -41,7 +43,7 @@ class _Batch:
     due: float = 0.0
 
 
-class BulkDeleter(Cleaner):
+class BulkDeleter(RetryingCleaner[_Batch]):
     """Deletes batches of one directory's files in `workers` background threads, or in
     the caller's thread (`workers=0`)."""
 
@@ -58,39 +60,28 @@ class BulkDeleter(Cleaner):
         on_deleted: OnDeleted | None = None,
         count_bytes: bool = True,
     ) -> None:
-        super().__init__(storage, guard)
         if workers < 0 or max_attempts < 1:
-            raise ValueError("workers must be >= 0 and max_attempts >= 1")
-        self.max_attempts = max_attempts
-        self.backoff = Backoff(initial_delay, max_delay, jitter=0.0)
+            raise InvalidArgumentError("workers must be >= 0 and max_attempts >= 1")
+        backoff = Backoff(initial_delay, max_delay, jitter=0.0)
+        super().__init__(
+            storage, guard, backoff, max_attempts=max_attempts, max_errors=max_errors
+        )
         self.on_deleted = on_deleted
         #: False: the caller knows the bytes from its listing; no stat per file here.
         self.count_bytes = count_bytes
-        self._cond = threading.Condition()
         self._queue: deque[_Batch] = deque()
+        self._retries: RetrySchedule[_Batch] = RetrySchedule()
         self._pending = 0  # files queued, in flight or waiting for a retry
-        self._busy = 0
-        self._deleted = 0
         self._freed = 0
-        self._failures = 0
-        self._gave_up = 0
-        self._fenced = False
-        self._stopping = False
-        self._errors: deque[str] = deque(maxlen=max_errors)
-        self._threads = [
-            threading.Thread(target=self._run, name=f"statehold-gc-delete-{i}", daemon=True)
-            for i in range(workers)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._start_workers([f"statehold-gc-delete-{i}" for i in range(workers)])
 
     # -- caller side ---------------------------------------------------------------------
     def discard(self, discard: Discard) -> None:
         """Files of any directories (grouped here by directory); whole directories are
         not this cleaner's (the gc judges files)."""
-        keys, dirs = _checked(discard)
+        keys, dirs = check_discard(discard)
         if dirs:
-            raise ValueError("BulkDeleter deletes files, not directories")
+            raise InvalidArgumentError("BulkDeleter deletes files, not directories")
         groups: dict[str, list[str]] = {}
         for key in keys:
             parent, _, name = key.rpartition("/")
@@ -123,57 +114,48 @@ class BulkDeleter(Cleaner):
         deadline, or fenced or closed."""
         while True:
             with self._cond:
-                if done() or not self._queue or self._fenced or self._stopping:
+                queued = self._queue or self._retries
+                if done() or not queued or self._fenced or self._stopping:
                     return
                 now = time.monotonic()
                 batch = self._take_due(now)
                 if batch is None:
                     if not wait or (deadline is not None and now >= deadline):
                         return
-                    wake = min(b.due for b in self._queue)
+                    wake = self._retries.next_due or now
                     self._cond.wait(min(wake, deadline or wake) - now)
                     continue
-            self._run_batch(batch)
+                self._busy += 1
+            self._run(batch)
 
     def wait_below(self, limit: int, timeout: float | None = None) -> bool:
         """Wait until fewer than `limit` files are pending (or fenced, or closed)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         if not self._threads:
+            deadline = None if timeout is None else time.monotonic() + timeout
             self._run_due(lambda: self._pending < limit, deadline)
-        with self._cond:
-            while self._pending >= limit and not (self._fenced or self._stopping):
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._cond.wait(remaining)
-            return True
+            timeout = None if deadline is None else deadline - time.monotonic()
+        return self._wait(
+            lambda: True if self._pending < limit or self._fenced or self._stopping else None,
+            timeout,
+        )
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
         if not self._threads:
+            deadline = None if timeout is None else time.monotonic() + timeout
             self._run_due(lambda: False, deadline)
-        with self._cond:
-            while (self._pending or self._busy) and not self._fenced:
-                if self._stopping:
-                    return False
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._cond.wait(remaining)
-            return True
+            timeout = None if deadline is None else deadline - time.monotonic()
+
+        def outcome() -> bool | None:
+            if not (self._pending or self._busy) or self._fenced:
+                return True
+            return False if self._stopping else None
+
+        return self._wait(outcome, timeout)
 
     def status(self) -> CleanerStatus:
         with self._cond:
-            retrying = sum(len(b.names) for b in self._queue if b.attempts)
-            return CleanerStatus(
-                pending_keys=self._pending - retrying,
-                deleted=self._deleted,
-                failures=self._failures,
-                last_errors=list(self._errors),
-                retrying_count=retrying,
-                gave_up=self._gave_up,
-                fenced=self._fenced,
-            )
+            retrying = sum(len(b.names) for b in (*self._queue, *self._retries) if b.attempts)
+            return self._status(self._pending - retrying, retrying_count=retrying)
 
     @property
     def freed(self) -> int:
@@ -181,15 +163,8 @@ class BulkDeleter(Cleaner):
         with self._cond:
             return self._freed
 
-    def close(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        for thread in self._threads:
-            thread.join()
-
     # -- workers -------------------------------------------------------------------------
-    def _next(self) -> _Batch | None:
+    def _next_work(self) -> _Batch | None:
         """Must hold the lock: the next due batch, or None when the workers must stop."""
         while True:
             if self._stopping or self._fenced:
@@ -198,60 +173,40 @@ class BulkDeleter(Cleaner):
             batch = self._take_due(now)
             if batch is not None:
                 return batch
-            wake = min((b.due for b in self._queue), default=None)
+            wake = self._retries.next_due
             self._cond.wait(None if wake is None else max(0.0, wake - now))
 
     def _take_due(self, now: float) -> _Batch | None:
-        """Must hold the lock: the first due batch, off the queue and counted busy."""
-        for i, batch in enumerate(self._queue):
-            if batch.due <= now:
-                del self._queue[i]
-                self._busy += 1
-                return batch
-        return None
+        """Must hold the lock: the first due batch, off the queue."""
+        self._queue.extend(self._retries.pop_due(now))
+        return self._queue.popleft() if self._queue else None
 
-    def _run_batch(self, batch: _Batch) -> None:
-        """Delete a batch `_take_due` gave (a worker's, or the caller's without workers)."""
-        try:
-            self._delete(batch)
-        finally:
-            with self._cond:
-                self._busy -= 1
-                self._cond.notify_all()
+    def _drop_pending(self) -> int:
+        dropped = self._pending
+        self._queue.clear()
+        self._retries.clear()
+        self._pending = 0
+        return dropped
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                batch = self._next()
-            if batch is None:
-                return
-            self._run_batch(batch)
-
-    def _delete(self, batch: _Batch) -> None:
-        failed: dict[str, BaseException] = {}
+    def _attempt(self, batch: _Batch) -> None:
+        prefix = f"{batch.directory}/" if batch.directory else ""
         freed = 0
-        try:
+
+        def delete() -> None:
+            nonlocal freed
             if self.guard is not None:
                 self.guard()
             freed = self.storage.delete_names(
                 batch.directory, batch.names, count_bytes=self.count_bytes
             )
+
+        try:
+            failed = failures_of(delete, [prefix + n for n in batch.names])
         except FencedError as e:
             with self._cond:
-                self._fenced = True
-                self._errors.append(f"fenced: {e}")
-                self._queue.clear()
-                self._pending = 0
+                self._fence(e)
             return
-        except DeleteError as e:
-            failed = e.failed
-        except Exception as e:  # the guard could not tell, or the whole request failed
-            failed = {"": e}
-        prefix = f"{batch.directory}/" if batch.directory else ""
-        if "" in failed:
-            left = batch.names
-        else:
-            left = [n for n in batch.names if prefix + n in failed] if failed else []
+        left = [n for n in batch.names if prefix + n in failed]
         done = len(batch.names) - len(left)
         with self._cond:
             if self._fenced:
@@ -260,14 +215,12 @@ class BulkDeleter(Cleaner):
             self._freed += freed
             self._pending -= done
             if left:
-                self._failures += len(left)
-                self._errors.append(f"{prefix}{left[0]}: {next(iter(failed.values()))}")
-                batch.names, batch.attempts = left, batch.attempts + 1
-                if batch.attempts >= self.max_attempts:
-                    self._gave_up += len(left)
-                    self._pending -= len(left)
+                batch.names = left
+                error = f"{prefix}{left[0]}: {failed[prefix + left[0]]}"
+                if self._failed(batch, len(left), error, time.monotonic()):
+                    self._retries.push(batch)
                 else:
-                    batch.due = time.monotonic() + self.backoff.delay(batch.attempts)
-                    self._queue.append(batch)
+                    self._pending -= len(left)
+            self._cond.notify_all()
         if done and self.on_deleted is not None:
             self.on_deleted(done, freed)

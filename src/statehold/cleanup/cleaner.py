@@ -1,62 +1,23 @@
 """The one way statehold discards files.
 
 Every discard — subsumed and aborted checkpoints, reconcile orphans, job-end cleanup —
-goes through a `Cleaner`, so batching, idempotence, retries and fencing live in one place.
-`AsyncCleaner` (in `async_cleaner.py`, re-exported here) is the one the driver runs
-(deletes never delay processing or recovery); `SyncCleaner` deletes in the caller's
-thread, for tools and tests.
+goes through a `Cleaner`, so batching, idempotence, retries and fencing live in one place,
+and every cleaner passes each path through the policy's `check_discard` first.
+`AsyncCleaner` (`async_cleaner.py`) is the one the driver runs (deletes never delay
+processing or recovery); `BulkDeleter` (`bulk_delete.py`) the outside gc's; `SyncCleaner`
+deletes in the caller's thread, for tools and tests.
 """
 
 from __future__ import annotations
 
 import abc
-import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from statehold.cleanup.discard import Discard
+from statehold.cleanup.policy import check_discard
 from statehold.ha.base import FencedError
-from statehold.storage.base import Storage, check_key
-
-if TYPE_CHECKING:
-    from statehold.cleanup.async_cleaner import AsyncCleaner
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """When a failed delete is tried again: `initial` * `multiplier` ** (attempt - 1),
-    capped at `cap`, spread by +-`jitter` (a fraction) so that retries of many files do
-    not arrive together. The background cleaners share it."""
-
-    initial: float = 0.1
-    cap: float = 60.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
-
-    def __post_init__(self) -> None:
-        if self.initial < 0 or self.cap < self.initial or self.multiplier < 1:
-            raise ValueError("need 0 <= initial_delay <= max_delay and multiplier >= 1")
-        if not 0 <= self.jitter <= 1:
-            raise ValueError("jitter must be in [0, 1]")
-
-    def delay(self, attempts: int, rng: random.Random | None = None) -> float:
-        """The wait before try `attempts` + 1; `rng` for the jitter (none: no jitter)."""
-        delay = min(self.initial * self.multiplier ** min(attempts - 1, 100), self.cap)
-        if self.jitter and rng is not None:
-            delay *= 1 + rng.uniform(-self.jitter, self.jitter)
-        return max(0.0, min(delay, self.cap))
-
-
-@dataclass(frozen=True, slots=True)
-class Discard:
-    """Files and whole directories (e.g. ``chk-7``) that may be deleted."""
-
-    keys: tuple[str, ...] = ()
-    dirs: tuple[str, ...] = ()
-    reason: str = ""
-
-    def __bool__(self) -> bool:
-        return bool(self.keys or self.dirs)
+from statehold.storage.base import Storage
 
 
 @dataclass
@@ -119,17 +80,6 @@ class Cleaner(abc.ABC):
         return deleted
 
 
-def _checked(discard: Discard) -> tuple[list[str], list[str]]:
-    """The discard's paths, each one the deletion policy may have chosen (else raises in
-    the caller, before anything is deleted)."""
-    from statehold.cleanup.policy import check_discardable
-
-    return (
-        [check_discardable(check_key(k)) for k in discard.keys],
-        [check_discardable(check_key(d.rstrip("/")), is_dir=True) for d in discard.dirs],
-    )
-
-
 class SyncCleaner(Cleaner):
     """Deletes in the caller's thread; for tools and tests. Errors propagate."""
 
@@ -140,7 +90,7 @@ class SyncCleaner(Cleaner):
     def discard(self, discard: Discard) -> None:
         if discard:
             try:
-                self._status.deleted += self._delete_now(*_checked(discard))
+                self._status.deleted += self._delete_now(*check_discard(discard))
             except FencedError:
                 self._status.fenced = True  # reported like AsyncCleaner's (gc reads it)
                 raise
@@ -152,14 +102,4 @@ class SyncCleaner(Cleaner):
         return self._status
 
 
-def __getattr__(name: str) -> object:
-    """`AsyncCleaner` for ``from statehold.cleanup.cleaner import AsyncCleaner``, imported on first
-    use: its module subclasses `Cleaner`, so importing it here eagerly would be circular."""
-    if name == "AsyncCleaner":
-        from statehold.cleanup.async_cleaner import AsyncCleaner
-
-        return AsyncCleaner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["AsyncCleaner", "Cleaner", "CleanerStatus", "Discard", "Guard", "SyncCleaner"]
+__all__ = ["Cleaner", "CleanerStatus", "Discard", "Guard", "SyncCleaner"]

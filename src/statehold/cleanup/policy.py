@@ -27,18 +27,18 @@ bookkeeping referenced or deletable.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from statehold import clock
-from statehold.cleanup.registry import SharedStateRegistry
+from statehold.cleanup.discard import Discard
+from statehold.cleanup.holders import Holders
 from statehold.format import layout
 from statehold.format.layout import Kind
-from statehold.format.metadata import CheckpointMetadata, referenced_keys
+from statehold.job.history import is_history_record
 from statehold.storage.base import FileInfo, UnsafePathError, check_key
 
 #: An interrupted write in ``_ha/`` or ``_job/`` younger than this may be a starting
@@ -49,10 +49,6 @@ TEMP_GRACE_SECONDS = 3600.0
 
 _KEPT = {Kind.HA, Kind.JOB, Kind.SPARK, Kind.TASKOWNED}
 _LEASE = re.compile(rf"^{re.escape(layout.JOB_DIR)}/lease-e(?P<epoch>\d+)\.json$")
-_HISTORY = re.compile(
-    rf"^{re.escape(layout.JOB_DIR)}/history/c\d{{16}}-e\d{{16}}-[a-z]+-[0-9a-f]{{8}}\.json$"
-)
-_PATH_FIELD = re.compile(rb'"path"\s*:\s*("(?:[^"\\]|\\.)*")')
 _SAVEPOINT_DIR = re.compile(rf"^{layout.SAVEPOINTS_DIR}/[^/]+$")
 
 
@@ -79,93 +75,6 @@ def parse(key: str) -> layout.PathInfo:
         return layout.parse(key)
     except UnsafePathError:
         return layout.PathInfo(key, Kind.UNKNOWN)
-
-
-def salvage(data: bytes, metadata_key: str) -> set[str] | None:
-    """The data files a damaged document still names (resolved against its key, allowed
-    by the layout): every file path if it is still JSON, else every ``"path"`` its text
-    holds; None if not one can be read, so nothing it may name is known."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError):
-        doc = None
-    if isinstance(doc, dict):
-        paths = [
-            f.get("path")
-            for op in _dicts(doc.get("operators"))
-            for kg in _dicts(op.get("ranges"))
-            for f in _dicts(kg.get("files"))
-        ]
-    else:
-        paths = []
-        for m in _PATH_FIELD.finditer(data):
-            try:
-                paths.append(json.loads(m[1]))
-            except ValueError:
-                continue
-        if not paths:
-            return None
-    found: set[str] = set()
-    for path in paths:
-        if not isinstance(path, str):
-            continue
-        try:
-            found.add(layout.check_data_key(metadata_key, layout.resolve(metadata_key, path)))
-        except (TypeError, ValueError):
-            continue
-    return found
-
-
-def _dicts(value: object) -> list[dict[str, object]]:
-    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
-
-
-@dataclass
-class Holders:
-    """Who holds files now: the verified documents of the retained checkpoints and
-    savepoints, and the quarantined ones (key -> why), with what they protect."""
-
-    documents: dict[str, CheckpointMetadata] = field(default_factory=dict)
-    quarantined: dict[str, str] = field(default_factory=dict)
-    #: Data files the quarantined documents' text names.
-    salvaged: set[str] = field(default_factory=set)
-    #: A quarantined document no path could be read from: spare every data file.
-    spare_all_data: bool = False
-
-    def registry(self) -> SharedStateRegistry:
-        """The shared-state registry of these holders; what quarantined documents name
-        is held too, so subsume and abort spare it."""
-        registry = SharedStateRegistry.from_metadata(self.documents.items())
-        for key in self.quarantined:
-            registry.register_quarantined(key, self.salvaged)
-        return registry
-
-    def referenced(self) -> set[str]:
-        """Every key a holder needs, its `_metadata` included."""
-        keys = set(self.documents) | set(self.quarantined) | self.salvaged
-        for key, meta in self.documents.items():
-            keys.update(referenced_keys(meta, key))
-        return keys
-
-    def quarantined_dirs(self) -> tuple[str, ...]:
-        return tuple(k.rsplit("/", 1)[0] + "/" for k in self.quarantined)
-
-
-def load_holders(
-    documents: Mapping[str, CheckpointMetadata],
-    damaged: Mapping[str, tuple[str, bytes | None]],
-) -> Holders:
-    """Holders from verified documents and damaged ones (key -> (why, raw bytes or None
-    if missing or unreadable))."""
-    holders = Holders(documents=dict(documents))
-    for key, (why, raw) in damaged.items():
-        holders.quarantined[key] = why
-        found = salvage(raw, key) if raw is not None else None
-        if found is None:
-            holders.spare_all_data = True
-        else:
-            holders.salvaged |= found
-    return holders
 
 
 @dataclass(frozen=True)
@@ -387,7 +296,7 @@ def check_discardable(path: str, *, is_dir: bool = False) -> str:
         ok = path == layout.SPARK_DIR or parsed.kind is Kind.CHECKPOINT_OTHER and "/" not in path
         ok = ok or parsed.kind is Kind.UNKNOWN and _SAVEPOINT_DIR.match(path) is not None
     elif parsed.kind in (Kind.HA, Kind.JOB):
-        ok = bool(_LEASE.match(path) or _HISTORY.match(path))
+        ok = bool(_LEASE.match(path)) or is_history_record(path)
         ok = ok or layout.TEMP_MARKER in path.rsplit("/", 1)[-1]
     else:  # (in the data folders even a name statehold did not make is data)
         ok = parsed.kind in _DISCARDABLE or path.split("/", 1)[0] in (
@@ -399,8 +308,13 @@ def check_discardable(path: str, *, is_dir: bool = False) -> str:
     return path
 
 
-def is_history_record(key: str) -> bool:
-    return _HISTORY.match(key) is not None
+def check_discard(discard: Discard) -> tuple[list[str], list[str]]:
+    """The discard's files and directories, each one this policy may have chosen (else
+    raises in the caller, before anything is deleted): what every cleaner deletes."""
+    return (
+        [check_discardable(check_key(k)) for k in discard.keys],
+        [check_discardable(check_key(d.rstrip("/")), is_dir=True) for d in discard.dirs],
+    )
 
 
 def history_to_prune(keys: Iterable[str], keep: int) -> list[str]:
@@ -414,18 +328,15 @@ def history_to_prune(keys: Iterable[str], keep: int) -> list[str]:
 
 __all__ = [
     "BOOKKEEPING_TEMP_GRACE_SECONDS",
-    "Holders",
     "LiveAttempt",
     "TEMP_GRACE_SECONDS",
     "Verdict",
     "View",
+    "check_discard",
     "check_discardable",
     "check_discardable_names",
     "history_to_prune",
-    "is_history_record",
     "judge",
     "judge_names",
-    "load_holders",
     "parse",
-    "salvage",
 ]

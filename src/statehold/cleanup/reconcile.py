@@ -11,7 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from statehold.cleanup.async_cleaner import AsyncCleaner
 from statehold.cleanup.bulk_delete import BulkDeleter
-from statehold.cleanup.cleaner import Cleaner, Discard
+from statehold.cleanup.cleaner import Cleaner
+from statehold.cleanup.discard import Discard
+from statehold.cleanup.holders import read_holders
 from statehold.cleanup.policy import LiveAttempt, View
 from statehold.cleanup.sweep import SAMPLE, OnListed, OnNames, ReconcilePlan, sweep
 from statehold.errors import StateholdError
@@ -57,7 +59,7 @@ def view_for(
     """The policy's view of the job: its holders (verified and quarantined) and the
     savepoints whose `_metadata` is present (listing ``savepoints/`` only, which is
     small, so the whole listing need not be held)."""
-    holders = job.holders(state)
+    holders = read_holders(job, state)
     return View.of(state.epoch, holders, live, job.storage.list(layout.SAVEPOINTS_DIR), **options)
 
 
@@ -177,7 +179,7 @@ def reconcile(
 
 def referenced_by_job(job: JobDirectory) -> set[str]:
     """Every key a retained checkpoint or a savepoint needs, its `_metadata` included."""
-    return job.holders(job.state()).referenced()
+    return read_holders(job, job.state()).referenced()
 
 
 __all__ = [

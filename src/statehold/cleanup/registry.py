@@ -18,7 +18,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from statehold.cleanup.cleaner import Discard
+from statehold.cleanup.discard import Discard
+from statehold.errors import InvalidArgumentError, StateholdError
 from statehold.format import layout
 from statehold.format.layout import Kind, Scope
 from statehold.format.metadata import (
@@ -26,6 +27,10 @@ from statehold.format.metadata import (
     MetadataError,
     referenced_keys,
 )
+
+
+class UnknownCheckpointError(StateholdError, KeyError):
+    """The registry holds no checkpoint of that id."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -113,7 +118,7 @@ class SharedStateRegistry:
         Calling again for the same id adds files (tasks may report one by one); the
         `pending` flag must then match the checkpoint's state."""
         if checkpoint_id < 0:
-            raise ValueError(f"negative checkpoint id {checkpoint_id}")
+            raise InvalidArgumentError(f"negative checkpoint id {checkpoint_id}")
         infos = {key: layout.parse(key) for key in files}  # refuses unsafe keys first
         with self._lock:
             ckpt = self._checkpoints.get(checkpoint_id)
@@ -121,7 +126,9 @@ class SharedStateRegistry:
                 ckpt = self._checkpoints[checkpoint_id] = _Checkpoint(pending=pending)
             elif ckpt.pending != pending:
                 state = "pending" if ckpt.pending else "completed"
-                raise ValueError(f"checkpoint {checkpoint_id} is already registered as {state}")
+                raise InvalidArgumentError(
+                    f"checkpoint {checkpoint_id} is already registered as {state}"
+                )
             holder = CheckpointHolder(checkpoint_id)
             for key, scope in files.items():
                 entry = self._add(key, scope, infos[key], holder, fallback_creator=checkpoint_id)
@@ -130,11 +137,12 @@ class SharedStateRegistry:
                 ckpt.files.add(key)
 
     def complete(self, checkpoint_id: int) -> None:
-        """Pending -> completed (idempotent). KeyError if the id is not registered."""
+        """Pending -> completed (idempotent). UnknownCheckpointError (a KeyError) if the id is
+        not registered."""
         with self._lock:
             ckpt = self._checkpoints.get(checkpoint_id)
             if ckpt is None:
-                raise KeyError(f"checkpoint {checkpoint_id} is not registered")
+                raise UnknownCheckpointError(f"checkpoint {checkpoint_id} is not registered")
             ckpt.pending = False
 
     def register_savepoint(self, name: str, files: Mapping[str, Scope]) -> None:
@@ -197,20 +205,6 @@ class SharedStateRegistry:
                 reason,
             )
 
-    def release_savepoint(self, name: str, *, reason: str = "") -> Discard:
-        """Savepoint `name` is disposed (explicitly, by a person): its files nobody else
-        references and its directory ``savepoints/<name>``."""
-        layout.check_savepoint_name(name)
-        with self._lock:
-            files = self._savepoints.pop(name, set())
-            return self._release(
-                SavepointHolder(name),
-                files,
-                layout.savepoint_dir(name),
-                layout.savepoint_metadata_key(name),
-                reason or f"savepoint {name} disposed",
-            )
-
     def _release(
         self, holder: Holder, files: set[str], directory: str, metadata_key: str, reason: str
     ) -> Discard:
@@ -261,14 +255,6 @@ class SharedStateRegistry:
         with self._lock:
             return sorted(self._savepoints)
 
-    def files_of(self, holder: CheckpointHolder | SavepointHolder) -> frozenset[str]:
-        """The keys one checkpoint or savepoint references (empty if unknown)."""
-        with self._lock:
-            if isinstance(holder, CheckpointHolder):
-                ckpt = self._checkpoints.get(holder.checkpoint_id)
-                return frozenset(ckpt.files) if ckpt is not None else frozenset()
-            return frozenset(self._savepoints.get(holder.name, ()))
-
     # -- restoring ---------------------------------------------------------------------
     @classmethod
     def from_metadata(
@@ -297,5 +283,7 @@ class SharedStateRegistry:
 def _check_metadata_key(metadata_key: str) -> layout.PathInfo:
     info = layout.parse(metadata_key)
     if info.kind not in (Kind.CHECKPOINT_METADATA, Kind.SAVEPOINT_METADATA):
-        raise ValueError(f"{metadata_key} is not a checkpoint or savepoint _metadata key")
+        raise InvalidArgumentError(
+            f"{metadata_key} is not a checkpoint or savepoint _metadata key"
+        )
     return info

@@ -58,6 +58,7 @@ from typing import Annotated, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
 from statehold import clock
+from statehold.errors import InvalidArgumentError
 from statehold.format import signed
 from statehold.format.layout import HA_DIR
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
@@ -85,7 +86,7 @@ _DOC_KEY = re.compile(rf"^{re.escape(HA_DIR)}/(?P<seq>\d{{{_SEQ_DIGITS}}})\.json
 def pointer_key(seq: int) -> str:
     """The job-directory key of pointer document `seq`."""
     if seq < 0:
-        raise ValueError("seq must be non-negative")
+        raise InvalidArgumentError("seq must be non-negative")
     return f"{HA_DIR}/{seq:0{_SEQ_DIGITS}d}.json"
 
 
@@ -109,7 +110,7 @@ class PointerModel(_Model):
         try:
             return check_key(v)
         except UnsafePathError as e:
-            raise ValueError(str(e)) from e
+            raise InvalidArgumentError(str(e)) from e
 
 
 class PointerDocument(_Model):
@@ -186,7 +187,7 @@ class EmbeddedHAStore(HAStore):
 
     def __init__(self, job_storage: Storage, *, keep: int = DEFAULT_KEEP) -> None:
         if keep < 2:
-            raise ValueError("keep must be at least 2")
+            raise InvalidArgumentError("keep must be at least 2")
         self.storage = job_storage
         self.keep = keep
 
@@ -306,7 +307,7 @@ class EmbeddedHAStore(HAStore):
 
     def seed(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
         if epoch < 1:
-            raise ValueError(f"cannot seed epoch {epoch}: epochs start at 1")
+            raise InvalidArgumentError(f"cannot seed epoch {epoch}: epochs start at 1")
         if self._list_seqs():
             raise HAStoreError(f"{self._where(HA_DIR)}: already holds HA state; not seeded")
         mine = self._create(_EMPTY, epoch, retained)
@@ -316,7 +317,7 @@ class EmbeddedHAStore(HAStore):
 
     def publish(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
         if epoch < 1:
-            raise ValueError(f"epoch {epoch} was never claimed; call claim_epoch first")
+            raise InvalidArgumentError(f"epoch {epoch} was never claimed; call claim_epoch first")
         for attempt in range(MAX_ATTEMPTS):
             head = self._head()
             if head.epoch != epoch:

@@ -7,6 +7,7 @@ server) to a cluster (ZooKeeper) by changing a URI, not code.
 
 from __future__ import annotations
 
+from statehold.errors import InvalidArgumentError
 from statehold.ha.base import HAStore
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.zookeeper import URI_SCHEME, ZooKeeperHAStore
@@ -18,15 +19,15 @@ EMBEDDED = "embedded"
 def open_ha_store(uri: str | None, job_storage: Storage, job_id: str) -> HAStore:
     """The HA store named by `uri` for the job whose directory is `job_storage`.
 
-    ValueError for anything that is not ``embedded`` or a ``zookeeper://`` URI, so a typo
-    never silently falls back to another store (two drivers on different stores would not
-    fence each other)."""
+    InvalidArgumentError (a ValueError) for anything that is not ``embedded`` or a
+    ``zookeeper://`` URI, so a typo never silently falls back to another store (two
+    drivers on different stores would not fence each other)."""
     if uri is None or uri.strip() == EMBEDDED:
         return EmbeddedHAStore(job_storage)
     text = uri.strip()
     if text.startswith(f"{URI_SCHEME}://"):
         return ZooKeeperHAStore.from_uri(text, job_id)
-    raise ValueError(
+    raise InvalidArgumentError(
         f"unknown HA store {uri!r}: use {EMBEDDED!r} (the default, pointers on the "
         f"checkpoint storage) or {URI_SCHEME}://host:port[,host:port]/path"
     )

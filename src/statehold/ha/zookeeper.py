@@ -13,7 +13,6 @@ HAStoreError — the driver stops writing until it can re-establish its epoch.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import threading
@@ -28,6 +27,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from statehold.errors import InvalidArgumentError
 from statehold.format import signed
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
 from statehold.storage.base import UnsafePathError, check_key
@@ -61,14 +61,14 @@ class _Document(_Model):
 
 def _check_segment(name: str, what: str) -> str:
     if not _SEGMENT.match(name) or name in (".", ".."):
-        raise ValueError(f"invalid {what} {name!r}: use letters, digits, '_', '.', '-'")
+        raise InvalidArgumentError(f"invalid {what} {name!r}: use letters, digits, '_', '.', '-'")
     return name
 
 
 def _check_root(root: str) -> str:
     root = root.rstrip("/")
     if not root.startswith("/"):
-        raise ValueError(f"ZooKeeper root must be an absolute path, got {root!r}")
+        raise InvalidArgumentError(f"ZooKeeper root must be an absolute path, got {root!r}")
     for segment in root.split("/")[1:]:
         _check_segment(segment, "ZooKeeper path segment")
     return root
@@ -76,11 +76,11 @@ def _check_root(root: str) -> str:
 
 def _check_pointer(pointer: CheckpointPointer) -> CheckpointPointer:
     if pointer.checkpoint_id < 0 or pointer.epoch < 0:
-        raise ValueError(f"negative checkpoint id or epoch in {pointer}")
+        raise InvalidArgumentError(f"negative checkpoint id or epoch in {pointer}")
     try:
         check_key(pointer.metadata)
     except UnsafePathError as exc:
-        raise ValueError(f"unsafe metadata key in {pointer}: {exc}") from exc
+        raise InvalidArgumentError(f"unsafe metadata key in {pointer}: {exc}") from exc
     return pointer
 
 
@@ -128,7 +128,7 @@ def decode(data: bytes, version: int, where: str) -> HAState:
     try:
         document = _Document.model_validate(raw)
         if document.version != FORMAT_VERSION:
-            raise ValueError(f"unsupported format version {document.version}")
+            raise InvalidArgumentError(f"unsupported format version {document.version}")
         retained = tuple(
             _check_pointer(CheckpointPointer(p.checkpoint_id, p.metadata, p.epoch, p.checksum))
             for p in document.retained
@@ -144,11 +144,13 @@ def parse_uri(uri: str) -> tuple[str, str]:
     """`zookeeper://host:port[,host:port]/path` -> (kazoo hosts string, root path)."""
     parts = urlsplit(uri)
     if parts.scheme != URI_SCHEME:
-        raise ValueError(f"not a {URI_SCHEME}:// URI: {uri!r}")
+        raise InvalidArgumentError(f"not a {URI_SCHEME}:// URI: {uri!r}")
     if not parts.netloc or "@" in parts.netloc:
-        raise ValueError(f"expected {URI_SCHEME}://host:port[,host:port]/path, got {uri!r}")
+        raise InvalidArgumentError(
+            f"expected {URI_SCHEME}://host:port[,host:port]/path, got {uri!r}"
+        )
     if parts.query or parts.fragment:
-        raise ValueError(f"query and fragment are not supported in {uri!r}")
+        raise InvalidArgumentError(f"query and fragment are not supported in {uri!r}")
     root = parts.path if parts.path not in ("", "/") else DEFAULT_ROOT
     return parts.netloc, _check_root(root)
 
@@ -309,24 +311,6 @@ class ZooKeeperHAStore(HAStore):
         current = self.read().epoch
         if current != epoch:
             raise FencedError(f"epoch {epoch} is fenced: the job's current epoch is {current}")
-
-    def node_sizes(self) -> dict[str, int]:
-        """Data bytes of every znode this job uses (the job node and any children)."""
-        deadline = time.monotonic() + self.timeout
-        sizes: dict[str, int] = {}
-        pending = [self.path]
-        while pending:
-            path = pending.pop()
-            get = functools.partial(self._client.get_async, path)
-            list_children = functools.partial(self._client.get_children_async, path)
-            try:
-                data, _ = self._call(deadline, get, "read")
-                children = self._call(deadline, list_children, "list")
-            except NoNodeError:
-                continue
-            sizes[path] = len(data)
-            pending.extend(f"{path}/{child}" for child in children)
-        return sizes
 
     def close(self) -> None:
         if self._closed:

@@ -19,21 +19,24 @@ directory names.
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
-from urllib.parse import urlsplit
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from statehold.cleanup.policy import Holders, load_holders
 from statehold.errors import InvalidArgumentError, StateholdError
 from statehold.format import layout, signed
 from statehold.format.layout import Kind
 from statehold.format.metadata import CheckpointMetadata, MetadataError, read_metadata
 from statehold.ha.base import HAState, HAStore, HAStoreError
 from statehold.ha.open import EMBEDDED, open_ha_store
-from statehold.ha.zookeeper import URI_SCHEME, parse_uri
+from statehold.job.owner import (
+    OWNER_FORMAT,
+    OWNER_KEY,
+    OWNER_VERSION,
+    OwnerRecord,
+    canonical_ha,
+    same_ha,
+    write_owner,
+)
 from statehold.storage import (
     AlreadyExistsError,
     LocalStorage,
@@ -43,9 +46,6 @@ from statehold.storage import (
 )
 from statehold.storage.base import StorageError, UnsafePathError
 
-OWNER_KEY: Final = f"{layout.JOB_DIR}/owner.json"
-_FORMAT: Final = "statehold.job-owner"
-_VERSION: Final = 1
 _CHK = re.compile(r"^chk-(\d+)$")
 
 
@@ -62,47 +62,6 @@ class HAStoreMismatchError(JobDirectoryError):
     """The job directory belongs to another HA store than the one named."""
 
 
-class OwnerRecord(BaseModel):
-    """``_job/owner.json``: which job this directory is and which HA store owns it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    format: Literal["statehold.job-owner"] = _FORMAT
-    version: int = _VERSION
-    job_id: str = Field(min_length=1, max_length=256)
-    #: ``embedded`` or ``zookeeper://host:port[,host:port]/root``.
-    ha: str = Field(min_length=1, max_length=4096)
-    created_at: float = Field(default_factory=time.time)
-    checksum: str = ""
-
-
-def canonical_ha(uri: str | None) -> str:
-    """The normal form of an HA store URI (InvalidArgumentError if it names no store)."""
-    text = (uri or EMBEDDED).strip()
-    if text == EMBEDDED:
-        return EMBEDDED
-    if text.startswith(f"{URI_SCHEME}://"):
-        try:
-            hosts, root = parse_uri(text)
-        except ValueError as e:
-            raise InvalidArgumentError(str(e)) from e
-        return f"{URI_SCHEME}://{','.join(sorted(hosts.split(',')))}{root}"
-    raise InvalidArgumentError(
-        f"unknown HA store {uri!r}: use {EMBEDDED!r} or {URI_SCHEME}://host:port[,host:port]/path"
-    )
-
-
-def same_ha(a: str, b: str) -> bool:
-    """Do two canonical URIs name one store? ZooKeeper: the same root on an ensemble the
-    two host lists share a member of (a client may list a subset of the ensemble)."""
-    if a == b:
-        return True
-    if not (a.startswith(f"{URI_SCHEME}://") and b.startswith(f"{URI_SCHEME}://")):
-        return False
-    pa, pb = urlsplit(a), urlsplit(b)
-    return pa.path == pb.path and bool(set(pa.netloc.split(",")) & set(pb.netloc.split(",")))
-
-
 def read_owner(storage: Storage) -> OwnerRecord | None:
     """The owner record, None if there is none; JobDirectoryError if it is damaged."""
     try:
@@ -113,21 +72,11 @@ def read_owner(storage: Storage) -> OwnerRecord | None:
         data,
         OwnerRecord,
         where=f"{storage.uri.rstrip('/')}/{OWNER_KEY}",
-        format_name=_FORMAT,
-        version=_VERSION,
+        format_name=OWNER_FORMAT,
+        version=OWNER_VERSION,
         what="job owner",
         error=JobDirectoryError,
     )
-
-
-def write_owner(storage: Storage, job_id: str, ha: str, *, replace: bool = False) -> OwnerRecord:
-    record = OwnerRecord(job_id=job_id, ha=canonical_ha(ha))
-    data = signed.encode(record)
-    if replace:
-        storage.write(OWNER_KEY, data)
-    else:
-        storage.create_if_absent(OWNER_KEY, data)
-    return record
 
 
 def _has_embedded_documents(storage: Storage) -> bool:
@@ -135,6 +84,15 @@ def _has_embedded_documents(storage: Storage) -> bool:
         layout.parse(i.key).kind is Kind.HA and i.key.endswith(".json")
         for i in storage.list(layout.HA_DIR)
     )
+
+
+@dataclass
+class HolderDocuments:
+    """The documents that hold files, as read: verified ones, and damaged ones (key ->
+    (why, raw bytes or None if missing or unreadable))."""
+
+    verified: dict[str, CheckpointMetadata] = field(default_factory=dict)
+    damaged: dict[str, tuple[str, bytes | None]] = field(default_factory=dict)
 
 
 @dataclass
@@ -222,24 +180,23 @@ class JobDirectory:
             raise MetadataError(f"{where}: holds a checkpoint, not a savepoint")
         return meta
 
-    def holders(self, state: HAState, *, skip: str | None = None) -> Holders:
+    def holder_documents(self, state: HAState, *, skip: str | None = None) -> HolderDocuments:
         """The retained checkpoints' (as `state` names them) and the savepoints' documents,
-        read and verified; one that cannot be verified is quarantined, not fatal (see
-        `statehold.cleanup.policy`). `skip` leaves one document out (what dispose removes)."""
-        documents: dict[str, CheckpointMetadata] = {}
-        damaged: dict[str, tuple[str, bytes | None]] = {}
+        read and verified; one that cannot be verified is returned as damaged with its raw
+        bytes, for the deletion policy to quarantine. `skip` leaves one document out."""
+        read = HolderDocuments()
         for key in dict.fromkeys([p.metadata for p in state.retained] + self.savepoint_keys()):
             if key == skip:
                 continue
             try:
-                documents[key] = self.read_document(key)
+                read.verified[key] = self.read_document(key)
             except MetadataError as e:
                 try:
                     raw: bytes | None = self.storage.read(key)
                 except NotFoundError:
                     raw = None
-                damaged[key] = (" ".join(str(e).split()), raw)
-        return load_holders(documents, damaged)
+                read.damaged[key] = (" ".join(str(e).split()), raw)
+        return read
 
     def savepoint_keys(self) -> list[str]:
         """Every ``savepoints/NAME/_metadata`` in the directory, sorted."""
@@ -403,6 +360,7 @@ def change_ha_store(job: JobDirectory, new_ha: str) -> HAState:
 __all__ = [
     "HAStoreError",
     "HAStoreMismatchError",
+    "HolderDocuments",
     "JobDirectory",
     "JobDirectoryError",
     "NotAJobDirectoryError",

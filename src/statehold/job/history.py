@@ -6,9 +6,11 @@ checkpoint id, then epoch (``c<id>-e<epoch>-<outcome>-<hash of the content>.json
 zombie attempt and the current one never write the same file, and no object store needs
 compare-and-set. Records are the `signed` format (JSON with a checksum, read within
 bounds; never pickle). The newest `keep` records are kept; after every ``keep // 10``
-writes the writer lists the folder and deletes what `policy.history_to_prune` names, so
-at most about ``keep * 1.1`` records exist. A failure to write history is logged, never
-fails a checkpoint.
+writes the writer lists the folder and deletes what its pruning rule names, so at most
+about ``keep * 1.1`` records exist. The rule is the deletion policy's
+(`cleanup.policy.history_to_prune`), given by the writer's owner: what is deleted is
+decided in one place, and this module knows only what a record's key looks like. A
+failure to write history is logged, never fails a checkpoint.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, Field
@@ -39,6 +42,12 @@ MAX_RECORD_BYTES: Final = 64 << 10
 Count = Annotated[int, Field(ge=0, le=signed.MAX_ID)]
 Seconds = Annotated[float, Field(ge=0, le=signed.MAX_TIMESTAMP, allow_inf_nan=False)]
 Outcome = Literal["completed", "aborted"]
+#: The history records among some keys beyond the newest `keep` (keys, keep -> doomed).
+PruneRule = Callable[[Iterable[str], int], list[str]]
+
+_RECORD_KEY = re.compile(
+    rf"^{re.escape(HISTORY_DIR)}/c\d{{16}}-e\d{{16}}-[a-z]+-[0-9a-f]{{8}}\.json$"
+)
 
 
 class HistoryError(StateholdError):
@@ -96,10 +105,13 @@ def decode(data: bytes, key: str) -> HistoryRecord:
     )
 
 
+def is_history_record(key: str) -> bool:
+    """Is `key` a history record's (as `record_key` names them; not an interrupted write)?"""
+    return _RECORD_KEY.match(key) is not None
+
+
 def record_keys(storage: Storage) -> list[str]:
     """The history records' keys, oldest first (interrupted writes left out)."""
-    from statehold.cleanup.policy import is_history_record
-
     return sorted(i.key for i in storage.list(HISTORY_DIR + "/") if is_history_record(i.key))
 
 
@@ -126,11 +138,21 @@ def _figure(info: Mapping[str, Any], name: str) -> int:
 
 
 class Recorder:
-    """Writes one attempt's records and keeps the folder bounded. The caller (the
-    Spark job) may add figures only it knows with `note` before the checkpoint ends."""
+    """Writes one attempt's records and keeps the folder bounded, deleting what `prune`
+    (the deletion policy's rule) names. The caller (the Spark job) may add figures only it
+    knows with `note` before the checkpoint ends."""
 
-    def __init__(self, storage: Storage, job_id: str, epoch: int, keep: int = DEFAULT_KEEP):
+    def __init__(
+        self,
+        storage: Storage,
+        job_id: str,
+        epoch: int,
+        keep: int = DEFAULT_KEEP,
+        *,
+        prune: PruneRule,
+    ) -> None:
         self.storage = storage
+        self.prune = prune
         self.job_id = job_id
         self.epoch = epoch
         #: records kept (0: write none)
@@ -199,13 +221,11 @@ class Recorder:
             return None
 
     def _prune(self) -> None:
-        from statehold.cleanup.policy import history_to_prune
-
         if self._since_prune is not None and self._since_prune < max(1, self.keep // 10):
             self._since_prune += 1
             return
         self._since_prune = 1
-        doomed = history_to_prune(record_keys(self.storage), self.keep)
+        doomed = self.prune(record_keys(self.storage), self.keep)
         if doomed:
             self.storage.delete_many(doomed)
 
@@ -215,7 +235,9 @@ __all__ = [
     "HISTORY_DIR",
     "HistoryError",
     "HistoryRecord",
+    "PruneRule",
     "Recorder",
+    "is_history_record",
     "read_history",
     "record_keys",
 ]

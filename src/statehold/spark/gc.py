@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from statehold.cleanup.bulk_delete import BulkDeleter
 from statehold.cleanup.gc import GcInterruptedError, GcReport, gc_cleaner, outside_guard, settle
-from statehold.cleanup.policy import Holders, LiveAttempt, View
+from statehold.cleanup.holders import Holders
+from statehold.cleanup.policy import LiveAttempt, View
 from statehold.cleanup.reconcile import (
     PAGE_SIZE,
     ReconcileError,

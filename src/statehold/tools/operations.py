@@ -11,11 +11,13 @@ driver can re-publish what it removed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from statehold.cleanup.cleaner import Discard, SyncCleaner
+from statehold.cleanup.cleaner import SyncCleaner
+from statehold.cleanup.discard import Discard
 from statehold.cleanup.gc import outside_guard
-from statehold.cleanup.policy import Verdict, View, judge
+from statehold.cleanup.holders import read_holders
+from statehold.cleanup.policy import LiveAttempt, Verdict, View, judge
 from statehold.cleanup.reconcile import live_attempt
 from statehold.format import layout
 from statehold.format.layout import Kind, Scope
@@ -27,11 +29,13 @@ from statehold.format.metadata import (
     referenced_keys,
     relocate,
 )
-from statehold.ha.base import CheckpointPointer, HAStore
+from statehold.ha.base import CheckpointPointer, HAState, HAStore
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.open import EMBEDDED
-from statehold.job.directory import OWNER_KEY, JobDirectory, open_job, write_owner
+from statehold.job.directory import JobDirectory, open_job
+from statehold.job.owner import OWNER_KEY, write_owner
 from statehold.storage import Storage, StorageError, open_storage
+from statehold.storage.base import FileInfo
 from statehold.tools.locate import (
     NoProgress,
     Progress,
@@ -213,22 +217,51 @@ _DELETE_BATCH = 1000
 
 
 def _dispose_one(t: Target, *, force: bool, dry_run: bool, progress: Progress) -> DisposeReport:
-    job, key, directory = t.job, t.metadata_key, t.path
-    assert key is not None
+    """Dispose of one checkpoint or savepoint: check it may go, plan by the policy, then
+    (unless `dry_run`) unpublish it if retained and delete what the plan says."""
+    claim = _claim_target(t, force=force, dry_run=dry_run)
+    files = listing(t.job, progress)
+    report = _plan_dispose(t, claim, files, force=force, dry_run=dry_run)
+    if dry_run:
+        return report
+    state = claim.state
+    if claim.retained:
+        remaining = [p for p in state.retained if p.metadata != t.metadata_key]
+        state = t.job.ha.publish(state.epoch, remaining)
+    cleaner = SyncCleaner(t.job.storage, guard=outside_guard(t.job, state, claim.live))
+    _delete_disposed(t, report.deleted, cleaner, progress)
+    return report
+
+
+class _Claim(NamedTuple):
+    """What a dispose plans under: the HA state, the running attempt, and whether the
+    target is a retained checkpoint."""
+
+    state: HAState
+    live: LiveAttempt | None
+    retained: bool
+
+
+def _claim_target(t: Target, *, force: bool, dry_run: bool) -> _Claim:
+    """What to plan under; refused (ToolError) if the target may not be disposed. For a
+    retained target, forced, a new epoch is claimed first (unless `dry_run`)."""
+    job, key = t.job, t.metadata_key
     state = job.state()
     live = live_attempt(job, state)
-    retained_here = key in {p.metadata for p in state.retained}
-    if retained_here and live is not None:
+    retained = key in {p.metadata for p in state.retained}
+    if not retained:
+        return _Claim(state, live, False)
+    if live is not None:
         raise ToolError(
             f"{t.uri} is retained by the running attempt (epoch {live.epoch}); retention "
             "subsumes it, or dispose it once the job has stopped"
         )
-    if retained_here and not force:
+    if not force:
         raise ToolError(
             f"{t.uri} is a retained checkpoint (the job may restore from it); "
             "use --force to dispose it anyway"
         )
-    if retained_here and not dry_run:
+    if not dry_run:
         # A new epoch before the plan: from here no attempt can publish (one that had
         # claimed its epoch but written no lease yet looked stopped, and completed a
         # checkpoint sharing the target's files while an earlier plan ran; simulation,
@@ -236,30 +269,32 @@ def _dispose_one(t: Target, *, force: bool, dry_run: bool, progress: Progress) -
         state = job.ha.claim_epoch()
         if key not in {p.metadata for p in state.retained}:
             raise ToolError(f"{t.uri} is no longer retained; run dispose again")
-    files = listing(job, progress)
+    return _Claim(state, live, True)
+
+
+def _plan_dispose(
+    t: Target, claim: _Claim, files: list[FileInfo], *, force: bool, dry_run: bool
+) -> DisposeReport:
+    """What disposing of the target deletes and keeps: each of its files judged by the
+    policy with the target no longer a holder."""
+    job, key, directory = t.job, t.metadata_key, t.path
+    state, live, retained = claim
+    assert key is not None
     own_dir = [i for i in files if i.key.startswith(directory + "/")]
-    if not own_dir and not retained_here:
+    if not own_dir and not retained:
         raise ToolError(f"{t.uri}: no such {t.kind}")
-    try:
-        names = set(referenced_keys(read(t), key))
-    except MetadataError as e:
-        if not force:
-            raise ToolError(f"cannot dispose: {one_line(e)} (--force removes it)") from e
-        names = set()  # what it may name is left to gc, which spares it no longer
-    holders = job.holders(state, skip=key)
-    view = View.of(state.epoch, holders, live, files)
+    names = _named_by_target(t, force=force)
+    view = View.of(state.epoch, read_holders(job, state, skip=key), live, files)
     by_key = {i.key: i for i in files}
     deleted: list[str] = []
     kept: list[str] = []
     for k in sorted(names | {i.key for i in own_dir}):
-        info = by_key.get(k)
-        if info is None:
-            continue
-        verdict = judge(info, view, disposing=directory)
-        (deleted if verdict is Verdict.DELETABLE else kept).append(k)
-    if key in kept and not retained_here:
+        if k in by_key:
+            verdict = judge(by_key[k], view, disposing=directory)
+            (deleted if verdict is Verdict.DELETABLE else kept).append(k)
+    if key in kept and not retained:
         raise ToolError(f"{t.uri} is in flight in the running attempt; not disposed")
-    report = DisposeReport(
+    return DisposeReport(
         job_uri=job.uri,
         kind=t.kind,
         path=directory,
@@ -268,24 +303,37 @@ def _dispose_one(t: Target, *, force: bool, dry_run: bool, progress: Progress) -
         deleted=deleted,
         deleted_bytes=sum(by_key[k].size for k in deleted),
         kept=sorted(k for k in kept if k in names),
-        unpublished=retained_here,
+        unpublished=retained,
     )
-    if dry_run:
-        return report
-    if retained_here:
-        state = job.ha.publish(state.epoch, [p for p in state.retained if p.metadata != key])
-    cleaner = SyncCleaner(job.storage, guard=outside_guard(job, state, live))
+
+
+def _named_by_target(t: Target, *, force: bool) -> set[str]:
+    """The files the target's `_metadata` names; with `force`, none for a damaged one
+    (what it may name is left to gc, which spares it no longer)."""
+    assert t.metadata_key is not None
     try:
-        # the _metadata first: from then on nothing can mistake the rest for a checkpoint
-        cleaner.discard(Discard(tuple(k for k in deleted if k == key), reason="dispose"))
-        rest = [k for k in deleted if k != key]
+        return set(referenced_keys(read(t), t.metadata_key))
+    except MetadataError as e:
+        if not force:
+            raise ToolError(f"cannot dispose: {one_line(e)} (--force removes it)") from e
+        return set()
+
+
+def _delete_disposed(
+    t: Target, deleted: list[str], cleaner: SyncCleaner, progress: Progress
+) -> None:
+    """Delete the plan's files through the cleaner, the `_metadata` first: from then on
+    nothing can mistake the rest for a checkpoint."""
+    try:
+        first = tuple(k for k in deleted if k == t.metadata_key)
+        cleaner.discard(Discard(first, reason="dispose"))
+        rest = [k for k in deleted if k != t.metadata_key]
         progress.start(f"deleting {t.uri}", len(rest), "files")
         for i in range(0, len(rest), _DELETE_BATCH):
             cleaner.discard(Discard(tuple(rest[i:i + _DELETE_BATCH]), reason="dispose"))
             progress.advance(len(rest[i:i + _DELETE_BATCH]))
     except StorageError as e:
-        raise ToolError(f"deleting from {job.uri} failed: {one_line(e)}") from e
-    return report
+        raise ToolError(f"deleting from {t.job.uri} failed: {one_line(e)}") from e
 
 
 def _kept_by_dispose(key: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from statehold.cleanup.holders import read_holders
 from statehold.errors import StateholdError
 from statehold.format import layout
 from statehold.format.layout import Kind
@@ -220,7 +221,7 @@ def _verify(t: Target, checksums: bool, progress: Progress) -> VerifyReport:
         for listed in page:
             if listed.symlink:
                 problems.append(Problem(path=listed.key, problem="a symlink (never followed)"))
-    for key, why in t.job.holders(state).quarantined.items():
+    for key, why in read_holders(t.job, state).quarantined.items():
         if key != t.metadata_key:
             problems.append(Problem(path=key, problem=f"quarantined: {why}"))
     try:

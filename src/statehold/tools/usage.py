@@ -7,6 +7,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
+from statehold.cleanup.holders import read_holders
 from statehold.cleanup.policy import Verdict, View, judge, judge_names
 from statehold.cleanup.reconcile import live_attempt
 from statehold.format import layout
@@ -56,7 +57,7 @@ def _du(job: JobDirectory, progress: Progress | None = None) -> DiskUsage:
     """One streamed pass over the listing: what is kept grows with the referenced files
     and the holders, never with the orphans (a bounded sample of them is named)."""
     state = job.state()
-    holders = job.holders(state)
+    holders = read_holders(job, state)
     retained = {p.metadata for p in state.retained}
     view = View.of(
         state.epoch, holders, live_attempt(job, state), job.storage.list(layout.SAVEPOINTS_DIR)
