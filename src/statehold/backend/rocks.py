@@ -61,7 +61,6 @@ from statehold.backend.snapshot import (
 )
 from statehold.backend.state import (
     TIMERS_NAME,
-    EntryDecoders,
     KeyedState,
     ListState,
     MapState,
@@ -70,6 +69,7 @@ from statehold.backend.state import (
 )
 from statehold.backend.ttl import MAX_GARBAGE
 from statehold.format.metadata import KeyGroupRange, KeyGroupState
+from statehold.state.json_codec import EntryDecoders
 from statehold.storage.base import Storage, check_key
 
 __all__ = [

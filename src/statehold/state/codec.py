@@ -18,14 +18,14 @@ pickle; decoding only ever builds plain values.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from pyspark.sql.types import ArrayType, DataType, MapType, Row, StructType
 
 from statehold.errors import InvalidArgumentError
-from statehold.state.types import BY_CLASS, Codec, StateValueError, get_varint, put_varint
+from statehold.state.json_codec import StateValueError
+from statehold.state.types import BY_CLASS, Codec, get_varint, put_varint
 
 #: The first byte of every encoded value: the layout below, so it can change later.
 FORMAT = 1
@@ -188,13 +188,3 @@ def _struct(dtype: StructType, top: bool) -> Codec:
 
     return enc, dec
 
-
-def same_value(a: Any, b: Any) -> bool:
-    """Equality that treats NaN as equal to NaN (for tests and checks of round trips)."""
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    if isinstance(a, tuple | list) and isinstance(b, tuple | list):
-        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
-    return bool(a == b)

@@ -12,40 +12,17 @@ nullable fields to a struct (at any depth); anything else is refused with both t
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Any
 
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType, _parse_datatype_json_value
 
-from statehold.backend.state import dumps as _json_dumps
-from statehold.backend.state import loads as _json_loads
 from statehold.errors import InvalidArgumentError, StateholdError
 from statehold.state import codec as state_codec
 from statehold.state.ddl import parse_ddl
-from statehold.state.types import StateValueError
+from statehold.state.json_codec import JSON, StateCodec, StateValueError
 
 #: The longest recorded schema a checkpoint may carry (characters of type JSON).
 MAX_SCHEMA_JSON = 1 << 20
-
-
-class StateCodec(Protocol):
-    """Turns one state value into bytes and back; `schema_json` is what metadata records."""
-
-    def encode(self, value: Any) -> bytes: ...
-    def decode(self, data: bytes) -> Any: ...
-    def schema_json(self) -> str | None: ...
-
-
-class JsonCodec:
-    """The untyped fallback: compact strict JSON."""
-
-    def encode(self, value: Any) -> bytes:
-        return _json_dumps(value)
-
-    def decode(self, data: bytes) -> Any:
-        return _json_loads(data)
-
-    def schema_json(self) -> str | None:
-        return None
 
 
 class StateDecodeError(StateholdError):
@@ -102,7 +79,7 @@ def data_type(schema: Any) -> DataType:
 def codec_for(schema: Any = None) -> StateCodec:
     """The codec for a variable declared with `schema` (None: JSON)."""
     if schema is None:
-        return JsonCodec()
+        return JSON
     return TypedCodec(data_type(schema))
 
 

@@ -46,7 +46,7 @@ from pyspark.sql.types import (
     YearMonthIntervalType,
 )
 
-from statehold.errors import InvalidArgumentError
+from statehold.state.json_codec import StateValueError
 
 Encoder = Callable[[Any, bytearray], None]
 Decoder = Callable[[bytes, int], tuple[Any, int]]
@@ -59,10 +59,6 @@ _MICRO = dt.timedelta(microseconds=1)
 _EXACT = Context(prec=80)
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
-
-
-class StateValueError(InvalidArgumentError, TypeError):
-    """A value that does not fit its state variable's schema (nothing was written)."""
 
 
 def put_varint(out: bytearray, n: int) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
-from statehold.backend.state import EntryDecoders
 from statehold.format.metadata import OperatorSchemas
+from statehold.state.json_codec import EntryDecoders
 from statehold.state.schema import TypedCodec, from_schema_json
 
 
