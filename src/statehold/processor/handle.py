@@ -25,7 +25,7 @@ from statehold.backend.state import KV, ListState, MapState, ValueState, codec_f
 from statehold.backend.timers import Timers
 from statehold.errors import InvalidArgumentError
 from statehold.format.metadata import KeyGroupRange
-from statehold.processor.api import TimeMode, TTLConfig
+from statehold.processor.timing import TimeMode, TTLConfig
 from statehold.state.json_codec import JSON_MAP_KEY, StateCodec
 
 TTLLike = TTLConfig | int | Any | None
