@@ -57,6 +57,7 @@ from statehold.backend.snapshot import (
     PendingSnapshot,
     ReusableFiles,
     SnapshotStats,
+    SnapshotTarget,
     write_snapshot,
 )
 from statehold.backend.state import (
@@ -314,18 +315,12 @@ class TaskStateBackend:
         db = self._require_db()
         check_key(metadata_key)
         snap = new_snapshot_dir(self.range_dir, checkpoint_id)
+        target = SnapshotTarget(
+            self.operator, self.key_groups, self.max_parallelism, epoch, checkpoint_id,
+            metadata_key,
+        )
         state, stats, pending = write_snapshot(
-            db,
-            snap,
-            storage,
-            operator=self.operator,
-            key_groups=self.key_groups,
-            max_parallelism=self.max_parallelism,
-            epoch=epoch,
-            checkpoint_id=checkpoint_id,
-            metadata_key=metadata_key,
-            reusable=self._reusable,
-            upload_threads=upload_threads,
+            db, snap, storage, target, self._reusable, upload_threads
         )
         self._pending[checkpoint_id] = pending
         self.last_snapshot = stats
