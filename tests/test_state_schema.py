@@ -41,10 +41,9 @@ from pyspark.sql.types import (
 from statehold.format import metadata
 from statehold.format.metadata import CheckpointMetadata, OperatorSchemas, VariableSchema
 from statehold.state.ddl import DDLError, parse_ddl
-from statehold.state.json_codec import JsonCodec, StateValueError
+from statehold.state.json_codec import JsonCodec, StateDecodeError, StateValueError
 from statehold.state.schema import (
     SchemaEvolutionError,
-    StateDecodeError,
     check_compatible,
     check_same_key,
     codec_for,

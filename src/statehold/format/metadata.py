@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from statehold import clock
-from statehold.errors import StateholdError
+from statehold.errors import InvalidArgumentError, StateholdError
 from statehold.format import layout, signed
 from statehold.format.layout import Scope
 from statehold.storage.base import NotFoundError, Storage, UnsafePathError
@@ -87,7 +87,7 @@ class InlineFile(_Model):
         try:
             return base64.b64decode(self.data, validate=True)
         except ValueError as e:
-            raise ValueError(f"inline file {self.name!r}: bad base64: {e}") from e
+            raise signed.InvalidDocumentError(f"inline file {self.name!r}: bad base64: {e}") from e
 
     @classmethod
     def of(cls, name: str, content: bytes) -> InlineFile:
@@ -103,7 +103,7 @@ class KeyGroupRange(_Model):
     @model_validator(mode="after")
     def _ordered(self) -> KeyGroupRange:
         if self.end < self.start:
-            raise ValueError(f"empty key-group range {self.start}..{self.end}")
+            raise InvalidArgumentError(f"empty key-group range {self.start}..{self.end}")
         return self
 
     def __contains__(self, key_group: object) -> bool:
@@ -150,7 +150,7 @@ class OperatorSchemas(_Model):
     @model_validator(mode="after")
     def _known_version(self) -> OperatorSchemas:
         if self.version > SCHEMA_RECORD_VERSION:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"state schema record version {self.version} is newer than this statehold "
                 f"reads ({SCHEMA_RECORD_VERSION}); upgrade statehold"
             )

@@ -24,7 +24,7 @@ from typing import Any
 from pyspark.sql.types import ArrayType, DataType, MapType, Row, StructType
 
 from statehold.errors import InvalidArgumentError
-from statehold.state.json_codec import StateValueError
+from statehold.state.json_codec import StateDecodeError, StateValueError
 from statehold.state.types import BY_CLASS, Codec, get_varint, put_varint
 
 #: The first byte of every encoded value: the layout below, so it can change later.
@@ -175,7 +175,7 @@ def _struct(dtype: StructType, top: bool) -> Codec:
     def dec(buf: bytes, pos: int) -> tuple[Any, int]:
         n, nulls, pos = _get_head(buf, pos)
         if n > count:
-            raise ValueError(f"a value with {n} fields does not fit {shape}")
+            raise StateDecodeError(f"a value with {n} fields does not fit {shape}")
         values: list[Any] = [None] * count
         for i in range(n):
             if not nulls >> i & 1:

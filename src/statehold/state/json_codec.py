@@ -14,13 +14,17 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from statehold.errors import InvalidArgumentError
+from statehold.errors import InvalidArgumentError, StateholdError
 
 _SCALARS = (str, int, float, bool, type(None))
 
 
 class StateValueError(InvalidArgumentError, TypeError):
     """A value that does not fit its state variable's codec (nothing was written)."""
+
+
+class StateDecodeError(StateholdError):
+    """Stored bytes that are not a value of the variable's schema (corrupt or foreign)."""
 
 
 class Decoder(Protocol):

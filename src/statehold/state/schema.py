@@ -19,14 +19,10 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructType, _parse_d
 from statehold.errors import InvalidArgumentError, StateholdError
 from statehold.state import codec as state_codec
 from statehold.state.ddl import parse_ddl
-from statehold.state.json_codec import JSON, StateCodec, StateValueError
+from statehold.state.json_codec import JSON, StateCodec, StateDecodeError, StateValueError
 
 #: The longest recorded schema a checkpoint may carry (characters of type JSON).
 MAX_SCHEMA_JSON = 1 << 20
-
-
-class StateDecodeError(StateholdError):
-    """Stored bytes that are not a value of the variable's schema (corrupt or foreign)."""
 
 
 class TypedCodec:
@@ -47,10 +43,10 @@ class TypedCodec:
     def decode(self, data: bytes) -> Any:
         try:
             if not data or data[0] != state_codec.FORMAT:
-                raise ValueError(f"unknown encoding {data[:1]!r}")
+                raise StateDecodeError(f"unknown encoding {data[:1]!r}")
             value, end = self._decode(data, 1)
             if end != len(data):
-                raise ValueError(f"{len(data) - end} bytes left over")
+                raise StateDecodeError(f"{len(data) - end} bytes left over")
         except Exception as e:
             raise StateDecodeError(
                 f"stored bytes are not a {self.dtype.simpleString()} value: {e}"

@@ -46,7 +46,7 @@ from pyspark.sql.types import (
     YearMonthIntervalType,
 )
 
-from statehold.state.json_codec import StateValueError
+from statehold.state.json_codec import StateDecodeError, StateValueError
 
 Encoder = Callable[[Any, bytearray], None]
 Decoder = Callable[[bytes, int], tuple[Any, int]]
@@ -81,7 +81,7 @@ def get_varint(buf: bytes, pos: int) -> tuple[int, int]:
             return n, pos
         shift += 7
         if shift > 140:  # decimal(38) needs 128 bits
-            raise ValueError("varint too long")
+            raise StateDecodeError("varint too long")
 
 
 def _plain(v: Any) -> Any:
