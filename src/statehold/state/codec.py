@@ -3,7 +3,7 @@
 Why not one Arrow IPC record batch per value: a state value is read and written one at a
 time, by key, and an IPC message of one row costs about 400 bytes of framing and tens of
 microseconds to build and parse (docs/design.md has the measurements). This encoding is
-Spark's own value model written out field by field (`state_types` has each leaf type's),
+Spark's own value model written out field by field (`statehold.state.types` has each leaf type's),
 so it is exact, about the size of the data, and a few microseconds per value; pyarrow
 remains the representation of whole batches. Values come back as PySpark's Python objects
 do from `transformWithStateInPandas`: a top-level struct as a tuple, nested structs as

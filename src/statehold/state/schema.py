@@ -3,7 +3,7 @@
 Without a schema a value is stored as strict UTF-8 JSON (the untyped fallback: no NaN,
 never pickled). With a schema (Spark DDL text or a `StructType`/`DataType`) a value keeps
 its exact type: timestamps, decimals, binary and nested structs round-trip unchanged
-(`state_codec` has the encoding). The schema a checkpoint was written with is recorded in
+(`statehold.state.codec` has the encoding). The schema a checkpoint was written with is recorded in
 its metadata as Spark's canonical type JSON (`schema_json`), and `check_compatible`
 decides on restore whether a new schema can read it: the same type, or one that appends
 nullable fields to a struct (at any depth); anything else is refused with both types.
@@ -26,7 +26,7 @@ MAX_SCHEMA_JSON = 1 << 20
 
 
 class TypedCodec:
-    """Values of one Spark `DataType`, in `state_codec`'s compact layout."""
+    """Values of one Spark `DataType`, in `statehold.state.codec`'s compact layout."""
 
     def __init__(self, dtype: DataType) -> None:
         self.dtype = dtype

@@ -1,6 +1,6 @@
 """The Spark leaf types state can hold, each described once in `TYPES`: the DDL words that
-name it (`state_ddl` parses them), its PySpark `DataType` class, and how one value of it
-becomes bytes (`state_codec` builds arrays, maps and structs of these).
+name it (`statehold.state.ddl` parses them), its PySpark `DataType` class, and how one value of it
+becomes bytes (`statehold.state.codec` builds arrays, maps and structs of these).
 
 An encoding writes the value Spark keeps internally — microseconds, days, unscaled
 decimals as zigzag varints, UTF-8 with a varint length — so it is exact and about the size
