@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("STATEHOLD_LOCAL_DIR", None)  # each executor's own scratch directory
     from pyspark.sql import functions as F
 
-    from statehold.examples.running_totals import OUTPUT_SCHEMA, update_totals
+    from statehold.examples.totals import OUTPUT_SCHEMA, update_totals
     from statehold.spark import StatefulJob, local_session
 
     spark = local_session("statehold-cluster-locality", master=args.master)

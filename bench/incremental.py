@@ -35,8 +35,8 @@ from statehold.format.metadata import (
     CheckpointMetadata,
     KeyGroupState,
     OperatorState,
+    encode,
     read_metadata,
-    write_metadata,
 )
 from statehold.storage import Storage, open_storage
 
@@ -73,7 +73,7 @@ def _checkpoint(storage: Storage, cid: int, kgs: KeyGroupState) -> list[RestoreS
     key = layout.checkpoint_metadata_key(cid)
     meta = CheckpointMetadata(job_id="bench", checkpoint_id=cid, epoch=1, max_parallelism=MAXP,
                               operators=[OperatorState(operator=OP, ranges=[kgs])])
-    write_metadata(storage, key, meta)
+    storage.write(key, encode(meta, key))
     return sources_from_metadata(storage, key, read_metadata(storage, key), OP)
 
 

@@ -27,6 +27,7 @@ Prints one JSON document (also written to `--out`).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ from typing import Any
 from statehold.checkpoint.coordinator import CheckpointCoordinator
 from statehold.format import layout
 from statehold.format.layout import Scope
-from statehold.format.metadata import KeyGroupRange, KeyGroupState, StateFile, bytes_checksum
+from statehold.format.metadata import KeyGroupRange, KeyGroupState, StateFile
 from statehold.job.directory import open_job
 from statehold.storage import Storage, open_storage
 
@@ -67,7 +68,7 @@ def snapshot(
         storage.write(key, data)
         files.append(
             StateFile(path=layout.relativize(metadata_key, key), scope=scope, size=len(data),
-                      checksum=bytes_checksum(data))
+                      checksum="sha256:" + hashlib.sha256(data).hexdigest())
         )
     return KeyGroupState(key_groups=kg, files=files)
 

@@ -20,7 +20,8 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from statehold.state.schema import JsonCodec, codec_for, data_type
+from statehold.state.json_codec import JsonCodec
+from statehold.state.schema import codec_for, data_type
 
 CASES: dict[str, tuple[str, tuple[Any, ...], Any]] = {
     "session state (3 BIGINT/INT)": (

@@ -38,8 +38,8 @@ from statehold.format.metadata import (
     CheckpointMetadata,
     KeyGroupState,
     OperatorState,
+    encode,
     read_metadata,
-    write_metadata,
 )
 from statehold.processor.api import TimeMode
 from statehold.processor.handle import StatefulProcessorHandle
@@ -78,7 +78,7 @@ def _checkpoint(storage: Storage, cid: int, state: KeyGroupState) -> list[Restor
     meta = CheckpointMetadata(job_id="ttl-churn", checkpoint_id=cid, epoch=1,
                               max_parallelism=MAXP,
                               operators=[OperatorState(operator=OP, ranges=[state])])
-    write_metadata(storage, key, meta)
+    storage.write(key, encode(meta, key))
     return sources_from_metadata(storage, key, read_metadata(storage, key), OP)
 
 

@@ -39,9 +39,9 @@ from statehold.format.metadata import (
     OperatorState,
     read_metadata,
     referenced_keys,
-    write_metadata,
 )
 from statehold.storage import Storage, open_storage
+from tests.stored import write_metadata
 
 MAXP = 64
 OP = "counts"

@@ -17,7 +17,6 @@ from statehold.format.metadata import (
     KeyGroupRange,
     KeyGroupState,
     StateFile,
-    bytes_checksum,
     read_metadata,
     referenced_keys,
 )
@@ -26,6 +25,7 @@ from statehold.ha.embedded import EmbeddedHAStore
 from statehold.job.directory import OWNER_KEY
 from statehold.job.history import is_history_record
 from statehold.storage import Storage, StorageError
+from tests.stored import bytes_checksum
 
 MAX_PARALLELISM = 8
 RANGES = [KeyGroupRange(start=0, end=3), KeyGroupRange(start=4, end=7)]

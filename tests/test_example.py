@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from statehold.examples.running_totals import LAST_N, generate_demo
+from statehold.examples.running_totals import generate_demo
+from statehold.examples.totals import LAST_N
 from statehold.format import layout
 
 pytestmark = pytest.mark.spark

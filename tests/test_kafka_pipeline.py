@@ -22,7 +22,7 @@ from test_spark_crash import run_and_kill
 
 from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
 from statehold.cleanup.reconcile import plan
-from statehold.examples.running_totals import LAST_N
+from statehold.examples.totals import LAST_N
 from statehold.format import layout
 from statehold.format.metadata import KeyGroupRange, read_metadata
 from statehold.job.directory import open_job

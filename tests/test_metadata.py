@@ -25,6 +25,7 @@ from statehold.format.metadata import (
     StateFile,
 )
 from statehold.storage import Storage, UnsafePathError
+from tests.stored import write_metadata
 
 # -- strategies -----------------------------------------------------------------------------
 ids = st.integers(min_value=0, max_value=2**53)
@@ -224,7 +225,7 @@ def test_round_trip(doc: tuple[str, CheckpointMetadata]) -> None:
 @given(doc=documents())
 def test_round_trip_through_storage(storage: Storage, doc: tuple[str, CheckpointMetadata]) -> None:
     key, meta = doc
-    metadata.write_metadata(storage, key, meta)
+    write_metadata(storage, key, meta)
     assert same(metadata.read_metadata(storage, key), meta)
     refs = metadata.referenced_keys(meta, key)
     assert len(refs) == sum(1 for _, _, f in meta.state_files() if not f.external)
@@ -388,7 +389,7 @@ def test_read_missing_says_missing(storage: Storage) -> None:
     ],
 )
 def test_read_damaged_names_the_file(storage: Storage, damage: Any) -> None:
-    metadata.write_metadata(storage, KEY, SAMPLE)
+    write_metadata(storage, KEY, SAMPLE)
     assert same(metadata.read_metadata(storage, KEY), SAMPLE)
     storage.write(KEY, damage(storage.read(KEY)))
     with pytest.raises(MetadataError) as err:
@@ -399,5 +400,5 @@ def test_read_damaged_names_the_file(storage: Storage, damage: Any) -> None:
 def test_write_metadata_refuses_unsafe_before_writing(storage: Storage) -> None:
     bad = with_first_file(SAMPLE, path="../../../x")
     with pytest.raises(UnsafePathError):
-        metadata.write_metadata(storage, KEY, bad)
+        write_metadata(storage, KEY, bad)
     assert not storage.exists(KEY)

@@ -49,7 +49,6 @@ from statehold.format.metadata import (
     KeyGroupState,
     OperatorState,
     StateFile,
-    bytes_checksum,
     read_metadata,
     referenced_keys,
 )
@@ -58,6 +57,7 @@ from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.zookeeper import ZooKeeperHAStore
 from statehold.job.directory import OWNER_KEY, HAStoreMismatchError, open_job, read_owner
 from statehold.storage import Storage, open_storage
+from tests.stored import bytes_checksum
 from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 runner = CliRunner()

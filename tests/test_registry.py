@@ -31,11 +31,10 @@ from statehold.format.metadata import (
     MetadataError,
     OperatorState,
     StateFile,
-    bytes_checksum,
     read_metadata,
-    write_metadata,
 )
 from statehold.storage import LocalStorage, Storage, UnsafePathError
+from tests.stored import bytes_checksum, write_metadata
 
 S, X, T = Scope.SHARED, Scope.EXCLUSIVE, Scope.TASKOWNED
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from statehold.cli import app
 from statehold.cli.state import Format, dump_state
-from statehold.examples.running_totals import LAST_N, OUTPUT_SCHEMA, update_totals
+from statehold.examples.totals import LAST_N, OUTPUT_SCHEMA, update_totals
 from statehold.format import layout
 from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.spark import StatefulJob

@@ -7,6 +7,7 @@ refusal of any key that could leave the root."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -146,6 +147,18 @@ def test_upload_download_multi_megabyte(storage: Storage, tmp_path: Path) -> Non
     storage.download("shared/big", out)
     assert out.read_bytes() == data
     assert storage.read("shared/big") == data
+
+
+def test_checksum_of_small_large_and_missing_files(storage: Storage) -> None:
+    small, large = b"small", os.urandom(17 * 1024 * 1024)  # above the in-memory limit
+    storage.write("small", small)
+    storage.write("large", large)
+    for key, data in (("small", small), ("large", large)):
+        expected = "sha256:" + hashlib.sha256(data).hexdigest()
+        assert storage.checksum(key) == expected
+        assert storage.checksum(key, size_hint=len(data)) == expected
+    with pytest.raises(NotFoundError):
+        storage.checksum("missing")
 
 
 # -- create_if_absent ---------------------------------------------------------------------
@@ -338,6 +351,7 @@ def _unsafe_calls(
         ("exists", lambda: storage.exists(key)),
         ("read", lambda: storage.read(key)),
         ("download", lambda: storage.download(key, tmp_path / "dl")),
+        ("checksum", lambda: storage.checksum(key)),
         ("write", lambda: storage.write(key, b"evil")),
         ("upload", lambda: storage.upload(local_file, key)),
         ("create_if_absent", lambda: storage.create_if_absent(key, b"evil")),

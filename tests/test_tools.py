@@ -22,7 +22,6 @@ from statehold.format.metadata import (
     MetadataError,
     OperatorState,
     StateFile,
-    bytes_checksum,
     encode,
     read_metadata,
     referenced_keys,
@@ -31,6 +30,7 @@ from statehold.ha.embedded import EmbeddedHAStore
 from statehold.job.directory import OWNER_KEY, open_job, read_owner
 from statehold.storage import Storage, open_storage
 from statehold.tools import NotAJobDirectoryError, ToolError
+from tests.stored import bytes_checksum
 
 MAX_PARALLELISM = 4
 RANGES = [KeyGroupRange(start=0, end=1), KeyGroupRange(start=2, end=3)]

@@ -22,9 +22,9 @@ from statehold.format.metadata import (
     KeyGroupRange,
     KeyGroupState,
     StateFile,
-    bytes_checksum,
     referenced_keys,
 )
+from tests.stored import bytes_checksum
 
 MAX_PARALLELISM = 8
 RANGES = [KeyGroupRange(start=0, end=3), KeyGroupRange(start=4, end=7)]

@@ -30,12 +30,21 @@ import hashlib
 from dataclasses import dataclass
 from enum import Enum
 
+from statehold.errors import InvalidArgumentError, StateholdError
 from statehold.format.metadata import KeyGroupRange
 
 #: The 2-byte key-group prefix could hold 65536 groups; like Flink we stop at 2**15.
 MAX_MAX_PARALLELISM = 1 << 15
 
 Key = str | bytes
+
+
+class KeyTypeError(InvalidArgumentError, TypeError):
+    """A state key that is neither str nor bytes."""
+
+
+class StateKeyError(StateholdError, ValueError):
+    """Stored bytes that are not a statehold state key (corrupt or foreign)."""
 
 
 class StateKind(Enum):
@@ -83,7 +92,7 @@ _STR, _BYTES = b"s", b"b"
 
 def check_max_parallelism(max_parallelism: int) -> int:
     if not 1 <= max_parallelism <= MAX_MAX_PARALLELISM:
-        raise ValueError(f"max parallelism must be in 1..{MAX_MAX_PARALLELISM}")
+        raise InvalidArgumentError(f"max parallelism must be in 1..{MAX_MAX_PARALLELISM}")
     return max_parallelism
 
 
@@ -93,7 +102,7 @@ def key_bytes(key: Key) -> bytes:
         return key.encode("utf-8")
     if isinstance(key, bytes | bytearray | memoryview):
         return bytes(key)
-    raise TypeError(f"state keys must be str or bytes, not {type(key).__name__}")
+    raise KeyTypeError(f"state keys must be str or bytes, not {type(key).__name__}")
 
 
 def key_group_of(key: Key, max_parallelism: int) -> int:
@@ -108,7 +117,7 @@ def task_range(task_index: int, parallelism: int, max_parallelism: int) -> KeyGr
     ranges differ in size by at most one and cover 0..max_parallelism-1)."""
     _check_parallelism(parallelism, max_parallelism)
     if not 0 <= task_index < parallelism:
-        raise ValueError(f"task index {task_index} not in 0..{parallelism - 1}")
+        raise InvalidArgumentError(f"task index {task_index} not in 0..{parallelism - 1}")
     start = (task_index * max_parallelism + parallelism - 1) // parallelism
     end = ((task_index + 1) * max_parallelism - 1) // parallelism
     return KeyGroupRange(start=start, end=end)
@@ -122,7 +131,7 @@ def task_of(key_group: int, parallelism: int, max_parallelism: int) -> int:
     """The task index whose `task_range` contains `key_group`."""
     _check_parallelism(parallelism, max_parallelism)
     if not 0 <= key_group < max_parallelism:
-        raise ValueError(f"key group {key_group} not in 0..{max_parallelism - 1}")
+        raise InvalidArgumentError(f"key group {key_group} not in 0..{max_parallelism - 1}")
     return key_group * parallelism // max_parallelism
 
 
@@ -133,7 +142,7 @@ def task_of_key(key: Key, parallelism: int, max_parallelism: int) -> int:
 def _check_parallelism(parallelism: int, max_parallelism: int) -> None:
     check_max_parallelism(max_parallelism)
     if not 1 <= parallelism <= max_parallelism:
-        raise ValueError(f"parallelism {parallelism} not in 1..{max_parallelism}")
+        raise InvalidArgumentError(f"parallelism {parallelism} not in 1..{max_parallelism}")
 
 
 # -- RocksDB key encoding ---------------------------------------------------------------
@@ -150,7 +159,7 @@ def range_bounds(key_groups: KeyGroupRange) -> tuple[bytes, bytes]:
 
 def check_state_name(name: str) -> str:
     if not name or "\x00" in name or name.startswith(RESERVED_PREFIX):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"bad state name {name!r}: must be non-empty, without NUL and not start with "
             f"{RESERVED_PREFIX!r}"
         )
@@ -207,10 +216,10 @@ def decode_key(raw: bytes) -> DecodedKey:
         n = int.from_bytes(raw[sep + 3 : sep + 7], "big")
         body = raw[sep + 7 : sep + 7 + n]
         if len(body) != n or tag not in (_STR, _BYTES):
-            raise ValueError("truncated key")
+            raise StateKeyError("truncated key")
         key: Key = body.decode("utf-8") if tag == _STR else body
     except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"not a statehold state key: {raw[:40]!r}") from e
+        raise StateKeyError(f"not a statehold state key: {raw[:40]!r}") from e
     return DecodedKey(int.from_bytes(raw[:2], "big"), name, kind, key, raw[sep + 7 + n :])
 
 
@@ -219,5 +228,5 @@ def decode_key_part(data: bytes) -> tuple[Key, bytes]:
     tag, n = data[:1], int.from_bytes(data[1:5], "big")
     body = data[5 : 5 + n]
     if len(body) != n or tag not in (_STR, _BYTES):
-        raise ValueError(f"not a statehold key part: {data[:40]!r}")
+        raise StateKeyError(f"not a statehold key part: {data[:40]!r}")
     return (body.decode("utf-8") if tag == _STR else body), data[5 + n :]

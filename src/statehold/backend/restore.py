@@ -29,9 +29,8 @@ from statehold.format.metadata import (
     KeyGroupRange,
     KeyGroupState,
     StateFile,
-    file_checksum,
 )
-from statehold.storage.base import Storage
+from statehold.storage.base import Storage, file_checksum
 
 #: Keys per write when copying a source range's keys in.
 _COPY_BATCH = 2000

@@ -57,11 +57,11 @@ from statehold.backend.snapshot import (
     PendingSnapshot,
     ReusableFiles,
     SnapshotStats,
+    SnapshotTarget,
     write_snapshot,
 )
 from statehold.backend.state import (
     TIMERS_NAME,
-    EntryDecoders,
     KeyedState,
     ListState,
     MapState,
@@ -69,7 +69,9 @@ from statehold.backend.state import (
     fold_entry,
 )
 from statehold.backend.ttl import MAX_GARBAGE
+from statehold.errors import InvalidArgumentError
 from statehold.format.metadata import KeyGroupRange, KeyGroupState
+from statehold.state.json_codec import EntryDecoders
 from statehold.storage.base import Storage, check_key
 
 __all__ = [
@@ -97,10 +99,12 @@ class TaskStateBackend:
         max_garbage: float = MAX_GARBAGE,
     ) -> None:
         if not operator:
-            raise ValueError("operator name must not be empty")
+            raise InvalidArgumentError("operator name must not be empty")
         check_max_parallelism(max_parallelism)
         if key_groups.end >= max_parallelism:
-            raise ValueError(f"key groups {key_groups} exceed max parallelism {max_parallelism}")
+            raise InvalidArgumentError(
+                f"key groups {key_groups} exceed max parallelism {max_parallelism}"
+            )
         self.operator = operator
         self.key_groups = key_groups
         self.max_parallelism = max_parallelism
@@ -120,9 +124,9 @@ class TaskStateBackend:
         #: The processing time (ms) state TTLs are measured on (None: the wall clock).
         self.now_ms: int | None = None
         if size_amplification < 1:
-            raise ValueError("size_amplification must be a positive percentage")
+            raise InvalidArgumentError("size_amplification must be a positive percentage")
         if not 0 < max_garbage <= 1:
-            raise ValueError("max_garbage must be a fraction in (0, 1]")
+            raise InvalidArgumentError("max_garbage must be a fraction in (0, 1]")
         #: Garbage share of the SST entries that compacts the DB at the end of a batch
         #: (`statehold.backend.ttl.expire_and_compact`).
         self.max_garbage = max_garbage
@@ -226,7 +230,7 @@ class TaskStateBackend:
         """All state of `key` (which must belong to this task's key groups)."""
         state = KeyedState(self._require_kv(), key, self.max_parallelism, self.now_ms)
         if state.key_group not in self.key_groups:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"key {key!r} is in key group {state.key_group}, not in this task's "
                 f"{self.key_groups.start}..{self.key_groups.end}"
             )
@@ -314,18 +318,12 @@ class TaskStateBackend:
         db = self._require_db()
         check_key(metadata_key)
         snap = new_snapshot_dir(self.range_dir, checkpoint_id)
+        target = SnapshotTarget(
+            self.operator, self.key_groups, self.max_parallelism, epoch, checkpoint_id,
+            metadata_key,
+        )
         state, stats, pending = write_snapshot(
-            db,
-            snap,
-            storage,
-            operator=self.operator,
-            key_groups=self.key_groups,
-            max_parallelism=self.max_parallelism,
-            epoch=epoch,
-            checkpoint_id=checkpoint_id,
-            metadata_key=metadata_key,
-            reusable=self._reusable,
-            upload_threads=upload_threads,
+            db, snap, storage, target, self._reusable, upload_threads
         )
         self._pending[checkpoint_id] = pending
         self.last_snapshot = stats

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,9 +32,8 @@ from statehold.format.metadata import (
     KeyGroupRange,
     KeyGroupState,
     StateFile,
-    file_checksum,
 )
-from statehold.storage.base import Storage
+from statehold.storage.base import Storage, file_checksum
 
 #: Task files up to this size (RocksDB's MANIFEST and CURRENT) go inside `_metadata`.
 INLINE_MAX_BYTES = 16 * 1024
@@ -101,116 +101,161 @@ def shared_file(name: str) -> bool:
     return name.endswith(".sst") or bool(_CONTENT_SHARED.match(name))
 
 
+@dataclass(frozen=True)
+class SnapshotTarget:
+    """What a snapshot is of and where it goes: one task's key groups of `operator`, in
+    checkpoint `checkpoint_id` (epoch `epoch`) whose document is `metadata_key`."""
+
+    operator: str
+    key_groups: KeyGroupRange
+    max_parallelism: int
+    epoch: int
+    checkpoint_id: int
+    metadata_key: str
+
+
 def write_snapshot(
     db: Rdict,
     snap: Path,
     storage: Storage,
-    *,
-    operator: str,
-    key_groups: KeyGroupRange,
-    max_parallelism: int,
-    epoch: int,
-    checkpoint_id: int,
-    metadata_key: str,
+    target: SnapshotTarget,
     reusable: ReusableFiles,
     upload_threads: int,
 ) -> tuple[KeyGroupState, SnapshotStats, PendingSnapshot]:
     """Checkpoint `db` into the local directory `snap` and upload what `reusable` does
-    not hold into checkpoint `checkpoint_id` of the job in `storage`. Returns the task
-    state for `_metadata`, the statistics, and the snapshot to confirm once the checkpoint
+    not hold into `target`'s checkpoint in `storage`. Returns the task state for
+    `_metadata`, the statistics, and the snapshot to confirm once the checkpoint
     completes. On failure `snap` is deleted."""
-    stats = SnapshotStats(checkpoint_id)
     try:
-        db.flush(True)
-        settle_compactions(db)
-        Checkpoint(db).create_checkpoint(str(snap))
-        for wal in snap.glob("*.log"):
-            # Writes skip the WAL and the flush above emptied it: RocksDB opens the
-            # checkpoint without it, so it would only cost a file per task and checkpoint.
-            if wal.stat().st_size == 0:
-                wal.unlink()
-        names = sorted(p.name for p in snap.iterdir() if p.is_file())
-        inline = [
-            n for n in names
-            if not shared_file(n) and (snap / n).stat().st_size <= INLINE_MAX_BYTES
-        ]
-        names = [n for n in names if n not in inline]
-        reuse: dict[str, RemoteFile] = {}
-        new: list[str] = []
-        for name in names:
-            old: RemoteFile | None = None
-            if name.endswith(".sst"):
-                old = reusable.by_name.get(name)
-                if old is not None and old.size != (snap / name).stat().st_size:
-                    old = None
-            elif shared_file(name) and reusable.by_content:
-                local = snap / name
-                content = (local.stat().st_size, file_checksum(local))
-                old = reusable.by_content.get(content)
-            if old is not None and old.storage_uri == storage.uri:
-                reuse[name] = old
-            else:
-                new.append(name)
-
-        def upload(name: str) -> RemoteFile:
-            path = snap / name
-            size, checksum = path.stat().st_size, file_checksum(path)
-            if shared_file(name):
-                key = layout.shared_key(epoch, checkpoint_id, hint=name)
-            else:
-                key = layout.exclusive_key(epoch, checkpoint_id, hint=name)
-            storage.upload(path, key)
-            return RemoteFile(storage.uri, key, size, checksum)
-
-        uploaded = dict(zip(new, in_parallel(upload, new, upload_threads), strict=True))
-        files: list[StateFile] = []
-        for name in names:
-            r = reuse.get(name) or uploaded[name]
-            scope = Scope.SHARED if shared_file(name) else Scope.EXCLUSIVE
-            path = layout.relativize(metadata_key, r.key)
-            files.append(
-                StateFile(path=path, scope=scope, size=r.size, checksum=r.checksum, name=name)
-            )
-        stats.files_reused = len(reuse)
-        stats.bytes_reused = sum(r.size for r in reuse.values())
-        stats.files_uploaded = len(uploaded)
-        stats.bytes_uploaded = sum(r.size for r in uploaded.values())
-        inline_files = [InlineFile.of(n, (snap / n).read_bytes()) for n in inline]
-        stats.state_size = stats.bytes_reused + stats.bytes_uploaded
-        everything = reuse | uploaded
+        _checkpoint_locally(db, snap)
+        inline, names = _inline_and_stored(snap)
+        reuse, new = _reused_and_new(snap, names, reusable, storage.uri)
+        uploaded = dict(
+            zip(new, in_parallel(_uploader(snap, storage, target), new, upload_threads),
+                strict=True)
+        )
+        stored = reuse | uploaded
         write_marker(
             snap,
-            {n: (r.size, r.checksum) for n, r in everything.items()},
-            operator=operator,
-            key_groups=key_groups,
-            checkpoint_id=checkpoint_id,
-            metadata_key=metadata_key,
+            {n: (r.size, r.checksum) for n, r in stored.items()},
+            operator=target.operator,
+            key_groups=target.key_groups,
+            checkpoint_id=target.checkpoint_id,
+            metadata_key=target.metadata_key,
         )
+        inline_files = [InlineFile.of(n, (snap / n).read_bytes()) for n in inline]
     except BaseException:
         shutil.rmtree(snap, ignore_errors=True)
         raise
-    pending = PendingSnapshot(
+    stats = SnapshotStats(
+        target.checkpoint_id,
+        bytes_uploaded=sum(r.size for r in uploaded.values()),
+        files_uploaded=len(uploaded),
+        files_reused=len(reuse),
+        bytes_reused=sum(r.size for r in reuse.values()),
+    )
+    stats.state_size = stats.bytes_reused + stats.bytes_uploaded
+    files = [_state_file(name, stored[name], target.metadata_key) for name in names]
+    return _task_state(target, files, inline_files, stats), stats, _pending(snap, stored)
+
+
+def _checkpoint_locally(db: Rdict, snap: Path) -> None:
+    """A RocksDB checkpoint of `db` in `snap`, flushed and without empty WAL files."""
+    db.flush(True)
+    settle_compactions(db)
+    Checkpoint(db).create_checkpoint(str(snap))
+    for wal in snap.glob("*.log"):
+        # Writes skip the WAL and the flush above emptied it: RocksDB opens the
+        # checkpoint without it, so it would only cost a file per task and checkpoint.
+        if wal.stat().st_size == 0:
+            wal.unlink()
+
+
+def _inline_and_stored(snap: Path) -> tuple[list[str], list[str]]:
+    """The snapshot's file names, sorted: those that go inside `_metadata`, the others."""
+    names = sorted(p.name for p in snap.iterdir() if p.is_file())
+    inline = [
+        n for n in names
+        if not shared_file(n) and (snap / n).stat().st_size <= INLINE_MAX_BYTES
+    ]
+    return inline, [n for n in names if n not in inline]
+
+
+def _reused_and_new(
+    snap: Path, names: list[str], reusable: ReusableFiles, storage_uri: str
+) -> tuple[dict[str, RemoteFile], list[str]]:
+    """Which of `names` an uploaded file in `storage_uri` already holds, and the rest."""
+    reuse: dict[str, RemoteFile] = {}
+    new: list[str] = []
+    for name in names:
+        old: RemoteFile | None = None
+        if name.endswith(".sst"):
+            old = reusable.by_name.get(name)
+            if old is not None and old.size != (snap / name).stat().st_size:
+                old = None
+        elif shared_file(name) and reusable.by_content:
+            local = snap / name
+            old = reusable.by_content.get((local.stat().st_size, file_checksum(local)))
+        if old is not None and old.storage_uri == storage_uri:
+            reuse[name] = old
+        else:
+            new.append(name)
+    return reuse, new
+
+
+def _uploader(snap: Path, storage: Storage, target: SnapshotTarget) -> Callable[[str], RemoteFile]:
+    """Uploads one file of `snap` into shared/ or exclusive/ of `target`'s checkpoint."""
+
+    def upload(name: str) -> RemoteFile:
+        path = snap / name
+        size, checksum = path.stat().st_size, file_checksum(path)
+        key_of = layout.shared_key if shared_file(name) else layout.exclusive_key
+        key = key_of(target.epoch, target.checkpoint_id, hint=name)
+        storage.upload(path, key)
+        return RemoteFile(storage.uri, key, size, checksum)
+
+    return upload
+
+
+def _state_file(name: str, stored: RemoteFile, metadata_key: str) -> StateFile:
+    scope = Scope.SHARED if shared_file(name) else Scope.EXCLUSIVE
+    path = layout.relativize(metadata_key, stored.key)
+    return StateFile(path=path, scope=scope, size=stored.size, checksum=stored.checksum, name=name)
+
+
+def _pending(snap: Path, stored: dict[str, RemoteFile]) -> PendingSnapshot:
+    """`snap` with the shared files a later snapshot may reuse once it completes."""
+    return PendingSnapshot(
         snap,
         ReusableFiles(
-            {n: r for n, r in everything.items() if n.endswith(".sst")},
+            {n: r for n, r in stored.items() if n.endswith(".sst")},
             {
                 (r.size, r.checksum): r
-                for n, r in everything.items()
+                for n, r in stored.items()
                 if shared_file(n) and not n.endswith(".sst")
             },
         ),
     )
-    state = KeyGroupState(
-        key_groups=key_groups,
+
+
+def _task_state(
+    target: SnapshotTarget,
+    files: list[StateFile],
+    inline: list[InlineFile],
+    stats: SnapshotStats,
+) -> KeyGroupState:
+    """The task's entry in `_metadata`."""
+    return KeyGroupState(
+        key_groups=target.key_groups,
         files=files,
-        inline=inline_files,
+        inline=inline,
         info={
             "backend": BACKEND_NAME,
             "format": BACKEND_FORMAT,
-            "operator": operator,
-            "max_parallelism": max_parallelism,
-            "epoch": epoch,
-            "checkpoint_id": checkpoint_id,
+            "operator": target.operator,
+            "max_parallelism": target.max_parallelism,
+            "epoch": target.epoch,
+            "checkpoint_id": target.checkpoint_id,
             "bytes_uploaded": stats.bytes_uploaded,
             "files_uploaded": stats.files_uploaded,
             "files_reused": stats.files_reused,
@@ -218,4 +263,3 @@ def write_snapshot(
             "state_size": stats.state_size,
         },
     )
-    return state, stats, pending

@@ -1,11 +1,10 @@
 """State primitives bound to one key: ValueState, ListState, MapState.
 
-A value becomes bytes through its variable's codec (`statehold.state.schema.codec_for`:
-strict UTF-8 JSON without a schema, never pickled), so stored state is plain data that
-any tool can read and that can never run code when read. Without a schema, values must be
-JSON data: None, bool, int, float, str, and lists / dicts (with str keys) of those; tuples
-come back as lists; JSON map keys are scalars. Every map entry and every list element is
-its own RocksDB entry, so large maps stay cheap and appending never rewrites a list.
+A value becomes bytes through its variable's codec (`statehold.state.schema.codec_for`;
+without a schema `statehold.state.json_codec.JSON`, never pickled), so stored state is
+plain data that any tool can read and that can never run code when read. Every map entry
+and every list element is its own RocksDB entry, so large maps stay cheap and appending
+never rewrites a list.
 
 With a TTL a stored value starts with its 8-byte expiry (the batch's processing time plus
 the TTL, renewed by every write); an expired value is never returned, and the TTL index
@@ -14,7 +13,6 @@ the TTL, renewed by every write); an expired value is never returned, and the TT
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
@@ -30,12 +28,13 @@ from statehold.backend.keys import (
     index_prefix,
     key_group_of,
 )
+from statehold.errors import InvalidArgumentError
+from statehold.state.json_codec import JSON, JSON_MAP_KEY, EntryDecoders, StateCodec
 
 T = TypeVar("T")
 K = TypeVar("K")
 V = TypeVar("V")
 
-_SCALARS = (str, int, float, bool, type(None))
 #: The column / state name under which a key's timers appear to readers.
 TIMERS_NAME = "__statehold_timers"
 #: What a TTL may be given as: milliseconds, or a timedelta.
@@ -52,59 +51,13 @@ class KV(Protocol):
     def last(self, prefix: bytes) -> bytes | None: ...
 
 
-class Codec(Protocol):
-    def encode(self, value: Any) -> bytes: ...
-    def decode(self, data: bytes) -> Any: ...
-
-
-def dumps(value: Any) -> bytes:
-    try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"state values must be JSON-serializable: {e}") from e
-    return text.encode("utf-8")
-
-
-def loads(data: bytes) -> Any:
-    return json.loads(data.decode("utf-8"))
-
-
-class _Json:
-    def encode(self, value: Any) -> bytes:
-        return dumps(value)
-
-    def decode(self, data: bytes) -> Any:
-        return loads(data)
-
-
-class _JsonMapKey:
-    """Canonical JSON of a map key, so equal keys always hit the same entry."""
-
-    def encode(self, value: Any) -> bytes:
-        return map_key_bytes(value)
-
-    def decode(self, data: bytes) -> Any:
-        return loads(data)
-
-
-JSON: Codec = _Json()
-JSON_MAP_KEY: Codec = _JsonMapKey()
-
-
-def map_key_bytes(map_key: Any) -> bytes:
-    """Canonical JSON of a (JSON) map key, so equal keys always hit the same entry."""
-    if not isinstance(map_key, _SCALARS):
-        raise TypeError(f"map keys must be str, int, float, bool or None, not {map_key!r}")
-    return dumps(map_key)
-
-
 def ttl_ms(ttl: TTL | None) -> int | None:
     """A TTL in milliseconds (None: no TTL); refuses a non-positive one."""
     if ttl is None:
         return None
     ms = int(ttl.total_seconds() * 1000) if isinstance(ttl, timedelta) else int(ttl)
     if ms <= 0:
-        raise ValueError(f"a TTL must be positive, not {ttl!r}")
+        raise InvalidArgumentError(f"a TTL must be positive, not {ttl!r}")
     return ms
 
 
@@ -126,7 +79,7 @@ class _Bound:
         self,
         kv: KV,
         prefix: bytes,
-        codec: Codec = JSON,
+        codec: StateCodec = JSON,
         ttl: int | None = None,
         now: Callable[[], int] = wall_clock_ms,
     ) -> None:
@@ -183,7 +136,7 @@ class ListState(_Bound, Generic[T]):
         n = len(self._prefix)
         for raw, data in self._elements():
             if len(raw) == n:  # an older format: the whole list as one JSON array
-                yield from loads(data)
+                yield from JSON.decode(data)
                 continue
             live, value = self._decode(data)
             if live:
@@ -229,10 +182,10 @@ class MapState(_Bound, Generic[K, V]):
         self,
         kv: KV,
         prefix: bytes,
-        codec: Codec = JSON,
+        codec: StateCodec = JSON,
         ttl: int | None = None,
         now: Callable[[], int] = wall_clock_ms,
-        key_codec: Codec = JSON_MAP_KEY,
+        key_codec: StateCodec = JSON_MAP_KEY,
     ) -> None:
         super().__init__(kv, prefix, codec, ttl, now)
         self._key_codec = key_codec
@@ -291,12 +244,13 @@ class MapState(_Bound, Generic[K, V]):
     iterator = items
 
 
-def _codec(schema: Any) -> Codec:
+def codec_for(schema: Any) -> StateCodec:
+    """A variable's codec (`statehold.state.schema.codec_for`); pyspark only with a schema."""
     if schema is None:
         return JSON
-    from statehold.state.schema import codec_for
+    from statehold.state.schema import codec_for as typed
 
-    return codec_for(schema)
+    return typed(schema)
 
 
 class KeyedState:
@@ -322,13 +276,13 @@ class KeyedState:
     def value(self, name: str, schema: Any = None, ttl: TTL | None = None) -> ValueState[Any]:
         ms = ttl_ms(ttl)
         return ValueState(
-            self._kv, self._prefix(name, StateKind.VALUE, ms), _codec(schema), ms, self._now
+            self._kv, self._prefix(name, StateKind.VALUE, ms), codec_for(schema), ms, self._now
         )
 
     def list(self, name: str, schema: Any = None, ttl: TTL | None = None) -> ListState[Any]:
         ms = ttl_ms(ttl)
         return ListState(
-            self._kv, self._prefix(name, StateKind.LIST, ms), _codec(schema), ms, self._now
+            self._kv, self._prefix(name, StateKind.LIST, ms), codec_for(schema), ms, self._now
         )
 
     def map(
@@ -339,23 +293,15 @@ class KeyedState:
         ttl: TTL | None = None,
     ) -> MapState[Any, Any]:
         ms = ttl_ms(ttl)
-        key_codec = JSON_MAP_KEY if key_schema is None else _codec(key_schema)
+        key_codec = JSON_MAP_KEY if key_schema is None else codec_for(key_schema)
         return MapState(
             self._kv,
             self._prefix(name, StateKind.MAP, ms),
-            _codec(value_schema),
+            codec_for(value_schema),
             ms,
             self._now,
             key_codec,
         )
-
-
-class Decoder(Protocol):
-    def decode(self, data: bytes) -> Any: ...
-
-
-#: A reader's decoders of one state name: (values, map keys); None is the JSON fallback.
-EntryDecoders = tuple[Decoder | None, Decoder | None]
 
 
 def decode_value(
@@ -367,7 +313,7 @@ def decode_value(
     if kind.has_ttl:
         data = data[8:]
     values, map_keys = decoders
-    value = loads(data) if values is None else values.decode(data)
+    value = JSON.decode(data) if values is None else values.decode(data)
     if kind.base is StateKind.MAP:
         return (JSON_MAP_KEY if map_keys is None else map_keys).decode(suffix), value
     return value

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from statehold.examples.common import human, output_sink
-from statehold.examples.running_totals import MalformedRowError, parse_line, totals_batch
+from statehold.examples.totals import MalformedRowError, parse_line, totals_batch
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -39,54 +39,27 @@ Streaming, and Spark's own checkpoint (the offsets) lives in ``<job>/_spark/``
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from statehold.examples import common
+from statehold.examples.kafka_input import run_kafka
+from statehold.examples.totals import MalformedRowError, parse_line, totals_batch
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-    from statehold.spark import BatchResult, KeyedState, PhaseHook, StatefulJob
-    from statehold.spark.api import Sink
+    from statehold.spark import BatchResult, PhaseHook, StatefulJob
 
-LAST_N = 8
-OUTPUT_SCHEMA = "key string, count long, sum long"
 PARSED_SCHEMA = "key string, value long, _file string, _line long, _error string"
 DEFAULT_DIR = Path("statehold-demo")
-INT64 = (-(2**63), 2**63 - 1)
-
-
-class MalformedRowError(ValueError):
-    """An input row the running totals cannot use."""
-
-
-def update_totals(
-    key: str,
-    rows: list[dict[str, Any]],
-    state: KeyedState,
-    batch_id: int = -1,
-    on_phase: PhaseHook | None = None,
-) -> list[tuple[Any, ...]]:
-    """The stateful step for one key: rows of this batch in input order (file, line)."""
-    if on_phase is not None:
-        on_phase("in-task", batch_id)
-    count, total, last = state.value("count"), state.value("sum"), state.list("last")
-    values = [int(r["value"]) for r in rows]
-    n = (count.get() or 0) + len(values)
-    s = (total.get() or 0) + sum(values)
-    count.update(n)
-    total.update(s)
-    last.update((last.get() + values)[-LAST_N:])
-    return [(key, n, s)]
 
 
 def generate_demo(input_dir: Path, files: int = 4, rows: int = 250, keys: int = 40) -> None:
@@ -115,24 +88,6 @@ def resume_point(job: StatefulJob) -> tuple[int, str | None]:
             "not written by this example (or by an older version that kept Spark's offsets)"
         )
     return meta.checkpoint_id + 1, last_file
-
-
-def parse_line(line: str) -> tuple[str, int]:
-    """One input line as (key, value), or ValueError saying what is wrong with it."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON ({e.msg})") from None
-    if not isinstance(row, dict):
-        raise ValueError("not a JSON object")
-    key, value = row.get("key"), row.get("value")
-    if not isinstance(key, str):
-        raise ValueError("'key' must be a non-null string")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError("'value' must be an integer")
-    if not INT64[0] <= value <= INT64[1]:
-        raise ValueError("'value' does not fit in 64 bits")
-    return key, value
 
 
 def parse_files(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -251,35 +206,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def totals_batch(
-    job: StatefulJob,
-    rows: DataFrame,
-    check: Callable[[DataFrame], None],
-    sink: Sink,
-    batch_id: int,
-    order_by: Sequence[str],
-    source_position: Mapping[str, Any],
-    on_phase: PhaseHook | None,
-) -> BatchResult:
-    """Batch `batch_id` of the running totals over `rows` (cached meanwhile), after
-    ``check(rows)``: a `MalformedRowError` leaves state and checkpoints untouched."""
-    rows = rows.persist()
-    try:
-        check(rows)
-        return job.run_batch(
-            rows.drop("_error"),
-            functools.partial(update_totals, batch_id=batch_id, on_phase=on_phase),
-            OUTPUT_SCHEMA,
-            key="key",
-            batch_id=batch_id,
-            order_by=order_by,
-            sink=sink,
-            source_position=source_position,
-        )
-    finally:
-        rows.unpersist()
-
-
 def run(
     spark: SparkSession,
     job: StatefulJob,
@@ -328,8 +254,6 @@ def main(argv: list[str] | None = None, on_phase: PhaseHook | None = None) -> in
 
     def body(spark: SparkSession, job: StatefulJob) -> int:
         if args.kafka is not None:
-            from statehold.examples.kafka_input import run_kafka
-
             return run_kafka(spark, job, args, on_phase)
         return run(spark, job, args, on_phase)
 

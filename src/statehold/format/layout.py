@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 
+from statehold.errors import InvalidArgumentError
 from statehold.storage.base import UnsafePathError, check_key
 
 SHARED_DIR = "shared"
@@ -87,7 +88,7 @@ def data_file_name(epoch: int, checkpoint_id: int, hint: str = "") -> str:
     """A fresh data file name: epoch, checkpoint id, then a unique part (plus a hint such
     as the task's key-group range or the local file name, for people reading listings)."""
     if epoch < 0 or checkpoint_id < 0:
-        raise ValueError("epoch and checkpoint id must be non-negative")
+        raise InvalidArgumentError("epoch and checkpoint id must be non-negative")
     hint = re.sub(r"[^A-Za-z0-9._-]", "_", hint)
     while TEMP_MARKER in hint:  # else parse() would call a live data file a temp file
         hint = hint.replace(TEMP_MARKER, "_tmp-")
@@ -114,7 +115,7 @@ def checkpoint_metadata_key(checkpoint_id: int) -> str:
 
 def check_savepoint_name(name: str) -> str:
     if not _SAVEPOINT_NAME.match(name) or name in (".", ".."):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"bad savepoint name {name!r}: use letters, digits, '.', '_', '-' (max 128)"
         )
     return name

@@ -9,11 +9,8 @@ relative to the `_metadata` file, so the job directory can be copied anywhere.
 from __future__ import annotations
 
 import base64
-import hashlib
-import tempfile
 from collections.abc import Iterator, Mapping
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
@@ -26,7 +23,7 @@ from pydantic import (
 )
 
 from statehold import clock
-from statehold.errors import StateholdError
+from statehold.errors import InvalidArgumentError, StateholdError
 from statehold.format import layout, signed
 from statehold.format.layout import Scope
 from statehold.storage.base import NotFoundError, Storage, UnsafePathError
@@ -42,9 +39,6 @@ SCHEMA_RECORD_VERSION = 1
 MAX_SCHEMA_JSON = 1 << 20
 
 SchemaJson = Annotated[str, Field(min_length=1, max_length=MAX_SCHEMA_JSON)]
-
-#: Stored files up to this size are checksummed from memory, larger ones streamed.
-_IN_MEMORY = 16 << 20
 
 Checksum = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 
@@ -93,7 +87,7 @@ class InlineFile(_Model):
         try:
             return base64.b64decode(self.data, validate=True)
         except ValueError as e:
-            raise ValueError(f"inline file {self.name!r}: bad base64: {e}") from e
+            raise signed.InvalidDocumentError(f"inline file {self.name!r}: bad base64: {e}") from e
 
     @classmethod
     def of(cls, name: str, content: bytes) -> InlineFile:
@@ -109,7 +103,7 @@ class KeyGroupRange(_Model):
     @model_validator(mode="after")
     def _ordered(self) -> KeyGroupRange:
         if self.end < self.start:
-            raise ValueError(f"empty key-group range {self.start}..{self.end}")
+            raise InvalidArgumentError(f"empty key-group range {self.start}..{self.end}")
         return self
 
     def __contains__(self, key_group: object) -> bool:
@@ -156,7 +150,7 @@ class OperatorSchemas(_Model):
     @model_validator(mode="after")
     def _known_version(self) -> OperatorSchemas:
         if self.version > SCHEMA_RECORD_VERSION:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"state schema record version {self.version} is newer than this statehold "
                 f"reads ({SCHEMA_RECORD_VERSION}); upgrade statehold"
             )
@@ -273,11 +267,6 @@ def decode(data: bytes, metadata_key: str, where: str | None = None) -> Checkpoi
     return meta
 
 
-def write_metadata(storage: Storage, metadata_key: str, meta: CheckpointMetadata) -> None:
-    """Atomically write a `_metadata` document (the last step of a checkpoint)."""
-    storage.write(metadata_key, encode(meta, metadata_key))
-
-
 def read_metadata(storage: Storage, metadata_key: str) -> CheckpointMetadata:
     where = f"{storage.uri.rstrip('/')}/{metadata_key}"
     try:
@@ -297,35 +286,6 @@ def referenced_keys(meta: CheckpointMetadata, metadata_key: str) -> dict[str, St
     }
 
 
-def file_checksum(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
-
-
-def bytes_checksum(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def stored_checksum(storage: Storage, key: str, size_hint: int | None = None) -> str:
-    """``sha256:<hex>`` of a stored file, streamed (through a temp file unless it is small
-    or on local disk)."""
-    from statehold.storage.local import LocalStorage
-
-    h = hashlib.sha256()
-    if isinstance(storage, LocalStorage):
-        return file_checksum(storage._path(key))  # refuses symlinks like every access
-    if size_hint is not None and size_hint <= _IN_MEMORY:
-        h.update(storage.read(key))
-        return "sha256:" + h.hexdigest()
-    with tempfile.TemporaryDirectory(prefix="statehold-checksum-") as tmp:
-        local = Path(tmp) / "data"
-        storage.download(key, local)
-        return file_checksum(local)
-
-
 def check_stored(storage: Storage, files: Mapping[str, StateFile]) -> list[tuple[str, str]]:
     """(key, problem) for each file that is missing, of another size or another checksum
     than `files` (key -> what the metadata says) records. What restore and export check
@@ -337,7 +297,7 @@ def check_stored(storage: Storage, files: Mapping[str, StateFile]) -> list[tuple
             problems.append((key, "missing"))
         elif info.size != f.size:
             problems.append((key, f"size {info.size}, metadata says {f.size}"))
-        elif stored_checksum(storage, key, info.size) != f.checksum:
+        elif storage.checksum(key, info.size) != f.checksum:
             problems.append((key, "checksum mismatch"))
     return problems
 

@@ -23,6 +23,8 @@ from typing import Annotated, Any, Final, NoReturn, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, Field, Strict, ValidationError
 
+from statehold.errors import InvalidArgumentError, StateholdError
+
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
@@ -73,9 +75,14 @@ Timestamp = Annotated[float, Strict(), Field(ge=0, le=MAX_TIMESTAMP, allow_inf_n
 Name = Annotated[str, Field(max_length=MAX_NAME)]
 
 
+class InvalidDocumentError(StateholdError, ValueError):
+    """A value in a document that cannot be used; `decode` reports it with the document's
+    name."""
+
+
 def _at_most_items(items: object) -> object:
     if isinstance(items, list | tuple) and len(items) > MAX_ITEMS:
-        raise ValueError(f"more than {MAX_ITEMS} entries ({len(items)})")
+        raise InvalidArgumentError(f"more than {MAX_ITEMS} entries ({len(items)})")
     return items
 
 
@@ -117,13 +124,13 @@ def _too_deep(data: bytes, limit: int) -> bool:
 
 
 def _refuse_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not a number JSON allows")
+    raise InvalidDocumentError(f"{name} is not a number JSON allows")
 
 
 def _finite(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):  # 1e400 parses to infinity
-        raise ValueError(f"number {text[:40]} is out of range")
+        raise InvalidDocumentError(f"number {text[:40]} is out of range")
     return value
 
 

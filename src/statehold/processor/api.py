@@ -3,96 +3,20 @@
 
 Every class answers to snake_case and to Spark's camelCase (``getCurrentWatermarkInMs``,
 ...), so a processor written for Spark runs here with no more than an import change
-(`statehold.processor.compat` says how its methods are called).
+(`statehold.processor.compat` says how its methods are called). The small value types
+live in `statehold.processor.timing` (the handle needs them, and `StatefulProcessor` names
+the handle) and are re-exported here.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from datetime import timedelta
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from statehold.errors import InvalidArgumentError
+from statehold.processor.timing import ExpiredTimerInfo, TimeMode, TimerValues, TTLConfig
 
 if TYPE_CHECKING:
     from statehold.processor.handle import StatefulProcessorHandle
-
-
-class TimeMode(StrEnum):
-    """Which clock timers run on: none (no timers), the batch's processing time, or the
-    event-time watermark."""
-
-    NONE = "none"
-    PROCESSING_TIME = "processingtime"
-    EVENT_TIME = "eventtime"
-
-    @classmethod
-    def parse(cls, mode: TimeMode | str | None) -> TimeMode:
-        """Spark's spellings ("None", "ProcessingTime", "EventTime") in any case."""
-        if mode is None:
-            return cls.NONE
-        try:
-            return cls(str(mode).lower().replace("_", "").replace("-", ""))
-        except ValueError:
-            raise InvalidArgumentError(
-                f"time mode must be None, ProcessingTime or EventTime, not {mode!r}"
-            ) from None
-
-
-@dataclass(frozen=True)
-class TimerValues:
-    """The batch's processing time and event-time watermark, in epoch milliseconds (-1
-    where the time mode has none; the watermark is 0 before the first one)."""
-
-    current_processing_time_ms: int = -1
-    current_watermark_ms: int = -1
-
-    def get_current_processing_time_in_ms(self) -> int:
-        return self.current_processing_time_ms
-
-    def get_current_watermark_in_ms(self) -> int:
-        return self.current_watermark_ms
-
-    getCurrentProcessingTimeInMs = get_current_processing_time_in_ms
-    getCurrentWatermarkInMs = get_current_watermark_in_ms
-
-
-@dataclass(frozen=True)
-class ExpiredTimerInfo:
-    """The timer that fired."""
-
-    expiry_time_ms: int
-
-    def get_expiry_time_in_ms(self) -> int:
-        return self.expiry_time_ms
-
-    getExpiryTimeInMs = get_expiry_time_in_ms
-
-
-@dataclass(frozen=True)
-class TTLConfig:
-    """A state variable's time to live: its values expire this long after their last
-    write (on the batch's processing time). Any TTL argument also takes milliseconds or
-    a `timedelta`."""
-
-    ttl_duration_ms: int
-
-    @classmethod
-    def of(cls, ttl: TTLConfig | timedelta | int | None) -> int | None:
-        """Milliseconds (None: no TTL)."""
-        if ttl is None:
-            return None
-        if isinstance(ttl, TTLConfig):
-            ms = ttl.ttl_duration_ms
-        elif isinstance(ttl, timedelta):
-            ms = int(ttl.total_seconds() * 1000)
-        else:
-            ms = int(ttl)
-        if ms <= 0:
-            raise InvalidArgumentError(f"a TTL must be positive, not {ttl!r}")
-        return ms
 
 
 class StatefulProcessor(ABC):
@@ -138,3 +62,6 @@ class StatefulProcessor(ABC):
 
     def close(self) -> None:  # noqa: B027 (optional, like Spark's)
         """After the task's last call of the batch."""
+
+
+__all__ = ["ExpiredTimerInfo", "StatefulProcessor", "TTLConfig", "TimeMode", "TimerValues"]

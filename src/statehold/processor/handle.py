@@ -21,29 +21,14 @@ from statehold.backend.keys import (
     group_prefix,
     key_group_of,
 )
-from statehold.backend.state import (
-    JSON,
-    JSON_MAP_KEY,
-    KV,
-    Codec,
-    ListState,
-    MapState,
-    ValueState,
-)
+from statehold.backend.state import KV, ListState, MapState, ValueState, codec_for
 from statehold.backend.timers import Timers
 from statehold.errors import InvalidArgumentError
 from statehold.format.metadata import KeyGroupRange
-from statehold.processor.api import TimeMode, TTLConfig
+from statehold.processor.timing import TimeMode, TTLConfig
+from statehold.state.json_codec import JSON_MAP_KEY, StateCodec
 
 TTLLike = TTLConfig | int | Any | None
-
-
-def _codec(schema: Any) -> Codec:
-    if schema is None:
-        return JSON
-    from statehold.state.schema import codec_for
-
-    return codec_for(schema)
 
 
 class _Variable:
@@ -52,8 +37,8 @@ class _Variable:
     kind = StateKind.VALUE
 
     def __init__(
-        self, handle: StatefulProcessorHandle, name: str, codec: Codec, ttl: int | None,
-        key_codec: Codec | None = None,
+        self, handle: StatefulProcessorHandle, name: str, codec: StateCodec, ttl: int | None,
+        key_codec: StateCodec | None = None,
     ) -> None:
         self._handle = handle
         self.name = check_state_name(name)
@@ -173,8 +158,8 @@ class StatefulProcessorHandle:
         #: name -> (kind, recorded schema JSON or None) of every variable declared
         self.declared: dict[str, tuple[str, str | None]] = {}
 
-    def _declare(self, variable: _Variable, *codecs: Codec) -> None:
-        schemas = [getattr(c, "schema_json", lambda: None)() for c in codecs]
+    def _declare(self, variable: _Variable, *codecs: StateCodec) -> None:
+        schemas = [c.schema_json() for c in codecs]
         record = json.dumps(schemas) if any(s is not None for s in schemas) else None
         self.declared[variable.name] = (variable.kind.name.lower(), record)
 
@@ -201,7 +186,7 @@ class StatefulProcessorHandle:
     def get_value_state(
         self, name: str, schema: Any = None, ttl: TTLLike = None
     ) -> ValueStateVariable:
-        codec = _codec(schema)
+        codec = codec_for(schema)
         var = ValueStateVariable(self, name, codec, TTLConfig.of(ttl))
         self._declare(var, codec)
         return var
@@ -209,7 +194,7 @@ class StatefulProcessorHandle:
     def get_list_state(
         self, name: str, schema: Any = None, ttl: TTLLike = None
     ) -> ListStateVariable:
-        codec = _codec(schema)
+        codec = codec_for(schema)
         var = ListStateVariable(self, name, codec, TTLConfig.of(ttl))
         self._declare(var, codec)
         return var
@@ -221,8 +206,8 @@ class StatefulProcessorHandle:
         value_schema: Any = None,
         ttl: TTLLike = None,
     ) -> MapStateVariable:
-        key_codec = JSON_MAP_KEY if user_key_schema is None else _codec(user_key_schema)
-        codec = _codec(value_schema)
+        key_codec = JSON_MAP_KEY if user_key_schema is None else codec_for(user_key_schema)
+        codec = codec_for(value_schema)
         var = MapStateVariable(self, name, codec, TTLConfig.of(ttl), key_codec)
         self._declare(var, key_codec, codec)
         return var

@@ -4,10 +4,11 @@ columns are declared as now, checked against what the restored checkpoint record
 As Spark does before a `transformWithStateInPandas` query starts, the driver calls the
 processor's ``init`` once on a handle that only records declarations (on a shallow copy,
 so the processor shipped to the tasks carries nothing of it). A change a restore cannot
-read (`state_schema.check_compatible`, `check_same_key`) is refused there, before any task
-touches the state. The record written with each checkpoint is the restored one with the
-declared variables laid over it: a variable the processor stopped declaring keeps its
-recorded schema, so declaring it again later is checked against what is still stored.
+read (`statehold.state.schema.check_compatible`, `check_same_key`) is refused there,
+before any task touches the state. The record written with each checkpoint is the
+restored one with the declared variables laid over it: a variable the processor stopped
+declaring keeps its recorded schema, so declaring it again later is checked against what
+is still stored.
 """
 
 from __future__ import annotations

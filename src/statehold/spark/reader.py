@@ -30,13 +30,13 @@ import pyarrow as pa
 from statehold import tools
 from statehold.backend.keys import Key
 from statehold.backend.rocks import StateBackendError, TaskStateBackend
-from statehold.backend.state import EntryDecoders
 from statehold.format.metadata import (
     CheckpointMetadata,
     KeyGroupState,
     MetadataError,
     OperatorSchemas,
 )
+from statehold.state.json_codec import EntryDecoders
 from statehold.state.values import recorded_decoders
 from statehold.storage import Storage, open_storage
 from statehold.tools.locate import read

@@ -3,7 +3,7 @@
 Why not one Arrow IPC record batch per value: a state value is read and written one at a
 time, by key, and an IPC message of one row costs about 400 bytes of framing and tens of
 microseconds to build and parse (docs/design.md has the measurements). This encoding is
-Spark's own value model written out field by field (`state_types` has each leaf type's),
+Spark's own value model written out field by field (`statehold.state.types` has each leaf type's),
 so it is exact, about the size of the data, and a few microseconds per value; pyarrow
 remains the representation of whole batches. Values come back as PySpark's Python objects
 do from `transformWithStateInPandas`: a top-level struct as a tuple, nested structs as
@@ -18,14 +18,14 @@ pickle; decoding only ever builds plain values.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from pyspark.sql.types import ArrayType, DataType, MapType, Row, StructType
 
 from statehold.errors import InvalidArgumentError
-from statehold.state.types import BY_CLASS, Codec, StateValueError, get_varint, put_varint
+from statehold.state.json_codec import StateDecodeError, StateValueError
+from statehold.state.types import BY_CLASS, Codec, get_varint, put_varint
 
 #: The first byte of every encoded value: the layout below, so it can change later.
 FORMAT = 1
@@ -175,7 +175,7 @@ def _struct(dtype: StructType, top: bool) -> Codec:
     def dec(buf: bytes, pos: int) -> tuple[Any, int]:
         n, nulls, pos = _get_head(buf, pos)
         if n > count:
-            raise ValueError(f"a value with {n} fields does not fit {shape}")
+            raise StateDecodeError(f"a value with {n} fields does not fit {shape}")
         values: list[Any] = [None] * count
         for i in range(n):
             if not nulls >> i & 1:
@@ -188,13 +188,3 @@ def _struct(dtype: StructType, top: bool) -> Codec:
 
     return enc, dec
 
-
-def same_value(a: Any, b: Any) -> bool:
-    """Equality that treats NaN as equal to NaN (for tests and checks of round trips)."""
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    if isinstance(a, tuple | list) and isinstance(b, tuple | list):
-        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
-    return bool(a == b)

@@ -1,12 +1,20 @@
 """Spark DDL type strings parsed in pure Python, into PySpark's own `DataType` objects.
 
-PySpark parses DDL in the JVM (`_parse_datatype_string` needs a SparkContext), but a state
-variable's codec is built where the processor runs: a Python worker with no JVM to ask.
-So this is a small recursive-descent parser for the part of Spark's grammar that state
-schemas use, accepting what Spark accepts in the order Spark tries it: a column list
+Why not Spark's parser: a schema given as DDL text is parsed where the code naming it runs,
+and that is a Spark task, a Python worker with no JVM to ask (`_parse_datatype_string`
+needs a SparkContext). A processor's ``init`` declares its variables in every task, and a
+`run_batch` function's ``state.value(name, schema=...)`` runs only in tasks, so nothing
+parsed on the driver could stand in for it. The driver's own parse of a processor's
+declarations (`statehold.processor.record`) uses this parser too, so the schema a
+checkpoint records is exactly the one the tasks encode with. Where a JVM is at hand and
+nothing must match the tasks, Spark parses (the state reader's output schema,
+`statehold.spark.reader`).
+
+It is a small recursive-descent parser for the part of Spark's grammar that state schemas
+use, accepting what Spark accepts in the order Spark tries it: a column list
 (``a INT, b STRING NOT NULL``, ``a: INT``), else one data type (``BIGINT``,
-``STRUCT<a: INT>``). A test parses the same strings with Spark's parser and
-compares the results.
+``STRUCT<a: INT>``). A test parses the same strings with Spark's parser and compares the
+results.
 """
 
 from __future__ import annotations

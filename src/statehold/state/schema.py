@@ -3,7 +3,7 @@
 Without a schema a value is stored as strict UTF-8 JSON (the untyped fallback: no NaN,
 never pickled). With a schema (Spark DDL text or a `StructType`/`DataType`) a value keeps
 its exact type: timestamps, decimals, binary and nested structs round-trip unchanged
-(`state_codec` has the encoding). The schema a checkpoint was written with is recorded in
+(`statehold.state.codec` has the encoding). The schema a checkpoint was written with is recorded in
 its metadata as Spark's canonical type JSON (`schema_json`), and `check_compatible`
 decides on restore whether a new schema can read it: the same type, or one that appends
 nullable fields to a struct (at any depth); anything else is refused with both types.
@@ -12,48 +12,21 @@ nullable fields to a struct (at any depth); anything else is refused with both t
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Any
 
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType, _parse_datatype_json_value
 
-from statehold.backend.state import dumps as _json_dumps
-from statehold.backend.state import loads as _json_loads
 from statehold.errors import InvalidArgumentError, StateholdError
 from statehold.state import codec as state_codec
 from statehold.state.ddl import parse_ddl
-from statehold.state.types import StateValueError
+from statehold.state.json_codec import JSON, StateCodec, StateDecodeError, StateValueError
 
 #: The longest recorded schema a checkpoint may carry (characters of type JSON).
 MAX_SCHEMA_JSON = 1 << 20
 
 
-class StateCodec(Protocol):
-    """Turns one state value into bytes and back; `schema_json` is what metadata records."""
-
-    def encode(self, value: Any) -> bytes: ...
-    def decode(self, data: bytes) -> Any: ...
-    def schema_json(self) -> str | None: ...
-
-
-class JsonCodec:
-    """The untyped fallback: compact strict JSON."""
-
-    def encode(self, value: Any) -> bytes:
-        return _json_dumps(value)
-
-    def decode(self, data: bytes) -> Any:
-        return _json_loads(data)
-
-    def schema_json(self) -> str | None:
-        return None
-
-
-class StateDecodeError(StateholdError):
-    """Stored bytes that are not a value of the variable's schema (corrupt or foreign)."""
-
-
 class TypedCodec:
-    """Values of one Spark `DataType`, in `state_codec`'s compact layout."""
+    """Values of one Spark `DataType`, in `statehold.state.codec`'s compact layout."""
 
     def __init__(self, dtype: DataType) -> None:
         self.dtype = dtype
@@ -70,10 +43,10 @@ class TypedCodec:
     def decode(self, data: bytes) -> Any:
         try:
             if not data or data[0] != state_codec.FORMAT:
-                raise ValueError(f"unknown encoding {data[:1]!r}")
+                raise StateDecodeError(f"unknown encoding {data[:1]!r}")
             value, end = self._decode(data, 1)
             if end != len(data):
-                raise ValueError(f"{len(data) - end} bytes left over")
+                raise StateDecodeError(f"{len(data) - end} bytes left over")
         except Exception as e:
             raise StateDecodeError(
                 f"stored bytes are not a {self.dtype.simpleString()} value: {e}"
@@ -102,7 +75,7 @@ def data_type(schema: Any) -> DataType:
 def codec_for(schema: Any = None) -> StateCodec:
     """The codec for a variable declared with `schema` (None: JSON)."""
     if schema is None:
-        return JsonCodec()
+        return JSON
     return TypedCodec(data_type(schema))
 
 

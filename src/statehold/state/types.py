@@ -1,6 +1,6 @@
 """The Spark leaf types state can hold, each described once in `TYPES`: the DDL words that
-name it (`state_ddl` parses them), its PySpark `DataType` class, and how one value of it
-becomes bytes (`state_codec` builds arrays, maps and structs of these).
+name it (`statehold.state.ddl` parses them), its PySpark `DataType` class, and how one value of it
+becomes bytes (`statehold.state.codec` builds arrays, maps and structs of these).
 
 An encoding writes the value Spark keeps internally — microseconds, days, unscaled
 decimals as zigzag varints, UTF-8 with a varint length — so it is exact and about the size
@@ -46,7 +46,7 @@ from pyspark.sql.types import (
     YearMonthIntervalType,
 )
 
-from statehold.errors import InvalidArgumentError
+from statehold.state.json_codec import StateDecodeError, StateValueError
 
 Encoder = Callable[[Any, bytearray], None]
 Decoder = Callable[[bytes, int], tuple[Any, int]]
@@ -59,10 +59,6 @@ _MICRO = dt.timedelta(microseconds=1)
 _EXACT = Context(prec=80)
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
-
-
-class StateValueError(InvalidArgumentError, TypeError):
-    """A value that does not fit its state variable's schema (nothing was written)."""
 
 
 def put_varint(out: bytearray, n: int) -> None:
@@ -85,7 +81,7 @@ def get_varint(buf: bytes, pos: int) -> tuple[int, int]:
             return n, pos
         shift += 7
         if shift > 140:  # decimal(38) needs 128 bits
-            raise ValueError("varint too long")
+            raise StateDecodeError("varint too long")
 
 
 def _plain(v: Any) -> Any:

@@ -1,6 +1,6 @@
 """What state readers (`iter_state`, `read_state`, `statehold state`) show of stored values.
 
-A processor's typed variables are stored in `state_codec`'s compact layout, not JSON, so a
+A processor's typed variables are stored in `statehold.state.codec`'s compact layout, not JSON, so a
 reader decodes each variable with the codec its checkpoint recorded (`state_schemas`) and
 turns the value into plain JSON data by its Spark type: a struct becomes an object with its
 field names, a timestamp or date ISO-8601 text, a decimal its exact text, binary base64.
@@ -18,8 +18,8 @@ from typing import Any
 
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
-from statehold.backend.state import EntryDecoders
 from statehold.format.metadata import OperatorSchemas
+from statehold.state.json_codec import EntryDecoders
 from statehold.state.schema import TypedCodec, from_schema_json
 
 

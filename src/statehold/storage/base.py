@@ -10,11 +10,25 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from statehold.errors import StateholdError
+
+#: Stored files up to this size are checksummed from memory, larger ones streamed.
+_IN_MEMORY = 16 << 20
+
+
+def file_checksum(path: Path, chunk: int = 1 << 20) -> str:
+    """``sha256:<hex>`` of a local file, streamed: the checksum recorded of every stored
+    file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
 
 
 class StorageError(StateholdError):
@@ -215,6 +229,17 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def download(self, key: str, local_path: Path) -> None:
         """Copy a file to the local filesystem (streaming; for large state files)."""
+
+    def checksum(self, key: str, size_hint: int | None = None) -> str:
+        """`file_checksum` of a stored file; NotFoundError if absent. A file of at most
+        16 MiB by `size_hint` is read into memory, any other downloaded into a temp file;
+        local disk and the object stores override this to hash without a copy."""
+        if size_hint is not None and size_hint <= _IN_MEMORY:
+            return "sha256:" + hashlib.sha256(self.read(key)).hexdigest()
+        with tempfile.TemporaryDirectory(prefix="statehold-checksum-") as tmp:
+            local = Path(tmp) / "data"
+            self.download(key, local)
+            return file_checksum(local)
 
     # -- writing -----------------------------------------------------------------------
     @abc.abstractmethod

@@ -35,6 +35,7 @@ from statehold.storage.base import (
     check_key,
     check_names,
     check_prefix,
+    file_checksum,
 )
 
 #: Temporary files start with this; a crash can leave them behind, and since they live
@@ -214,6 +215,10 @@ class LocalStorage(Storage):
             return self._path(key).read_bytes()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
             raise NotFoundError(f"{self.uri}/{key}: no such file") from e
+
+    def checksum(self, key: str, size_hint: int | None = None) -> str:
+        """Hashed in place (no copy), refusing symlinks like every access."""
+        return file_checksum(self._existing(key))
 
     def download(self, key: str, local_path: Path) -> None:
         src = self._existing(key)

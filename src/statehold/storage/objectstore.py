@@ -13,6 +13,7 @@ its client and says whether its store has a bulk delete.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -219,6 +220,14 @@ class ObjectStorage(Storage):
         path = self._path(key)
         with self._errors(key):
             return bytes(obstore.get(self._store, path).bytes())
+
+    def checksum(self, key: str, size_hint: int | None = None) -> str:
+        """Hashed as it streams in (no temp file, whatever the size)."""
+        path = self._path(key)
+        h = hashlib.sha256()
+        with self._errors(key):
+            self._stream_into(path, h.update)
+        return "sha256:" + h.hexdigest()
 
     def download(self, key: str, local_path: Path) -> None:
         path = self._path(key)

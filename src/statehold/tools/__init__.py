@@ -18,7 +18,6 @@ every delete is one the deletion policy (`statehold.cleanup.policy`) allows.
     operations.py  writing: export, dispose
 """
 
-from statehold.format.metadata import stored_checksum as sha256_of
 from statehold.job.directory import JobDirectoryError, NotAJobDirectoryError, require_job_directory
 from statehold.tools.locate import Progress, Target, TargetLike, ToolError, locate, opened
 from statehold.tools.operations import dispose, export
@@ -67,6 +66,5 @@ __all__ = [
     "locate",
     "opened",
     "require_job_directory",
-    "sha256_of",
     "verify",
 ]

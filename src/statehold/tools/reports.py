@@ -9,7 +9,7 @@ from statehold.cleanup.holders import read_holders
 from statehold.errors import StateholdError
 from statehold.format import layout
 from statehold.format.layout import Kind
-from statehold.format.metadata import CheckpointMetadata, MetadataError, StateFile, stored_checksum
+from statehold.format.metadata import CheckpointMetadata, MetadataError, StateFile
 from statehold.ha.base import HAStore
 from statehold.job.directory import JobDirectory
 from statehold.storage import StorageError
@@ -254,7 +254,7 @@ def _verify(t: Target, checksums: bool, progress: Progress) -> VerifyReport:
                 problems.append(
                     Problem(path=key, problem=f"size {info.size}, metadata says {f.size}")
                 )
-            elif checksums and stored_checksum(t.storage, key, info.size) != f.checksum:
+            elif checksums and t.storage.checksum(key, info.size) != f.checksum:
                 problems.append(Problem(path=key, problem="checksum mismatch"))
             else:
                 checked += 1
