@@ -18,6 +18,7 @@ from statehold.format.metadata import CheckpointMetadata, RestoreMode
 from statehold.ha.base import HAStore
 from statehold.job.directory import open_job
 from statehold.job.history import DEFAULT_KEEP, HistoryRecord
+from statehold.job.locate import opened
 from statehold.job.result import JobOutcome, RetentionPolicy
 from statehold.spark.api import (
     BatchFunction,
@@ -143,7 +144,6 @@ class StatefulJob:
             job = open_job(self.storage, self._ha, job_id=self.job_id, create=True)
             if self.restore_from is not None and self.restore_mode is not RestoreMode.RESUME:
                 from statehold.checkpoint.restore import restore_into
-                from statehold.tools import opened
 
                 with opened(
                     self.restore_from, checkpoint=True, **self.storage_options

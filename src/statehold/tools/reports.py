@@ -5,25 +5,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from statehold.cleanup.policy import parse
 from statehold.errors import StateholdError
 from statehold.format import layout
 from statehold.format.layout import Kind
 from statehold.format.metadata import CheckpointMetadata, MetadataError, StateFile, stored_checksum
 from statehold.ha.base import HAStore
 from statehold.job.directory import JobDirectory
+from statehold.job.locate import Target, TargetLike, kind_of, opened, read
 from statehold.storage import StorageError
-from statehold.tools.locate import (
+from statehold.tools.listing import (
     NoProgress,
     Progress,
-    Target,
-    TargetLike,
-    kind_of,
     listing,
     one_line,
-    opened,
     pages,
-    parse,
-    read,
     savepoint_keys,
 )
 from statehold.tools.results import (
