@@ -13,6 +13,17 @@ from statehold.job.locate import ToolError
 from statehold.storage import FileInfo, StorageError
 from statehold.storage.base import NamePage
 
+__all__ = [
+    "NoProgress",
+    "Progress",
+    "listing",
+    "one_line",
+    "pages",
+    "parse",
+    "savepoint_keys",
+    "stat_pages",
+]
+
 
 class Progress(Protocol):
     """Progress reporting for long work (the CLI draws a rich progress bar). Each

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from statehold.cleanup.policy import parse
 from statehold.errors import StateholdError
 from statehold.format import layout
 from statehold.format.layout import Kind
@@ -20,6 +19,7 @@ from statehold.tools.listing import (
     listing,
     one_line,
     pages,
+    parse,
     savepoint_keys,
 )
 from statehold.tools.results import (

@@ -7,7 +7,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
-from statehold.cleanup.policy import Verdict, View, judge, judge_names, parse
+from statehold.cleanup.policy import Verdict, View, judge, judge_names
 from statehold.cleanup.reconcile import live_attempt
 from statehold.format import layout
 from statehold.format.layout import Kind
@@ -16,7 +16,7 @@ from statehold.ha.base import HAStore
 from statehold.job.directory import JobDirectory
 from statehold.job.locate import TargetLike, kind_of, opened
 from statehold.storage.base import FileInfo, NamePage
-from statehold.tools.listing import Progress, stat_pages
+from statehold.tools.listing import Progress, parse, stat_pages
 from statehold.tools.results import CheckpointUsage, DiskUsage
 
 _SCOPE_OF_KIND = {
