@@ -55,8 +55,8 @@ from statehold.format.metadata import CheckpointMetadata, RestoreMode, decode, r
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
 from statehold.ha.embedded import EmbeddedHAStore, PointerDocument, decode_document
 from statehold.job.directory import open_job
+from statehold.job.locate import Target
 from statehold.job.result import JobOutcome, RetentionPolicy
-from statehold.tools.locate import Target
 from statehold.tools.operations import dispose
 
 _HA_DOC = re.compile(r"^_ha/(\d{20})\.json$")

@@ -16,8 +16,8 @@ from pydantic import BaseModel
 
 from statehold.errors import StateholdError
 from statehold.job.directory import JobDirectory, open_job
+from statehold.job.locate import split_location
 from statehold.tools import Problem, ToolError
-from statehold.tools.locate import split_location
 
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print the result as JSON (no progress bars).")

@@ -19,8 +19,8 @@ from statehold.cli.common import (
 from statehold.cli.output import RichProgress, say
 from statehold.errors import StateholdError
 from statehold.job.directory import open_job
+from statehold.job.locate import split_location
 from statehold.job.status import job_status
-from statehold.tools.locate import split_location
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

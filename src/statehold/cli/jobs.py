@@ -30,7 +30,7 @@ from statehold.cli.output import (
     size,
 )
 from statehold.job.directory import change_ha_store
-from statehold.tools.locate import split_location
+from statehold.job.locate import split_location
 
 
 def list_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None) -> None:

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from statehold.cli.common import CheckpointArg, HaOption, JsonOption, emit, fail, handle_errors
 from statehold.cli.output import RichProgress, say
-from statehold.tools.locate import NoProgress, Progress
+from statehold.tools.listing import NoProgress, Progress
 
 _ROWS_PER_GROUP = 50_000
 _T = TypeVar("_T")

@@ -21,8 +21,8 @@ from statehold.cli.output import size, when
 from statehold.format.layout import Scope
 from statehold.job.directory import JobDirectory, open_job
 from statehold.job.history import HistoryRecord, read_history
+from statehold.job.locate import Target, split_location
 from statehold.job.status import JobStatus, job_status
-from statehold.tools.locate import Target, split_location
 from statehold.tools.reports import file_refs
 
 #: History records shown (the job keeps 100 by default).

@@ -1,17 +1,53 @@
-"""What one micro-batch did: `BatchResult`, and the figures summed from its tasks'
-reports (for the result, the checkpoint history and the metrics)."""
+"""One micro-batch: what is asked of it (`BatchRequest`), what it did (`BatchResult`),
+and the figures summed from its tasks' reports (for the result, the checkpoint history
+and the metrics)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from statehold.backend.keys import all_ranges
+from statehold.errors import StateholdError
 from statehold.format.metadata import KeyGroupState
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+    from statehold.format.metadata import EventTime, OperatorSchemas
+    from statehold.processor.runner import ProcessorSpec
+    from statehold.spark.api import InputFormat, Sink
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One batch as `StatefulJob` was asked to run it: the input, the user's function (or
+    stateful processor) and its output schema, how rows are keyed and ordered, and what
+    the checkpoint records besides the state."""
+
+    df: DataFrame
+    #: a `KeyFunction`, a `BatchFunction` (`vectorized`) or a stateful processor
+    function: Any
+    output_schema: StructType
+    keys: tuple[str, ...]
+    order_by: tuple[str, ...] = ()
+    input_format: InputFormat = "rows"
+    vectorized: bool = False
+    #: the batch's processing time (ms) for state TTLs (None: now)
+    processing_time_ms: int | None = None
+    #: the checkpoint id (None: the latest checkpoint + 1)
+    batch_id: int | None = None
+    sink: Sink | None = None
+    source_position: Mapping[str, Any] = field(default_factory=dict)
+    #: set for a stateful processor (`StatefulJob.transform_with_state`)
+    processor: ProcessorSpec | None = None
+    #: the event time to record, made from the tasks' figures
+    event_time: Callable[[dict[str, Any]], EventTime] | None = None
+    #: the state schemas to record (every operator's)
+    schemas: dict[str, OperatorSchemas] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,13 +110,17 @@ def batch_figures(handles: list[KeyGroupState], acks: list[str]) -> dict[str, An
     return figures
 
 
+class TaskReportError(StateholdError, RuntimeError):
+    """The tasks' acknowledgements do not cover the key groups exactly once."""
+
+
 def check_acks(acks: list[str], parallelism: int, max_parallelism: int) -> list[KeyGroupState]:
     """One handle per task range, exactly the ranges of the current parallelism."""
     handles = [KeyGroupState.model_validate(json.loads(a)["state"]) for a in acks]
     got = sorted((h.key_groups.start, h.key_groups.end) for h in handles)
     want = [(r.start, r.end) for r in all_ranges(parallelism, max_parallelism)]
     if got != want:
-        raise RuntimeError(
+        raise TaskReportError(
             f"tasks reported key-group ranges {got}, expected {want} (a task did not run "
             "or ran twice in the materialised result)"
         )

@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from statehold.backend.keys import check_max_parallelism
 from statehold.checkpoint.coordinator import CheckpointCoordinator
+from statehold.errors import InvalidArgumentError, StateholdError
 from statehold.format import layout
-from statehold.format.metadata import CheckpointMetadata, RestoreMode
+from statehold.format.metadata import CheckpointMetadata, EventTime, RestoreMode
 from statehold.ha.base import HAStore
 from statehold.job.directory import open_job
 from statehold.job.history import DEFAULT_KEEP, HistoryRecord
+from statehold.job.locate import opened
 from statehold.job.result import JobOutcome, RetentionPolicy
 from statehold.spark.api import (
     BatchFunction,
@@ -27,9 +29,11 @@ from statehold.spark.api import (
     Sink,
     replace_output,
 )
-from statehold.spark.batch import BatchResult
-from statehold.spark.checkpoint_run import check_spark_batch, now_ms, run_checkpoint
+from statehold.spark.batch import BatchRequest, BatchResult
+from statehold.spark.checkpoint_run import Checkpointing, ReplayCheck, now_ms, run_checkpoint
 from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdProgressListener
+from statehold.spark.staging import JobSettings
+from statehold.spark.streaming import ProcessorBatches, ProcessorJob, is_processor
 from statehold.storage import LocalStorage, Storage, check_key, open_storage
 
 if TYPE_CHECKING:
@@ -40,11 +44,16 @@ if TYPE_CHECKING:
     from statehold.spark.metrics import JobMetrics
 
 
+class OptionsError(StateholdError, TypeError):
+    """Options given that the function called does not take."""
+
+
 def _millis(delay: int | timedelta) -> int:
     ms = int(delay.total_seconds() * 1000) if isinstance(delay, timedelta) else int(delay)
     if ms < 0:
-        raise ValueError(f"watermark delay must not be negative: {delay!r}")
+        raise InvalidArgumentError(f"watermark delay must not be negative: {delay!r}")
     return ms
+
 
 class StatefulJob:
     """Keyed state for a PySpark pipeline, checkpointed into one job directory.
@@ -87,7 +96,7 @@ class StatefulJob:
             spark.sparkContext.defaultParallelism, max_parallelism
         )
         if not 1 <= self.parallelism <= max_parallelism:
-            raise ValueError(f"parallelism must be in 1..{max_parallelism}")
+            raise InvalidArgumentError(f"parallelism must be in 1..{max_parallelism}")
         self.retain = retain
         self.operator = operator
         self.local_dir = local_dir
@@ -95,7 +104,7 @@ class StatefulJob:
         self.backend_options = dict(backend_options or {})
         check_key(job_id)
         if "/" in job_id:
-            raise ValueError(f"job id must be one path segment: {job_id!r}")
+            raise InvalidArgumentError(f"job id must be one path segment: {job_id!r}")
         root = open_storage(checkpoints, **self.storage_options)
         self.storage: Storage = root.child(job_id)
         self._ha = ha
@@ -143,7 +152,6 @@ class StatefulJob:
             job = open_job(self.storage, self._ha, job_id=self.job_id, create=True)
             if self.restore_from is not None and self.restore_mode is not RestoreMode.RESUME:
                 from statehold.checkpoint.restore import restore_into
-                from statehold.tools import opened
 
                 with opened(
                     self.restore_from, checkpoint=True, **self.storage_options
@@ -189,8 +197,11 @@ class StatefulJob:
         shuffle order, which is not deterministic across runs). `processing_time_ms`: the
         batch's processing time for state TTLs (default: now)."""
         keys = (key,) if isinstance(key, str) else tuple(key)
-        return run_checkpoint(self, df, process, output_schema, keys, order_by, input_format,
-                              vectorized, processing_time_ms, batch_id, sink, source_position)
+        batch = BatchRequest(
+            df, process, self._struct(output_schema), keys, tuple(order_by), input_format,
+            vectorized, processing_time_ms, batch_id, sink, source_position or {},
+        )
+        return run_checkpoint(self._checkpointing(), batch)
 
     def transform_with_state(
         self,
@@ -232,7 +243,7 @@ class StatefulJob:
         keys = (key,) if isinstance(key, str) else tuple(key)
         delay_ms = _millis(watermark_delay)
         pspec, fmt = processor_spec(
-            self, df, processor, keys, time_mode, event_time_column, late_rows,
+            self._newest_clock, df, processor, keys, time_mode, event_time_column, late_rows,
             now_ms() if processing_time_ms is None else processing_time_ms, input_format,
         )
         from statehold.processor.record import for_batch
@@ -244,11 +255,14 @@ class StatefulJob:
             state_keys = initial_keys(keys, initial_state_key)
             df = with_initial_state(df, initial_state, keys, state_keys)
             pspec = dataclasses.replace(pspec, initial_state=True)
-        return run_checkpoint(
-            self, df, processor, output_schema, keys, order_by, fmt, False,
-            pspec.processing_time_ms, batch_id, sink, source_position, pspec,
-            lambda figures: event_time_after(pspec, delay_ms, figures), schemas,
+        batch = BatchRequest(
+            df, processor, self._struct(output_schema), keys, tuple(order_by), fmt,
+            processing_time_ms=pspec.processing_time_ms, batch_id=batch_id, sink=sink,
+            source_position=source_position or {}, processor=pspec,
+            event_time=lambda figures: event_time_after(pspec, delay_ms, figures),
+            schemas=schemas,
         )
+        return run_checkpoint(self._checkpointing(), batch)
 
     def timers_due(self, processing_time_ms: int | None = None) -> bool:
         """Whether the newest checkpoint has a timer due in the next batch: at or before
@@ -288,17 +302,14 @@ class StatefulJob:
         `statehold.spark.streaming.ProcessorBatches` (``no_data_batches``,
         ``input_schema``); batches that only fire timers take checkpoint ids too, so
         checkpoint ids are no longer Spark's batch ids (see that module)."""
-        from statehold.spark.streaming import ProcessorBatches, is_processor
-
         if is_processor(process):
-            extra = {k: processor_options.pop(k) for k in ("no_data_batches", "input_schema")
-                     if k in processor_options}
-            options = dict(sink=sink, key=key, order_by=order_by, input_format=input_format,
-                           **processor_options)
-            return ProcessorBatches(self, process, output_schema, options, on_batch=on_batch,
-                                    **extra)
+            return self._processor_batches(
+                process, output_schema, on_batch,
+                dict(sink=sink, key=key, order_by=order_by, input_format=input_format,
+                     **processor_options),
+            )
         if processor_options:
-            raise TypeError(f"options {sorted(processor_options)} are for stateful processors")
+            raise OptionsError(f"options {sorted(processor_options)} are for stateful processors")
         fmt: InputFormat = input_format or "rows"
 
         def run(batch_df: DataFrame, batch_id: int) -> None:
@@ -315,14 +326,14 @@ class StatefulJob:
         """Spark may replay only its last batch (id == our latest checkpoint). An older id
         means Spark's checkpoint (``_spark/``) is behind ours, e.g. it was deleted or
         belongs to another copy; skipping those batches would silently lose input."""
-        check_spark_batch(self, batch_id, self.latest_checkpoint_id(),
-                          "statehold's latest checkpoint {}")
+        self._replays.check(batch_id, self.latest_checkpoint_id(),
+                            "statehold's latest checkpoint {}")
 
     def progress_listener(self, callback: ProgressCallback) -> StateholdProgressListener:
         """A Spark `StreamingQueryListener` calling ``callback(progress, record)`` with
         Spark's progress of each micro-batch and statehold's history record of it
         (statehold.spark.progress says why not inside Spark's progress itself)."""
-        return StateholdProgressListener(self, callback)
+        return StateholdProgressListener(self.recent, callback)
 
     def savepoint(self, name: str) -> CheckpointMetadata:
         """Keep the newest checkpoint as savepoint `name` (``savepoints/<name>/``): never
@@ -361,9 +372,55 @@ class StatefulJob:
         self.close()
 
     # -- internals -------------------------------------------------------------------------
-    def _observe(self, coord: CheckpointCoordinator) -> None:
+    def _processor_batches(
+        self,
+        processor: Any,
+        output_schema: StructType | str,
+        on_batch: Callable[[BatchResult], None] | None,
+        options: dict[str, Any],
+    ) -> ProcessorBatches:
+        """`foreach_batch` of a processor: `options` are those of `transform_with_state`
+        and of `ProcessorBatches` (``no_data_batches``, ``input_schema``)."""
+        no_data_batches = options.pop("no_data_batches", True)
+        input_schema = options.pop("input_schema", None)
+
+        def run(df: DataFrame, position: Mapping[str, Any], time_ms: int | None) -> BatchResult:
+            return self.transform_with_state(df, processor, output_schema,
+                                             source_position=position,
+                                             processing_time_ms=time_ms, **options)
+
+        job = ProcessorJob(run, self.timers_due, self._newest, self._replays, self.recent,
+                           self.spark)
+        return ProcessorBatches(
+            job, no_data_batches=no_data_batches, on_batch=on_batch,
+            input_schema=None if input_schema is None else self._struct(input_schema),
+        )
+
+    def _checkpointing(self) -> Checkpointing:
+        """This job as `run_checkpoint` sees it (starting the attempt on first use)."""
+        settings = JobSettings(
+            storage_uri=self.storage.uri, storage_options=self.storage_options,
+            job_id=self.job_id, operator=self.operator, max_parallelism=self.max_parallelism,
+            parallelism=self.parallelism, local_dir=self.local_dir,
+            backend_options=self.backend_options,
+        )
+        return Checkpointing(self.coordinator, settings, self.job_dir, self._phase,
+                             self._observe)
+
+    @property
+    def _replays(self) -> ReplayCheck:
+        return ReplayCheck(self.job_dir, self.spark_checkpoint_location)
+
+    def _newest(self) -> CheckpointMetadata | None:
+        latest = self.coordinator.latest()
+        return None if latest is None else latest[1]
+
+    def _newest_clock(self) -> EventTime | None:
+        newest = self._newest()
+        return None if newest is None else newest.event_time
+
+    def _observe(self, record: HistoryRecord | None) -> None:
         """The checkpoint's record to the Prometheus metrics and Spark's listeners."""
-        record = coord.history.last
         if record is None or record is self._observed:
             return
         self._observed = record

@@ -10,6 +10,7 @@ with a watermark >= T: the batch after the one whose rows moved the watermark pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from statehold.errors import InvalidArgumentError
@@ -22,11 +23,9 @@ from statehold.spark.api import InputFormat
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from statehold.spark.job import StatefulJob
-
 
 def processor_spec(
-    job: StatefulJob,
+    newest_clock: Callable[[], EventTime | None],
     df: DataFrame,
     processor: Any,
     keys: tuple[str, ...],
@@ -36,7 +35,9 @@ def processor_spec(
     processing_time_ms: int,
     input_format: InputFormat | None,
 ) -> tuple[ProcessorSpec, InputFormat]:
-    """The tasks' processor spec for the next batch, and the rows' input format."""
+    """The tasks' processor spec for the next batch, and the rows' input format.
+    `newest_clock`: the newest checkpoint's event time (its watermark is the batch's),
+    asked only once the arguments are accepted."""
     if not callable(getattr(processor, "init", None)):
         raise InvalidArgumentError(
             f"{type(processor).__name__} is not a stateful processor (it has no init)"
@@ -46,8 +47,7 @@ def processor_spec(
         raise InvalidArgumentError("time_mode EventTime needs an event_time_column")
     if late_rows not in ("drop", "process"):
         raise InvalidArgumentError(f"late_rows must be 'drop' or 'process', not {late_rows!r}")
-    latest = job.coordinator.latest()
-    clock = None if latest is None else latest[1].event_time
+    clock = newest_clock()
     fmt: InputFormat = input_format or ("pandas" if is_spark_style(processor) else "rows")
     string_key = len(keys) == 1 and dict(df.dtypes).get(keys[0]) == "string"
     spec = ProcessorSpec(

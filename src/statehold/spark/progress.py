@@ -16,14 +16,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from statehold.job.history import HistoryRecord
-
-if TYPE_CHECKING:
-    from statehold.spark.job import StatefulJob
 
 #: Records kept in memory per job for the listener (the newest ones).
 RECENT = 100
@@ -67,10 +64,11 @@ class RecentRecords:
 class StateholdProgressListener(StreamingQueryListener):
     """Calls ``callback(progress, record)`` for each micro-batch of the queries running
     `job.foreach_batch`: Spark's `StreamingQueryProgress` and statehold's record of the
-    same batch. Register it with ``spark.streams.addListener(listener)``."""
+    same batch (from `recent`: the job's). Register it with
+    ``spark.streams.addListener(listener)``."""
 
-    def __init__(self, job: StatefulJob, callback: ProgressCallback) -> None:
-        self.job = job
+    def __init__(self, recent: RecentRecords, callback: ProgressCallback) -> None:
+        self.recent = recent
         self.callback = callback
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's names
@@ -78,7 +76,7 @@ class StateholdProgressListener(StreamingQueryListener):
 
     def onQueryProgress(self, event: Any) -> None:  # noqa: N802
         progress = event.progress
-        self.callback(progress, self.job.recent.for_spark_batch(int(progress.batchId)))
+        self.callback(progress, self.recent.for_spark_batch(int(progress.batchId)))
 
     def onQueryIdle(self, event: Any) -> None:  # noqa: N802
         pass

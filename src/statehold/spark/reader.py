@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from statehold import tools
 from statehold.backend.keys import Key
 from statehold.backend.rocks import StateBackendError, TaskStateBackend
 from statehold.format.metadata import (
@@ -36,10 +35,10 @@ from statehold.format.metadata import (
     MetadataError,
     OperatorSchemas,
 )
+from statehold.job.locate import TargetLike, ToolError, opened, read
 from statehold.state.json_codec import EntryDecoders
 from statehold.state.values import recorded_decoders
 from statehold.storage import Storage, open_storage
-from statehold.tools.locate import read
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -50,7 +49,7 @@ _STATES = "__statehold_states"
 _BATCH_ROWS = 10_000
 
 
-class StateReadError(tools.ToolError):
+class StateReadError(ToolError):
     """The checkpoint's state cannot be read as asked (no such operator, bad files...)."""
 
 
@@ -76,7 +75,7 @@ class StateSource:
 
 
 def locate_state(
-    checkpoint: tools.TargetLike,
+    checkpoint: TargetLike,
     operator: str | None = None,
     *,
     ha: str | None = None,
@@ -84,7 +83,7 @@ def locate_state(
 ) -> StateSource:
     """Resolve `checkpoint` (chk-N, savepoints/NAME, or a job directory = its newest
     retained checkpoint) and pick `operator` (may be omitted if there is only one)."""
-    with tools.opened(checkpoint, ha=ha, checkpoint=True, **storage_options) as target:
+    with opened(checkpoint, ha=ha, checkpoint=True, **storage_options) as target:
         assert target.metadata_key is not None
         meta = read(target)
     op = _pick_operator(meta, operator, target.uri)
@@ -129,7 +128,7 @@ def open_range(
 
 
 def iter_state(
-    checkpoint: tools.TargetLike | StateSource,
+    checkpoint: TargetLike | StateSource,
     operator: str | None = None,
     **storage_options: Any,
 ) -> Iterator[tuple[Key, dict[str, Any]]]:

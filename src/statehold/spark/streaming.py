@@ -22,17 +22,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statehold.errors import InvalidArgumentError
-from statehold.spark.checkpoint_run import check_spark_batch
+from statehold.spark.checkpoint_run import ReplayCheck
+from statehold.spark.progress import RecentRecords
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from statehold.format.metadata import CheckpointMetadata
     from statehold.spark.batch import BatchResult
-    from statehold.spark.job import StatefulJob
 
 SPARK_BATCH = "spark_batch_id"
 #: Batches without input run in a row at most this many times per call: more are only
@@ -47,37 +49,47 @@ def is_processor(obj: Any) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class ProcessorJob:
+    """What `ProcessorBatches` needs of its `StatefulJob`."""
+
+    #: one checkpoint of the processor: (input, source position, processing time or
+    #: None for now) -> its result (`StatefulJob.transform_with_state`)
+    run: Callable[[DataFrame, Mapping[str, Any], int | None], BatchResult]
+    #: whether a timer is due at a processing time (None: now)
+    timers_due: Callable[[int | None], bool]
+    #: the newest checkpoint's document (None: no checkpoint yet)
+    newest: Callable[[], CheckpointMetadata | None]
+    replays: ReplayCheck
+    #: where the progress listener finds each Spark batch's checkpoint
+    recent: RecentRecords
+    #: makes the empty input of batches that only fire timers
+    spark: SparkSession
+
+
 class ProcessorBatches:
-    """The ``foreachBatch`` function of one processor (see the module's docstring)."""
+    """The ``foreachBatch`` function of one processor (see the module's docstring);
+    `input_schema` lets timers fire before the first micro-batch of this driver."""
 
     def __init__(
         self,
-        job: StatefulJob,
-        processor: Any,
-        output_schema: StructType | str,
-        options: Mapping[str, Any],
+        job: ProcessorJob,
         *,
         no_data_batches: bool = True,
-        input_schema: StructType | str | None = None,
+        input_schema: StructType | None = None,
         on_batch: Callable[[BatchResult], None] | None = None,
     ) -> None:
         self.job = job
-        self.processor = processor
-        self.output_schema = output_schema
-        #: the keyword arguments of `StatefulJob.transform_with_state` for every batch
-        self.options = dict(options)
         self.no_data_batches = no_data_batches
         self.on_batch = on_batch
-        self._schema: StructType | None = None
-        if input_schema is not None:
-            self._schema = job._struct(input_schema)
+        self._schema = input_schema
         self._lock = threading.Lock()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self._lock:
             self._schema = batch_df.schema
             done = self.latest_spark_batch()
-            check_spark_batch(self.job, batch_id, done, "batch {} recorded")
+            self.job.replays.check(batch_id, done, "batch {} recorded")
             ran = None
             if done is None or batch_id > done:
                 ran = self._batch(batch_df, batch_id, timers_only=False).checkpoint_id
@@ -93,11 +105,11 @@ class ProcessorBatches:
 
     def latest_spark_batch(self) -> int | None:
         """The Spark batch id the newest checkpoint records (None: no checkpoint)."""
-        latest = self.job.coordinator.latest()
-        if latest is None:
+        newest = self.job.newest()
+        if newest is None:
             return None
-        recorded = latest[1].source_position.get(SPARK_BATCH)
-        return int(recorded) if isinstance(recorded, int) else latest[1].checkpoint_id
+        recorded = newest.source_position.get(SPARK_BATCH)
+        return int(recorded) if isinstance(recorded, int) else newest.checkpoint_id
 
     def _fire(self, spark_batch: int | None, processing_time_ms: int | None) -> list[BatchResult]:
         results: list[BatchResult] = []
@@ -121,14 +133,7 @@ class ProcessorBatches:
         position: dict[str, Any] = {SPARK_BATCH: spark_batch}
         if timers_only:
             position["timers_only"] = True
-        result = self.job.transform_with_state(
-            df,
-            self.processor,
-            self.output_schema,
-            source_position=position,
-            processing_time_ms=processing_time_ms,
-            **self.options,
-        )
+        result = self.job.run(df, position, processing_time_ms)
         if self.on_batch is not None:
             self.on_batch(result)
         return result

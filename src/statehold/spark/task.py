@@ -37,6 +37,7 @@ from statehold.spark.api import BatchFunction, InputFormat, KeyedState, KeyFunct
 
 if TYPE_CHECKING:
     from statehold.processor.runner import ProcessorSpec
+    from statehold.storage import Storage
 
 KEY_COL = "__statehold_key"
 KG_COL = "__statehold_kg"
@@ -139,7 +140,7 @@ class _States:
         skey = state_key(values)
         kg = key_group_of(skey, self._spec.max_parallelism)
         if task_of(kg, self._spec.parallelism, self._spec.max_parallelism) != self._task:
-            raise KeyError(f"key {key!r} is not in this task's key groups")
+            raise KeyNotInTaskError(f"key {key!r} is not in this task's key groups")
         state: KeyedState = self._backend.for_key(skey)
         return state
 
@@ -162,6 +163,14 @@ def local_root(spec: StateSpec) -> str:
     return os.path.join(base, "statehold-state", f"{safe}-{digest}")
 
 
+class RoutingError(StateholdError, RuntimeError):
+    """A task received rows of another task's key groups."""
+
+
+class KeyNotInTaskError(StateholdError, KeyError):
+    """A function asked for the state of a key this task does not own."""
+
+
 @dataclass(frozen=True)
 class StateStage:
     """Stage 2: one task's keyed state step for one micro-batch."""
@@ -171,29 +180,51 @@ class StateStage:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        from statehold.backend.rocks import TaskStateBackend
         from statehold.storage import open_storage
 
         spec = self.spec
         ctx = TaskContext.get()
         task = ctx.partitionId() if ctx is not None else 0
-        key_groups = task_range(task, spec.parallelism, spec.max_parallelism)
         started = time.time()
-
-        received = list(batches)
-        table = pa.Table.from_batches(received) if received else None
-        if table is not None and table.num_rows:
-            tasks = set(table.column(TASK_COL).unique().to_pylist())
-            if tasks != {task}:
-                raise RuntimeError(
-                    f"partition {task} received rows of tasks {sorted(tasks)}: the rows were "
-                    "not routed by key group (is the parallelism consistent?)"
-                )
-            sort = [(KG_COL, "ascending"), (KEY_COL, "ascending")]
-            sort += [(c, "ascending") for c in spec.order_by]
-            table = table.sort_by(sort)
-
+        table = _rows_of_task(list(batches), task, spec.order_by)
         storage = open_storage(spec.storage_uri, **dict(spec.storage_options))
+        backend = self._open_backend(storage, task)
+        output = Output(spec.output_schema)
+        try:
+            report, n_keys = self._process(backend, table, output, task)
+            snapshot_started = time.perf_counter()
+            handle: KeyGroupState = backend.snapshot(
+                storage, spec.epoch, spec.checkpoint_id, _metadata_key(spec.checkpoint_id)
+            )
+            report["snapshot_seconds"] = round(time.perf_counter() - snapshot_started, 4)
+        finally:
+            backend.close()
+        schema = internal_output_schema(spec.output_schema)
+        for res in output.tables():
+            for rb in res.to_batches(max_chunksize=10_000):
+                arrays = [*rb.columns, pa.nulls(rb.num_rows, pa.string())]
+                yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        ack = {
+            "task": task,
+            "state": handle.model_dump(mode="json"),
+            "rows_in": 0 if table is None else table.num_rows,
+            "keys": n_keys,
+            "seconds": round(time.time() - started, 3),
+            "bytes_downloaded": backend.restore_stats.bytes_downloaded,
+            "files_downloaded": backend.restore_stats.files_downloaded,
+            **report,
+        }
+        nulls = [pa.nulls(1, f.type) for f in spec.output_schema]
+        acks = pa.array([json.dumps(ack)], pa.string())
+        yield pa.RecordBatch.from_arrays([*nulls, acks], schema=schema)
+
+    def _open_backend(self, storage: Storage, task: int) -> Any:
+        """The task's RocksDB backend for its key-group range, restored from the ranges
+        of the previous checkpoint that overlap it."""
+        from statehold.backend.rocks import TaskStateBackend
+
+        spec = self.spec
+        key_groups = task_range(task, spec.parallelism, spec.max_parallelism)
         restore = []
         if spec.restore_key is not None:
             for text in spec.restore_ranges:
@@ -201,62 +232,61 @@ class StateStage:
                 if kgs.key_groups.overlaps(key_groups):
                     restore.append((storage, spec.restore_key, kgs))
         backend = TaskStateBackend.open(
-            Path(local_root(spec)),
-            spec.operator,
-            key_groups,
-            spec.max_parallelism,
-            restore,
+            Path(local_root(spec)), spec.operator, key_groups, spec.max_parallelism, restore,
             **dict(spec.backend_options),
         )
         backend.now_ms = spec.processing_time_ms
-        out_schema = spec.output_schema
-        output = Output(out_schema)
-        n_keys = 0
-        report: dict[str, Any] = {}
-        try:
-            if spec.processor is not None:
-                report, n_keys = _run_processor(spec, backend, table, output)
-            elif table is not None and table.num_rows:
-                groups = [(k, rows) for _, k, rows in _split_by_key(table, spec)]
-                n_keys = len(groups)
-                states = _States(backend, spec, task)
-                if spec.vectorized:
-                    fn_batch: BatchFunction = spec.function  # type: ignore[assignment]
-                    output.add(fn_batch(groups, states))
-                else:
-                    fn_key: KeyFunction = spec.function  # type: ignore[assignment]
-                    for key, rows in groups:
-                        output.add(fn_key(key, rows, states.for_key(key)))
-            if spec.processing_time_ms is not None:
-                report.update(_expire(backend, spec.processing_time_ms))
-            snapshot_started = time.perf_counter()
-            handle: KeyGroupState = backend.snapshot(
-                storage, spec.epoch, spec.checkpoint_id, _metadata_key(spec.checkpoint_id)
-            )
-            snapshot_seconds = time.perf_counter() - snapshot_started
-        finally:
-            backend.close()
+        return backend
 
-        schema = internal_output_schema(out_schema)
-        for res in output.tables():
-            for rb in res.to_batches(max_chunksize=10_000):
-                arrays = [*rb.columns, pa.nulls(rb.num_rows, pa.string())]
-                yield pa.RecordBatch.from_arrays(arrays, schema=schema)
-        ack = json.dumps(
-            {
-                "task": task,
-                "state": handle.model_dump(mode="json"),
-                "rows_in": 0 if table is None else table.num_rows,
-                "keys": n_keys,
-                "seconds": round(time.time() - started, 3),
-                "snapshot_seconds": round(snapshot_seconds, 4),
-                "bytes_downloaded": backend.restore_stats.bytes_downloaded,
-                "files_downloaded": backend.restore_stats.files_downloaded,
-                **report,
-            }
+    def _process(
+        self, backend: Any, table: pa.Table | None, output: Output, task: int
+    ) -> tuple[dict[str, Any], int]:
+        """The user's function (or processor) over the task's rows, then the TTL sweep:
+        the task's report and the number of keys with rows."""
+        spec = self.spec
+        report: dict[str, Any] = {}
+        n_keys = 0
+        if spec.processor is not None:
+            report, n_keys = _run_processor(spec, backend, table, output)
+        elif table is not None and table.num_rows:
+            groups = [(k, rows) for _, k, rows in _split_by_key(table, spec)]
+            n_keys = len(groups)
+            _run_function(spec, groups, _States(backend, spec, task), output)
+        if spec.processing_time_ms is not None:
+            report.update(_expire(backend, spec.processing_time_ms))
+        return report, n_keys
+
+
+def _rows_of_task(
+    received: list[pa.RecordBatch], task: int, order_by: Sequence[str]
+) -> pa.Table | None:
+    """The task's rows, sorted by key group, key and `order_by` (None: no batch came);
+    refused if any belongs to another task."""
+    table = pa.Table.from_batches(received) if received else None
+    if table is None or not table.num_rows:
+        return table
+    tasks = set(table.column(TASK_COL).unique().to_pylist())
+    if tasks != {task}:
+        raise RoutingError(
+            f"partition {task} received rows of tasks {sorted(tasks)}: the rows were "
+            "not routed by key group (is the parallelism consistent?)"
         )
-        nulls = [pa.nulls(1, f.type) for f in out_schema]
-        yield pa.RecordBatch.from_arrays([*nulls, pa.array([ack], pa.string())], schema=schema)
+    sort = [(KG_COL, "ascending"), (KEY_COL, "ascending")]
+    sort += [(c, "ascending") for c in order_by]
+    return table.sort_by(sort)
+
+
+def _run_function(
+    spec: StateSpec, groups: list[tuple[Any, Any]], states: _States, output: Output
+) -> None:
+    """The user's function: once per key, or once over every key (`vectorized`)."""
+    if spec.vectorized:
+        fn_batch: BatchFunction = spec.function  # type: ignore[assignment]
+        output.add(fn_batch(groups, states))
+        return
+    fn_key: KeyFunction = spec.function  # type: ignore[assignment]
+    for key, rows in groups:
+        output.add(fn_key(key, rows, states.for_key(key)))
 
 
 def _metadata_key(checkpoint_id: int) -> str:

@@ -2,7 +2,7 @@
 export and dispose. The CLI (`statehold.cli`) is a thin layer over these functions.
 
 Every function takes a *target*: a location string (plain path, ``file://``,
-``s3://bucket/prefix``; see `locate`), a job-directory `Storage`, an open
+``s3://bucket/prefix``; see `statehold.job.locate`), a job-directory `Storage`, an open
 `statehold.job.directory.JobDirectory`, or a `Target`, and `ha`: the HA store's URI (default:
 the one the job directory records). Results are pydantic models, so
 ``result.model_dump_json()`` is the machine-readable form.
@@ -11,7 +11,7 @@ Safety: nothing here reads or deletes outside the job directory it was given, ev
 check runs before the first delete (an operation that refuses deletes nothing), and
 every delete is one the deletion policy (`statehold.cleanup.policy`) allows.
 
-    locate.py      where: the job directory and the checkpoint a command names
+    listing.py     a job directory's files, page by page, with progress
     results.py     the result models
     reports.py     read-only: list, inspect, verify, diff
     usage.py       read-only: du
@@ -19,7 +19,8 @@ every delete is one the deletion policy (`statehold.cleanup.policy`) allows.
 """
 
 from statehold.job.directory import JobDirectoryError, NotAJobDirectoryError, require_job_directory
-from statehold.tools.locate import Progress, Target, TargetLike, ToolError, locate, opened
+from statehold.job.locate import Target, TargetLike, ToolError, locate, opened
+from statehold.tools.listing import Progress
 from statehold.tools.operations import dispose, export
 from statehold.tools.reports import diff, inspect, list_checkpoints, verify
 from statehold.tools.results import (

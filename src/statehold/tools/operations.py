@@ -33,21 +33,11 @@ from statehold.ha.base import CheckpointPointer, HAState, HAStore
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.open import EMBEDDED
 from statehold.job.directory import JobDirectory, open_job
+from statehold.job.locate import Target, TargetLike, ToolError, opened, read
 from statehold.job.owner import OWNER_KEY, write_owner
 from statehold.storage import Storage, StorageError, open_storage
 from statehold.storage.base import FileInfo
-from statehold.tools.locate import (
-    NoProgress,
-    Progress,
-    Target,
-    TargetLike,
-    ToolError,
-    listing,
-    one_line,
-    opened,
-    read,
-    savepoint_keys,
-)
+from statehold.tools.listing import NoProgress, Progress, listing, one_line, savepoint_keys
 from statehold.tools.reports import _verify
 from statehold.tools.results import DisposeReport, ExportReport, Problem
 

@@ -12,19 +12,15 @@ from statehold.format.layout import Kind
 from statehold.format.metadata import CheckpointMetadata, MetadataError, StateFile
 from statehold.ha.base import HAStore
 from statehold.job.directory import JobDirectory
+from statehold.job.locate import Target, TargetLike, kind_of, opened, read
 from statehold.storage import StorageError
-from statehold.tools.locate import (
+from statehold.tools.listing import (
     NoProgress,
     Progress,
-    Target,
-    TargetLike,
-    kind_of,
     listing,
     one_line,
-    opened,
     pages,
     parse,
-    read,
     savepoint_keys,
 )
 from statehold.tools.results import (

@@ -15,8 +15,9 @@ from statehold.format.layout import Kind
 from statehold.format.metadata import referenced_keys
 from statehold.ha.base import HAStore
 from statehold.job.directory import JobDirectory
+from statehold.job.locate import TargetLike, kind_of, opened
 from statehold.storage.base import FileInfo, NamePage
-from statehold.tools.locate import Progress, TargetLike, kind_of, opened, parse, stat_pages
+from statehold.tools.listing import Progress, parse, stat_pages
 from statehold.tools.results import CheckpointUsage, DiskUsage
 
 _SCOPE_OF_KIND = {

@@ -1,5 +1,6 @@
-"""Where a tool works: a job directory opened once (`statehold.job.directory.open_job`) and the
-checkpoint or savepoint in it that a command names.
+"""A location opened as a job directory (`statehold.job.directory.open_job`) and the
+checkpoint or savepoint in it that it names: what the tools, the state reader and a
+restore (``StatefulJob(restore_from=...)``) start from.
 
 A location string ending in ``chk-N`` names checkpoint N of the job directory above it,
 one ending in ``savepoints/NAME`` a savepoint, anything else a job directory (where a
@@ -9,19 +10,17 @@ checkpoint is needed, its newest retained one).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal
 
 from statehold.errors import StateholdError
 from statehold.format import layout
-from statehold.format.layout import Kind
 from statehold.format.metadata import CheckpointMetadata
 from statehold.ha.base import HAStore
 from statehold.job.directory import JobDirectory, JobDirectoryError, open_job
-from statehold.storage import FileInfo, Storage, StorageError
-from statehold.storage.base import NamePage
+from statehold.storage import Storage, StorageError
 
 TargetKind = Literal["job", "checkpoint", "savepoint"]
 
@@ -35,24 +34,6 @@ class ToolError(StateholdError):
     def __init__(self, message: str, problems: Iterable[Any] = ()) -> None:
         super().__init__(message)
         self.problems = list(problems)
-
-
-class Progress(Protocol):
-    """Progress reporting for long work (the CLI draws a rich progress bar). Each
-    `start` begins a phase of `total` units (None: not known, e.g. while listing);
-    `unit` is ``"bytes"`` or a noun for what is counted (``"files"``, ``"keys"``)."""
-
-    def start(self, description: str, total: int | None, unit: str = "bytes") -> None: ...
-
-    def advance(self, amount: int) -> None: ...
-
-
-class NoProgress:
-    def start(self, description: str, total: int | None, unit: str = "bytes") -> None:
-        pass
-
-    def advance(self, amount: int) -> None:
-        pass
 
 
 @dataclass(frozen=True)
@@ -173,51 +154,3 @@ def read(t: Target) -> CheckpointMetadata:
     if not t.storage.exists(t.metadata_key):
         raise JobDirectoryError(f"{t.uri}: no such {t.kind} ({layout.METADATA_NAME} missing)")
     return t.job.read_document(t.metadata_key)
-
-
-def listing(job: JobDirectory, progress: Progress | None = None) -> list[FileInfo]:
-    return [info for page in pages(job, progress) for info in page]
-
-
-#: A page of a listing: files with their stat, or one directory's names (`NamePage`).
-_Page = TypeVar("_Page", list[FileInfo], NamePage)
-
-
-def pages(job: JobDirectory, progress: Progress | None = None) -> Iterator[list[FileInfo]]:
-    """The job directory's listing, page by page (ToolError if it cannot be listed);
-    `progress` counts the files listed."""
-    return _counted(job, job.storage.list_pages, progress)
-
-
-def stat_pages(job: JobDirectory, progress: Progress | None = None) -> Iterator[NamePage]:
-    """`pages` as `Storage.list_stat_pages` gives them: one directory's plain files as
-    names with their sizes, or files with their stat."""
-    return _counted(job, job.storage.list_stat_pages, progress)
-
-
-def _counted(
-    job: JobDirectory, listing: Callable[[], Iterator[_Page]], progress: Progress | None
-) -> Iterator[_Page]:
-    """`listing()`'s pages, counted by `progress`; a storage error as a ToolError."""
-    progress = progress or NoProgress()
-    progress.start(f"listing {job.uri}", None, "files")
-    try:
-        for page in listing():
-            yield page
-            progress.advance(len(page))
-    except StorageError as e:
-        raise ToolError(f"{job.uri}: cannot list: {e}") from e
-
-
-def parse(key: str) -> layout.PathInfo:
-    from statehold.cleanup.policy import parse as policy_parse
-
-    return policy_parse(key)
-
-
-def savepoint_keys(files: Iterable[FileInfo]) -> list[str]:
-    return sorted(i.key for i in files if parse(i.key).kind is Kind.SAVEPOINT_METADATA)
-
-
-def one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())
