@@ -16,7 +16,7 @@ import pytest
 from hypothesis import settings
 
 from statehold.storage import Storage, open_storage
-from tests.infra.object_stores import AzuriteServer, GCSServer, azurite_server, gcs_server
+from tests.support.infra.object_stores import AzuriteServer, GCSServer, azurite_server, gcs_server
 
 __all__ = ["azurite_server", "gcs_server"]  # session fixtures, for every test module
 
@@ -147,7 +147,7 @@ MODULE_NEEDS = {
 
 def needed_components(items: list[pytest.Item]) -> list[str]:
     """What the collected tests need (everything under CI or STATEHOLD_PROVISION=all)."""
-    from tests.infra import provision
+    from tests.support.infra import provision
 
     if os.environ.get("CI") == "true" or os.environ.get("STATEHOLD_PROVISION") == "all":
         return list(provision.ALL)
@@ -168,7 +168,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     parallel runs from racing); STATEHOLD_PROVISION=0 turns it off."""
     if os.environ.get("STATEHOLD_PROVISION") == "0" or session.config.option.collectonly:
         return
-    from tests.infra import provision
+    from tests.support.infra import provision
 
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
 

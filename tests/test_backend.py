@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from forwarding import ForwardingStorage
 from rocksdict import AccessType, Options, Rdict
 
 from statehold.backend import (
@@ -42,6 +41,8 @@ from statehold.format.metadata import (
     write_metadata,
 )
 from statehold.storage import Storage, open_storage
+from tests.support.forwarding import ForwardingStorage
+from tests.support.paths import SRC
 
 MAXP = 64
 OP = "counts"
@@ -533,7 +534,7 @@ def test_stored_state_is_json_never_pickle(storage: Storage, tmp_path: Path) -> 
     finally:
         db.close()
     assert n == 50 * 5 + 1  # value, 2 list elements (an entry each), 2 map entries; obj
-    src = Path(__file__).parents[1] / "src" / "statehold" / "backend"
+    src = SRC / "statehold" / "backend"
     uses_pickle = re.compile(r"\bimport\s+(c?pickle|dill|cloudpickle)\b|pickle\.(loads?|dumps?)")
     for py in src.glob("*.py"):
         assert not uses_pickle.search(py.read_text()), py

@@ -8,11 +8,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from faulty import FaultyStorage
 
 from statehold.cleanup.bulk_delete import BulkDeleter
 from statehold.ha.base import FencedError
 from statehold.storage import open_storage
+from tests.support.faulty import FaultyStorage
 
 
 def names(count: int) -> list[str]:

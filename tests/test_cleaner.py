@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from faulty import FaultyStorage
 
 from statehold.cleanup.async_cleaner import AsyncCleaner
 from statehold.cleanup.cleaner import Discard, SyncCleaner
 from statehold.ha.base import FencedError, HAStoreError
 from statehold.storage import LocalStorage, Storage
+from tests.support.faulty import FaultyStorage
 
 FAST: dict[str, Any] = {"initial_delay": 0.001, "max_delay": 0.02, "jitter": 0.5, "seed": 3}
 

@@ -28,11 +28,11 @@ from statehold.format.metadata import read_metadata
 from statehold.ha.zookeeper import ZooKeeperHAStore
 from statehold.storage import open_storage
 from statehold.tools import verify
-from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.paths import SRC
+from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 pytestmark = [pytest.mark.spark, pytest.mark.zookeeper]
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 #: The `statehold` console script's entry point, run with this interpreter.
 STATEHOLD = ("-c", "from statehold.cli import main; main()")
 #: Bound on one subprocess (a hang fails the test instead of blocking the suite).

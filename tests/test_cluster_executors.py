@@ -32,24 +32,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster import StandaloneCluster, alive, executor_of, standalone_cluster
 from conftest import S3Server
-from pause_once import MARK_ENV, PAUSE_ENV
 from test_kafka_pipeline import PER_BATCH, check_exact, jar_args, new_topic, records
 
 from statehold.format import layout
 from statehold.job.history import read_history
 from statehold.storage import open_storage
-from tests.infra import jvm
-from tests.kafka import KafkaBroker, kafka_broker  # noqa: F401
-from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.cluster import StandaloneCluster, alive, executor_of, standalone_cluster
+from tests.support.infra import jvm
+from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401
+from tests.support.paths import ROOT, SRC, SUPPORT
+from tests.support.pause_once import MARK_ENV, PAUSE_ENV
+from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 # Three batches with Spark starts take minutes on a loaded 2-core machine (10 at load 30).
 pytestmark = [pytest.mark.spark, pytest.mark.zookeeper, pytest.mark.crash,
               pytest.mark.timeout(1800)]
 
-HERE = Path(__file__).resolve().parent
-SRC = HERE.parent / "src"
 MAX_PARALLELISM = 16
 # Read in batches of at most PER_BATCH (Spark rounds each partition's share down): 0, 1, 2.
 RECORDS = 2 * PER_BATCH + PER_BATCH // 2
@@ -66,7 +65,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneC
 def driver_env(tmp: Path, s3: S3Server, mark: Path) -> dict[str, str]:
     """The driver's environment; what the executors need goes to them as
     ``spark.executorEnv`` (a standalone worker's executors do not inherit the driver's)."""
-    path = os.pathsep.join([str(SRC), str(HERE)])
+    path = os.pathsep.join([str(SRC), str(ROOT)])
     executor_env = {"PYTHONPATH": path, PAUSE_ENV: str(KILL_BATCH), MARK_ENV: str(mark),
                     **s3.env}
     conf = " ".join(f"--conf spark.executorEnv.{k}={v}" for k, v in executor_env.items())
@@ -102,7 +101,7 @@ def run_killing_executor(cwd: Path, args: list[str], env: dict[str, str], mark: 
     """The example (paused once in batch ``KILL_BATCH``) to its normal end, with the
     paused task's executor killed -9 meanwhile; the driver's output."""
     with open(log, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, str(HERE / "pause_once.py"), *args],
+        proc = subprocess.Popen([sys.executable, str(SUPPORT / "pause_once.py"), *args],
                                 cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:

@@ -6,8 +6,6 @@ import random
 import time
 
 import pytest
-from faulty import FaultyStorage
-from forwarding import ForwardingStorage
 
 from statehold.checkpoint.coordinator import CheckpointCoordinator, CheckpointError
 from statehold.cleanup.async_cleaner import AsyncCleaner
@@ -26,6 +24,8 @@ from statehold.ha.base import FencedError, HAStoreError
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.job.directory import OWNER_KEY
 from statehold.storage import Storage, StorageError
+from tests.support.faulty import FaultyStorage
+from tests.support.forwarding import ForwardingStorage
 
 MAX_PARALLELISM = 8
 RANGES = [KeyGroupRange(start=0, end=3), KeyGroupRange(start=4, end=7)]

@@ -29,7 +29,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import crash_driver as drv
 import pytest
 from conftest import S3Server
 
@@ -45,11 +44,13 @@ from statehold.job.directory import OWNER_KEY, open_job
 from statehold.job.result import read_result
 from statehold.storage import Storage, open_storage
 from statehold.tools import locate, verify
-from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support import crash_driver as drv
+from tests.support.paths import ROOT, SUPPORT, python_path
+from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 pytestmark = pytest.mark.crash
 
-DRIVER = Path(__file__).with_name("crash_driver.py")
+DRIVER = SUPPORT / "crash_driver.py"
 SEED = int(os.environ.get("STATEHOLD_CRASH_SEED") or random.SystemRandom().randrange(2**31))
 BATCHES = 16
 #: Phases the driver reports, with how long to wait after the marker before the kill.
@@ -166,7 +167,7 @@ def run_job(
                 [sys.executable, "-u", str(DRIVER), job_uri, str(local),
                  "--batches", str(BATCHES), "--seed", str(seed), "--ha", ha_uri, *extra],
                 stdout=subprocess.PIPE, stderr=err, text=True,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, "PYTHONPATH": python_path([ROOT]), **(env or {})},
             )
         out.runs += 1
         killed_at: str | None = None
@@ -321,10 +322,10 @@ def test_a_lagging_abort_delete_never_removes_the_retried_checkpoint(storage: St
     slow: the abort's discard must not take the replay's ``chk-3/_metadata`` with it."""
     import threading as th
 
-    from faulty import FaultyStorage
     from test_coordinator import RANGES, SimulatedTask
 
     from statehold.checkpoint.coordinator import CheckpointCoordinator
+    from tests.support.faulty import FaultyStorage
 
     go = th.Event()
     go.set()

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import ROOT
+
 pytestmark = pytest.mark.spark
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "usage.md"
+DOCS = ROOT / "docs" / "usage.md"
 
 
 def test_the_usage_example_runs(tmp_path: Path) -> None:

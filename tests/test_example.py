@@ -19,17 +19,18 @@ import pytest
 
 from statehold.examples.running_totals import LAST_N, generate_demo
 from statehold.format import layout
+from tests.support.paths import ROOT, SRC
 
 pytestmark = pytest.mark.spark
-
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 Totals = dict[str, tuple[int, int]]
 
 
 def example_env(tmp: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of an example subprocess: this tree's code, task state under tmp."""
-    path = [str(SRC), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    """The environment of an example subprocess: this tree's code (and `tests.support`, for
+    the drivers and phase hooks), task state under tmp."""
+    path = [str(SRC), str(ROOT),
+            *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
     return {
         **os.environ,
         "PYSPARK_PYTHON": sys.executable,

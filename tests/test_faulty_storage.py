@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from faulty import FaultyStorage, InjectedFault, PermissionDeniedFault
 
 from statehold.storage import DeleteError, Storage
+from tests.support.faulty import FaultyStorage, InjectedFault, PermissionDeniedFault
 
 StorageFactory = Callable[[], Storage]
 

@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import crash_driver as cd
 import pytest
 
 from statehold.cleanup.gc import GcInterruptedError, gc
@@ -44,10 +43,12 @@ from statehold.format.layout import Kind
 from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.job.directory import open_job
 from statehold.storage import LocalStorage
+from tests.support import crash_driver as cd
+from tests.support.paths import ROOT, SUPPORT
 
 pytestmark = pytest.mark.crash
 
-DRIVER = Path(__file__).with_name("gc_race_driver.py")
+DRIVER = SUPPORT / "gc_race_driver.py"
 SEED = int(os.environ.get("STATEHOLD_GC_RACE_SEED") or random.SystemRandom().randrange(2**31))
 TTL = 2.0
 #: Bound on any wait for a driver (not a timing assertion).
@@ -60,7 +61,7 @@ class Driver:
 
     def __init__(self, job_dir: Path, local_dir: Path, batches: int, *extra: str) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(DRIVER.parent), str(DRIVER.parent.parent), *sys.path])}
+            [str(ROOT), *sys.path])}
         self.proc = subprocess.Popen(
             [sys.executable, str(DRIVER), str(job_dir), str(local_dir), "--batches",
              str(batches), "--seed", "1", "--lease-ttl", str(TTL), *extra],

@@ -35,8 +35,7 @@ from statehold.job.directory import open_job
 from statehold.spark.gc import ranges
 from statehold.storage import Storage, open_storage
 from statehold.storage.base import FileInfo, UnsafePathError
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import ROOT
 
 
 def crashed_job(storage: Storage, orphans: int) -> set[str]:

@@ -8,14 +8,19 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from forwarding import ForwardingStorage
-from ha_contract import ALL_CHECKS, StoreFactory, check_concurrent_publishers_lose_nothing, ptr
 
 from statehold.format.layout import HA_DIR
 from statehold.ha import CheckpointPointer, EmbeddedHAStore, FencedError, HAState, HAStoreError
 from statehold.ha.embedded import FORMAT_VERSION, pointer_key
 from statehold.storage import Storage
 from statehold.storage.base import FileInfo
+from tests.support.forwarding import ForwardingStorage
+from tests.support.ha_contract import (
+    ALL_CHECKS,
+    StoreFactory,
+    check_concurrent_publishers_lose_nothing,
+    ptr,
+)
 
 _HANG_GUARD = 60.0  # not an assertion: keeps a broken store from hanging the run
 

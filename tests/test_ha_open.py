@@ -9,7 +9,7 @@ import pytest
 from statehold.ha import EmbeddedHAStore, ZooKeeperHAStore
 from statehold.ha.open import open_ha_store
 from statehold.storage import Storage
-from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 
 @pytest.mark.parametrize("uri", [None, "embedded", " embedded "])

@@ -8,13 +8,13 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from ha_contract import ALL_CHECKS, check_concurrent_publishers_lose_nothing
 from kazoo.client import KazooClient
 
 from statehold.format import layout
 from statehold.ha import CheckpointPointer, HAStoreError
 from statehold.ha.zookeeper import ZooKeeperHAStore, parse_uri
-from tests.zk import ZooKeeperServer, free_port, zk_server  # noqa: F401
+from tests.support.ha_contract import ALL_CHECKS, check_concurrent_publishers_lose_nothing
+from tests.support.zk import ZooKeeperServer, free_port, zk_server  # noqa: F401
 
 pytestmark = pytest.mark.zookeeper
 

@@ -8,8 +8,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from faulty import FaultyStorage
-from minipipeline import MiniPipeline, make_batch
 from typer.testing import CliRunner
 
 from statehold.cleanup import policy
@@ -18,6 +16,8 @@ from statehold.cli import app
 from statehold.job import history
 from statehold.job.directory import open_job
 from statehold.storage import Storage, UnsafePathError, open_storage
+from tests.support.faulty import FaultyStorage
+from tests.support.minipipeline import MiniPipeline, make_batch
 
 
 def _run(storage: Storage, local: Path, batches: int, keep: int) -> MiniPipeline:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests import kafka
-from tests.infra import jvm
-from tests.kafka import KafkaBroker, kafka_broker  # noqa: F401
+from tests.support.infra import jvm
+from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401
 
 
 def test_cached_set_needs_no_maven(monkeypatch: pytest.MonkeyPatch) -> None:

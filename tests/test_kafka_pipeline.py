@@ -28,9 +28,9 @@ from statehold.format.metadata import KeyGroupRange, read_metadata
 from statehold.job.directory import open_job
 from statehold.storage import Storage, open_storage
 from statehold.tools import locate, verify
-from tests.infra import jvm
-from tests.kafka import KafkaBroker, Record, kafka_broker  # noqa: F401
-from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.infra import jvm
+from tests.support.kafka import KafkaBroker, Record, kafka_broker  # noqa: F401
+from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import spark_session
 from pyspark.sql import DataFrame, SparkSession
 from test_spark_pipeline import MAXP, OUT, make_batches, totals
 
@@ -19,6 +18,7 @@ from statehold.format.metadata import read_metadata
 from statehold.job.history import HistoryRecord, read_history
 from statehold.spark import BatchResult, StatefulJob, read_history_df
 from statehold.storage import open_storage
+from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

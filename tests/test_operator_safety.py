@@ -58,7 +58,7 @@ from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.zookeeper import ZooKeeperHAStore
 from statehold.job.directory import OWNER_KEY, HAStoreMismatchError, open_job, read_owner
 from statehold.storage import Storage, open_storage
-from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 runner = CliRunner()
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import pandas as pd
 import pytest
-import spark_session
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
@@ -23,6 +22,8 @@ from pyspark.sql.streaming.stateful_processor import (
     StatefulProcessorHandle,
     TimerValues,
 )
+
+from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

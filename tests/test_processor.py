@@ -12,7 +12,6 @@ from typing import Any
 
 import pandas as pd
 import pytest
-import spark_session
 from pyspark.sql.streaming import StatefulProcessor as SparkProcessor
 
 from statehold.backend.state import TIMERS_NAME
@@ -23,6 +22,7 @@ from statehold.processor import (
     TimerValues,
 )
 from statehold.spark import StatefulJob, iter_state
+from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import spark_session
 from test_parity import write_batch
 
 from statehold.errors import InvalidArgumentError
@@ -21,6 +20,7 @@ from statehold.processor import (
     TimerValues,
 )
 from statehold.spark import StatefulJob, replace_output
+from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

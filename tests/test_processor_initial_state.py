@@ -13,7 +13,6 @@ from typing import Any
 
 import pandas as pd
 import pytest
-import spark_session
 from pyspark.sql.streaming.stateful_processor import (
     StatefulProcessor,
     StatefulProcessorHandle,
@@ -23,6 +22,7 @@ from test_parity import _run, _session, write_batch
 
 from statehold import processor as sh
 from statehold.spark import StatefulJob, replace_output
+from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

@@ -20,16 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pausing import PAUSE_ENV, PAUSE_MARK_ENV
 from test_example import example_env
 from test_sessions import DELAY, GAP, check_end, generate
 from test_spark_crash import _group_alive, check_retained_intact, latest_id
 
 from statehold.storage import Storage, open_storage
+from tests.support.paths import SUPPORT
+from tests.support.pausing import PAUSE_ENV, PAUSE_MARK_ENV
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
-DRIVER = Path(__file__).with_name("processor_stream.py")
+DRIVER = SUPPORT / "processor_stream.py"
 START_TIMEOUT = 600.0
 
 

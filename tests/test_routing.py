@@ -9,9 +9,9 @@ import random
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from spark_session import spark  # noqa: F401
 
 from statehold.spark import routing
+from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = pytest.mark.spark
 

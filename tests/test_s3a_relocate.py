@@ -23,7 +23,7 @@ from test_kafka_pipeline import (
 
 from statehold.format import layout
 from statehold.storage import open_storage
-from tests.kafka import KafkaBroker, kafka_broker  # noqa: F401
+from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
 

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import spark_session
 from pyspark.sql import SparkSession
 
 from statehold import tools
 from statehold.spark import KeyedState, StatefulJob, iter_state
+from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark

@@ -28,7 +28,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from pausing import PAUSE_ENV, PAUSE_MARK_ENV
 from test_example import (
     example_cmd,
     example_env,
@@ -46,12 +45,14 @@ from statehold.ha.embedded import EmbeddedHAStore
 from statehold.job.directory import open_job
 from statehold.storage import Storage, open_storage
 from statehold.tools import locate, verify
+from tests.support.paths import SUPPORT
+from tests.support.pausing import PAUSE_ENV, PAUSE_MARK_ENV
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 MAX_PARALLELISM = 16
 START_TIMEOUT = 300.0
-PAUSED_EXAMPLE = Path(__file__).with_name("paused_example.py")
+PAUSED_EXAMPLE = SUPPORT / "paused_example.py"
 
 
 def _group_alive(pgid: int) -> bool:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import spark_session
 from pyspark.sql import DataFrame, SparkSession
 
 from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
@@ -19,6 +18,7 @@ from statehold.format import layout
 from statehold.format.metadata import KeyGroupRange, read_metadata
 from statehold.spark import BatchResult, KeyedState, MalformedInputError, StatefulJob
 from statehold.storage import Storage, open_storage
+from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

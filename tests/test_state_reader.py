@@ -12,7 +12,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-import spark_session
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
@@ -24,6 +23,7 @@ from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.spark import StatefulJob
 from statehold.spark.reader import StateReadError, iter_state, read_state
 from statehold.storage import Storage
+from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

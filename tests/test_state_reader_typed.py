@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import spark_session
 
 from statehold.processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 from statehold.spark import StatefulJob
 from statehold.spark.reader import iter_state, read_state
+from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

@@ -12,7 +12,6 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-import spark_session
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql.types import (
@@ -52,6 +51,7 @@ from statehold.state.schema import (
     from_schema_json,
 )
 from statehold.state.types import StateValueError
+from tests.support import spark_session
 
 spark = spark_session.spark  # the shared session fixture
 

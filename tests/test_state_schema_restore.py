@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import spark_session
 
 from statehold.format import layout
 from statehold.format.metadata import read_metadata
@@ -19,6 +18,7 @@ from statehold.processor import StatefulProcessor, StatefulProcessorHandle, Time
 from statehold.spark import StatefulJob
 from statehold.state.schema import SchemaEvolutionError, codec_for
 from statehold.storage import open_storage
+from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

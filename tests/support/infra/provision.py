@@ -3,7 +3,7 @@ Debian machine: a Java runtime (Spark, ZooKeeper, Kafka), Maven (to fetch ZooKee
 Kafka's jars from Maven Central, see tests/infra/jvm.py), Node.js with npm and Azurite
 (npm, into a cache folder), and Chromium (the web view's test).
 
-    python -m tests.infra.provision [COMPONENT ...]     # everything by default (CI)
+    python -m tests.support.infra.provision [COMPONENT ...]     # everything by default (CI)
 
 tests/conftest.py calls `provision` once per test session with the components the
 collected tests need. Each component is checked first (a file or a command on the PATH)
@@ -150,7 +150,7 @@ def install_azurite(say: Say) -> str | None:
 
 # -- jars from Maven Central (tests/infra/jvm.py) ---------------------------------------------
 def zookeeper_set() -> object:
-    from tests.infra import jvm
+    from tests.support.infra import jvm
 
     # The server needs Dropwizard metrics and snappy at run time ("provided" dependencies
     # in ZooKeeper's pom, so Maven does not bring them), and slf4j-simple writes its log.
@@ -166,7 +166,7 @@ def zookeeper_set() -> object:
 
 
 def _jar_sets() -> dict[str, Callable[[], object]]:
-    from tests.infra import jvm
+    from tests.support.infra import jvm
 
     return {"zookeeper": zookeeper_set, **jvm.SETS}
 
@@ -174,7 +174,7 @@ def _jar_sets() -> dict[str, Callable[[], object]]:
 def fetch_jars(name: str, say: Say) -> str | None:
     """Fetch one set of jars (Maven) into jvm.py's cache; None when done, else why not."""
     try:
-        from tests.infra import jvm
+        from tests.support.infra import jvm
     except ImportError:
         return "tests/infra/jvm.py is missing"
     artifacts = _jar_sets()[name]()
@@ -194,7 +194,7 @@ DEBIAN_ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 
 def _have_jvm_module() -> bool:
     try:
-        from tests.infra import jvm  # noqa: F401
+        from tests.support.infra import jvm  # noqa: F401
     except ImportError:
         return False
     return True
@@ -205,7 +205,7 @@ def zookeeper_classpath() -> str:
     Debian's ``zookeeper`` package."""
     if not _have_jvm_module():
         return str(DEBIAN_ZOOKEEPER_JAR)
-    from tests.infra import jvm
+    from tests.support.infra import jvm
 
     return jvm.classpath(jvm.fetch(zookeeper_set()))  # type: ignore[arg-type]
 
@@ -259,7 +259,7 @@ def present(name: str) -> bool:
         return azurite_blob_command().exists()
     if not _have_jvm_module():
         return name == "zookeeper" and DEBIAN_ZOOKEEPER_JAR.exists()
-    from tests.infra import jvm
+    from tests.support.infra import jvm
 
     try:
         artifacts = _jar_sets()[name]()

@@ -4,8 +4,8 @@ state can be compared exactly with a reference computation.
 
 Run as a program (one driver process of a job)::
 
-    python tests/zombie_driver.py --root DIR --job-id J --ha URI --batches N \
-        --local-dir DIR --events FILE [--pause POINT:CHECKPOINT] [--batch-delay S]
+    PYTHONPATH=. python tests/support/zombie_driver.py --root DIR --job-id J --ha URI \
+        --batches N --local-dir DIR --events FILE [--pause POINT:CHECKPOINT] [--batch-delay S]
 
 It resumes from the HA store (the batch after the latest retained checkpoint), processes
 the remaining batches and appends one JSON event per line to `--events`. With `--pause`

@@ -1,7 +1,7 @@
 """A real Kafka broker for tests: one KRaft node (broker and controller) on 127.0.0.1.
 
 Use it with ``from tests.kafka import KafkaBroker, kafka_broker  # noqa: F401``. The fixture
-is session-scoped: Apache Kafka's own jars from Maven Central (`tests.infra.jvm`, cached),
+is session-scoped: Apache Kafka's own jars from Maven Central (`tests.support.infra.jvm`, cached),
 ``kafka.tools.StorageTool format`` on a fresh log directory, then ``kafka.Kafka`` with a
 generated ``server.properties`` on two free ports (clients, controller). It is ready when
 the broker logs that it started and answers a topic listing.
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra import jvm
-from tests.infra.server import ServerProcess, free_port
+from tests.support.infra import jvm
+from tests.support.infra.server import ServerProcess, free_port
 
 #: Bound on a start (format + boot) and on each tool call.
 START_TIMEOUT = 120.0

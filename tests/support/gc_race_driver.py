@@ -1,6 +1,7 @@
-"""tests/crash_driver.py with a short lease and self-pauses, for tests/test_gc_race.py.
+"""tests/support/crash_driver.py with a short lease and self-pauses, for
+tests/cleanup/test_gc_race.py.
 
-    python tests/gc_race_driver.py JOB_URI LOCAL_DIR [--batches N] [--seed S]
+    PYTHONPATH=. python tests/support/gc_race_driver.py JOB_URI LOCAL_DIR [--batches N] [--seed S]
         [--lease-ttl SECONDS] [--pause PHASE:N ...]
 
 The same job as crash_driver (the same batches, checkpoints, planned aborts, savepoints
@@ -26,10 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import crash_driver as cd
-
 from statehold.checkpoint.coordinator import CheckpointCoordinator, CheckpointError
 from statehold.storage import StorageError, open_storage
+from tests.support import crash_driver as cd
 
 
 class LeaseLapsed(StorageError):

@@ -3,8 +3,8 @@
 ``writeStream.foreachBatch(job.foreach_batch(processor, ...))`` with
 ``trigger(availableNow=True)``.
 
-    python tests/processor_stream.py INPUT OUTPUT CHECKPOINTS [--spark-checkpoint DIR]
-        [--gap-seconds S] [--watermark-delay-seconds S]
+    PYTHONPATH=. python tests/support/processor_stream.py INPUT OUTPUT CHECKPOINTS
+        [--spark-checkpoint DIR] [--gap-seconds S] [--watermark-delay-seconds S]
 
 One file per micro-batch (Spark's file source takes files in modification-time order);
 the job's phase hook is `pausing.pause_when_asked`, so ``STATEHOLD_TEST_PAUSE_AT`` stops the
@@ -16,10 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pausing import pause_when_asked
-
 from statehold.examples.sessions import EVENT_MS, INPUT_SCHEMA, OUTPUT_SCHEMA, Sessions
 from statehold.spark import BatchResult, StatefulJob, local_session, replace_output
+from tests.support.pausing import pause_when_asked
 
 
 def main(argv: list[str]) -> int:

@@ -1,14 +1,14 @@
 """The running-totals example, paused once inside a Spark task so a test can kill the
 executor running it.
 
-    python tests/pause_once.py [example arguments]
+    PYTHONPATH=. python tests/support/pause_once.py [example arguments]
 
 With ``STATEHOLD_TEST_PAUSE_ONCE=<batch id>`` the first task to update a key in that batch
 links its pid into the ``STATEHOLD_TEST_PAUSE_MARK`` file (a hard link, so exactly one
 task wins, on any executor, and the file is whole once it exists) and sleeps; every other
 task, and the retry of the paused one after its executor is killed, goes on. The tasks run
-in executors: the variables reach them as ``spark.executorEnv`` settings, and this
-directory must be on their PYTHONPATH (the hook is pickled by reference).
+in executors: the variables reach them as ``spark.executorEnv`` settings, and the
+repository's root must be on their PYTHONPATH (the hook is pickled by reference).
 """
 
 from __future__ import annotations

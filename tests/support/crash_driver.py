@@ -16,8 +16,8 @@ kill the process (SIGKILL) at a chosen point:
     start, started <epoch> <latest>, reconciled <orphans>, begin <b>, uploaded <b>,
     abort <b>, metadata-written <b>, completed <b>, savepoint <b>, end, done.
 
-Usage: python tests/crash_driver.py JOB_URI LOCAL_DIR [--batches N] [--seed S]
-       [--parallelism P] [--delete-fail-rate R] [--ha embedded|zookeeper://host:port/path]
+Usage: PYTHONPATH=. python tests/support/crash_driver.py JOB_URI LOCAL_DIR [--batches N]
+       [--seed S] [--parallelism P] [--delete-fail-rate R] [--ha embedded|zookeeper://host:port/path]
        (S3 settings from AWS_* variables)
 """
 
@@ -31,8 +31,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from faulty import FaultyStorage
-
 from statehold.backend import TaskStateBackend, sources_from_metadata, task_of_key, task_range
 from statehold.checkpoint.coordinator import CheckpointCoordinator
 from statehold.cleanup.cleaner import Backoff
@@ -42,6 +40,7 @@ from statehold.ha.base import CheckpointPointer, HAState, HAStore
 from statehold.ha.open import open_ha_store
 from statehold.job.result import JobOutcome, RetentionPolicy
 from statehold.storage import Storage, StorageError, open_storage
+from tests.support.faulty import FaultyStorage
 
 JOB_ID = "crash-job"
 OPERATOR = "agg"

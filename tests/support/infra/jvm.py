@@ -1,6 +1,6 @@
 """JVM artifacts for the tests, fetched with Maven into a cache, never by Spark at test time.
 
-    python -m tests.infra.jvm [kafka-broker] [spark-kafka] [hadoop-aws]   # pre-fetch (CI)
+    python -m tests.support.infra.jvm [kafka-broker] [spark-kafka] [hadoop-aws]   # pre-fetch (CI)
 
 Three sets: the Kafka broker (``kafka_2.13`` and its runtime dependencies), Spark's Kafka
 source (``spark-sql-kafka-0-10`` for the installed PySpark, with kafka-clients,

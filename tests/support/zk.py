@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra.server import ServerProcess, free_port
+from tests.support.infra.server import ServerProcess, free_port
 
 __all__ = ["ZooKeeperServer", "free_port", "ruok", "zk_server"]
 
@@ -116,7 +116,7 @@ def _find_java() -> str:
 @pytest.fixture(scope="session")
 def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
     """A real ZooKeeper on 127.0.0.1; `.hosts` is its `host:port`."""
-    from tests.infra import provision
+    from tests.support.infra import provision
 
     provision.require("zookeeper")
     try:

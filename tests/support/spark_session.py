@@ -1,8 +1,8 @@
 """One shared local SparkSession for the whole test run.
 
 Starting Spark costs seconds, so every Spark test shares one session: import the fixture
-into a test module with ``from spark_session import spark  # noqa: F401``. The session is
-small on purpose (local[2], few shuffle partitions, no UI) to keep the suite fast.
+into a test module with ``from tests.support.spark_session import spark  # noqa: F401``.
+The session is small on purpose (local[2], few shuffle partitions, no UI) to keep the suite fast.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.support.paths import ROOT, module_dirs, python_path
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -23,11 +25,9 @@ def make_session() -> SparkSession:
     editable statehold install and the same pyarrow/rocksdict)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    # Functions defined in test modules are pickled by reference: workers must import them.
-    here = os.path.dirname(os.path.abspath(__file__))
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if here not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])
+    # Functions defined in test modules and in tests.support are pickled by reference:
+    # workers must import them (tests/support/paths.py).
+    os.environ["PYTHONPATH"] = python_path([ROOT, *module_dirs()])
     from pyspark.sql import SparkSession
 
     return (
@@ -46,7 +46,7 @@ def make_session() -> SparkSession:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    from tests.infra import provision
+    from tests.support.infra import provision
 
     provision.require("java")  # skips, naming the install command, where it is missing
     session = make_session()
