@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import kafka
+from tests.support import kafka
 from tests.support.infra import jvm
 from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401
 

@@ -26,7 +26,7 @@ from statehold.format import layout
 from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.ha import HAStoreError, ZooKeeperHAStore
 from statehold.storage import LocalStorage, Storage
-from tests import zombie_driver as zd
+from tests.support import zombie_driver as zd
 from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 pytestmark = pytest.mark.zookeeper

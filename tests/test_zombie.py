@@ -22,7 +22,7 @@ from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.ha.open import open_ha_store
 from statehold.job.lease import lease_key
 from statehold.storage import LocalStorage, Storage
-from tests import zombie_driver as zd
+from tests.support import zombie_driver as zd
 from tests.support.paths import ROOT, SUPPORT
 from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 

@@ -1,10 +1,10 @@
 """A real Kafka broker for tests: one KRaft node (broker and controller) on 127.0.0.1.
 
-Use it with ``from tests.kafka import KafkaBroker, kafka_broker  # noqa: F401``. The fixture
-is session-scoped: Apache Kafka's own jars from Maven Central (`tests.support.infra.jvm`, cached),
-``kafka.tools.StorageTool format`` on a fresh log directory, then ``kafka.Kafka`` with a
-generated ``server.properties`` on two free ports (clients, controller). It is ready when
-the broker logs that it started and answers a topic listing.
+Use it with ``from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401``.
+The fixture is session-scoped: Apache Kafka's own jars from Maven Central
+(`tests.support.infra.jvm`, cached), ``kafka.tools.StorageTool format`` on a fresh log
+directory, then ``kafka.Kafka`` with a generated ``server.properties`` on two free ports
+(clients, controller). It is ready when the broker logs that it started and answers a topic listing.
 
 Topics are created, and records produced and read back, with Kafka's own command-line
 tools (``TopicCommand``, ``ConsoleProducer``, ``ConsoleConsumer``) from the same jars: no

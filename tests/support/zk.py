@@ -1,8 +1,8 @@
 """A real ZooKeeper server for tests, from Apache ZooKeeper's jars on Maven Central
-(fetched into a cache by tests/infra/provision.py and jvm.py).
+(fetched into a cache by tests/support/infra/provision.py and jvm.py).
 
-Use it with `from tests.zk import zk_server` in a test module (or `pytest_plugins =
-["tests.zk"]`). The fixture is session-scoped: one standalone server on 127.0.0.1 and a
+Use it with `from tests.support.zk import zk_server` in a test module (or `pytest_plugins =
+["tests.support.zk"]`). The fixture is session-scoped: one standalone server on 127.0.0.1 and a
 free port, data in a temporary directory. `stop()` and `start()` restart it on the same
 port and data directory, so tests can cut the connection and check that state survives.
 """
