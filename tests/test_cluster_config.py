@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from conftest import S3Server
 
 from statehold.format import layout
 from statehold.format.layout import Kind
@@ -29,6 +28,7 @@ from statehold.ha.zookeeper import ZooKeeperHAStore
 from statehold.storage import open_storage
 from statehold.tools import verify
 from tests.support.paths import SRC
+from tests.support.s3 import S3Server
 from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 pytestmark = [pytest.mark.spark, pytest.mark.zookeeper]

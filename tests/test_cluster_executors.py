@@ -32,7 +32,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import S3Server
 from test_kafka_pipeline import PER_BATCH, check_exact, jar_args, new_topic, records
 
 from statehold.format import layout
@@ -43,6 +42,7 @@ from tests.support.infra import jvm
 from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401
 from tests.support.paths import ROOT, SRC, SUPPORT
 from tests.support.pause_once import MARK_ENV, PAUSE_ENV
+from tests.support.s3 import S3Server
 from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 # Three batches with Spark starts take minutes on a loaded 2-core machine (10 at load 30).

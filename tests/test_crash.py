@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import S3Server
 
 from statehold.cleanup.policy import is_history_record
 from statehold.cleanup.reconcile import referenced_by_job
@@ -46,6 +45,7 @@ from statehold.storage import Storage, open_storage
 from statehold.tools import locate, verify
 from tests.support import crash_driver as drv
 from tests.support.paths import ROOT, SUPPORT, python_path
+from tests.support.s3 import S3Server
 from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 pytestmark = pytest.mark.crash

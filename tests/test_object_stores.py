@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import OBJECT_STORES, object_store_server
 from pyspark.sql import SparkSession
 from test_spark_pipeline import (
     MAXP,
@@ -27,6 +26,7 @@ from statehold.format import layout
 from statehold.spark import StatefulJob
 from statehold.storage import open_storage
 from tests.support import spark_session
+from tests.support.storages import OBJECT_STORES, object_store_server
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import S3Server
 
 from statehold import tools
 from statehold.checkpoint.restore import RestoreError, restore_into
@@ -21,6 +20,7 @@ from statehold.format.metadata import (
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.storage import LocalStorage, Storage, open_storage
 from tests.support.minipipeline import MiniPipeline, make_batch, reference
+from tests.support.s3 import S3Server
 
 
 def contents(storage: Storage) -> dict[str, bytes]:

@@ -190,7 +190,7 @@ def test_kill_driver_at_every_phase_then_exact_result(tmp_path: Path) -> None:
 def test_kill_driver_on_s3(tmp_path: Path, s3_server: object) -> None:
     """The job directory on S3 (moto): a kill after the tasks uploaded to S3, then a run to
     the end from the position kept in the S3 checkpoints."""
-    from conftest import S3Server
+    from tests.support.s3 import S3Server
 
     assert isinstance(s3_server, S3Server)
     uri = f"s3://{s3_server.bucket}/crash-{os.getpid()}-{tmp_path.name}"
