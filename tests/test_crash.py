@@ -322,10 +322,9 @@ def test_a_lagging_abort_delete_never_removes_the_retried_checkpoint(storage: St
     slow: the abort's discard must not take the replay's ``chk-3/_metadata`` with it."""
     import threading as th
 
-    from test_coordinator import RANGES, SimulatedTask
-
     from statehold.checkpoint.coordinator import CheckpointCoordinator
     from tests.support.faulty import FaultyStorage
+    from tests.support.simulated_tasks import RANGES, SimulatedTask
 
     go = th.Event()
     go.set()

@@ -6,12 +6,18 @@ import json
 import random
 
 import pytest
-from test_coordinator import RANGES, SimulatedTask, listing, referenced_by_retained, run_checkpoint
-from test_reconcile import leave_in_flight_mess, ours, start
 from typer.testing import CliRunner
 
 from statehold.cli import app
 from statehold.storage import LocalStorage
+from tests.support.in_flight import leave_in_flight_mess, ours, start
+from tests.support.simulated_tasks import (
+    RANGES,
+    SimulatedTask,
+    listing,
+    referenced_by_retained,
+    run_checkpoint,
+)
 
 runner = CliRunner()
 

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_gc_scale import add_orphans, running_with_checkpoint_in_flight
 
 from statehold import tools
 from statehold.format import layout
 from statehold.storage import Storage, open_storage
 from statehold.storage.base import NamePage
+from tests.support.in_flight import add_orphans, running_with_checkpoint_in_flight
 
 
 @pytest.mark.parametrize("damage", [None, "salvaged", "unreadable"])

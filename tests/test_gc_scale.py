@@ -14,10 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_coordinator import RANGES, SimulatedTask, referenced_by_retained, run_checkpoint
-from test_reconcile import leave_in_flight_mess, start
 
-from statehold.checkpoint.coordinator import CheckpointCoordinator
 from statehold.cleanup.gc import gc
 from statehold.cleanup.policy import (
     Holders,
@@ -30,12 +27,23 @@ from statehold.cleanup.policy import (
 )
 from statehold.cleanup.reconcile import SAMPLE, live_attempt
 from statehold.cleanup.sweep import KeyRange, ReconcilePlan, sweep
-from statehold.format import layout
 from statehold.job.directory import open_job
 from statehold.spark.gc import ranges
 from statehold.storage import Storage, open_storage
 from statehold.storage.base import FileInfo, UnsafePathError
+from tests.support.in_flight import (
+    add_orphans,
+    leave_in_flight_mess,
+    running_with_checkpoint_in_flight,
+    start,
+)
 from tests.support.paths import ROOT
+from tests.support.simulated_tasks import (
+    RANGES,
+    SimulatedTask,
+    referenced_by_retained,
+    run_checkpoint,
+)
 
 
 def crashed_job(storage: Storage, orphans: int) -> set[str]:
@@ -57,20 +65,6 @@ def crashed_job(storage: Storage, orphans: int) -> set[str]:
 def listing(storage: Storage) -> set[str]:
     """Every key in the job directory."""
     return {info.key for info in storage.list()}
-
-
-def add_orphans(storage: Storage, epoch: int, count: int) -> None:
-    keys = [f"{layout.SHARED_DIR}/e{epoch}-c{1 + i % 3}-{i:016x}" for i in range(count)]
-    root = getattr(storage, "root", None)
-    if root is not None:
-        (root / layout.SHARED_DIR).mkdir(parents=True, exist_ok=True)
-        for key in keys:
-            (root / key).write_bytes(b"")
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda k: storage.write(k, b""), keys))
 
 
 def in_memory_deletable(storage: Storage) -> set[str]:
@@ -104,21 +98,6 @@ def test_streamed_gc_over_many_pages_equals_the_in_memory_plan(
     assert report.orphan_bytes == (None if local else dry.orphan_bytes)
     assert len(report.orphans) == SAMPLE and set(report.orphans) <= expected
     assert report.foreign == ["notes.txt"] and report.scanned == len(before)
-
-
-def running_with_checkpoint_in_flight(storage: Storage, seed: int) -> CheckpointCoordinator:
-    """A running attempt: checkpoints 1-3 completed and cleaned up, 4 begun with every
-    task's files uploaded and acknowledged."""
-    coord = start(storage)
-    tasks = [SimulatedTask(storage, r, random.Random(seed)) for r in RANGES]
-    for n in range(1, 4):
-        run_checkpoint(coord, tasks, n)
-    coord.wait_reconciled(60)
-    coord.cleaner.wait_idle(60)
-    coord.begin(4)
-    for task in tasks:
-        coord.acknowledge(4, "agg", task.snapshot(coord.epoch, 4))
-    return coord
 
 
 def test_gc_beside_a_running_job_deletes_nothing_live(tmp_path: Path) -> None:

@@ -5,13 +5,9 @@ from __future__ import annotations
 import random
 import time
 
-from test_coordinator import RANGES, SimulatedTask, listing, referenced_by_retained, run_checkpoint
-
-from statehold.checkpoint.coordinator import CheckpointCoordinator
 from statehold.cleanup.reconcile import live_attempt, plan, referenced_by_job
 from statehold.format import layout
 from statehold.format.layout import Kind
-from statehold.ha.embedded import EmbeddedHAStore
 from statehold.job.directory import OWNER_KEY
 from statehold.job.lease import Lease, lease_key
 from statehold.job.result import (
@@ -21,30 +17,14 @@ from statehold.job.result import (
     write_result,
 )
 from statehold.storage import Storage
-
-
-def start(storage: Storage, **kwargs: object) -> CheckpointCoordinator:
-    return CheckpointCoordinator.start(
-        storage, EmbeddedHAStore(storage), job_id="job-1", max_parallelism=8, retain=2,
-        **kwargs,  # type: ignore[arg-type]
-    )
-
-
-def leave_in_flight_mess(storage: Storage, coord: CheckpointCoordinator,
-                         tasks: list[SimulatedTask], n: int) -> set[str]:
-    """What a driver crash in the middle of checkpoint `n` leaves behind: uploads,
-    a written-but-unpublished `_metadata`, an interrupted atomic write."""
-    before = listing(storage)
-    coord.begin(n)
-    for task in tasks:
-        coord.acknowledge(n, "agg", task.snapshot(coord.epoch, n))
-    storage.write(layout.checkpoint_metadata_key(n), b"{}")
-    storage.write(f"shared/.e{coord.epoch}-c{n}-x.tmp-0123", b"partial")
-    return listing(storage) - before
-
-
-def ours(files: set[str]) -> set[str]:
-    return {k for k in files if layout.parse(k).kind not in (Kind.HA, Kind.JOB)}
+from tests.support.in_flight import leave_in_flight_mess, ours, start
+from tests.support.simulated_tasks import (
+    RANGES,
+    SimulatedTask,
+    listing,
+    referenced_by_retained,
+    run_checkpoint,
+)
 
 
 def test_new_attempt_reconciles_what_a_crashed_one_left(storage: Storage) -> None:
