@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from statehold.backend import (
     TaskStateBackend,
     all_ranges,
     key_group_of,
-    sources_from_metadata,
     task_of,
     task_of_key,
     task_range,
@@ -32,71 +30,20 @@ from statehold.backend.local_snapshots import LOCAL_MARKER
 from statehold.backend.rocks import RestoreSource
 from statehold.format import layout
 from statehold.format.metadata import (
-    CheckpointMetadata,
     KeyGroupRange,
-    KeyGroupState,
-    OperatorState,
     read_metadata,
     referenced_keys,
-    write_metadata,
 )
 from statehold.storage import Storage, open_storage
-from tests.support.forwarding import ForwardingStorage
 from tests.support.paths import SRC
-
-MAXP = 64
-OP = "counts"
-
-
-class CountingStorage(ForwardingStorage):
-    """A real storage that records which keys were downloaded and uploaded."""
-
-    def __init__(self, inner: Storage) -> None:
-        super().__init__(inner)
-        self.downloads: list[str] = []
-        self.uploads: list[str] = []
-
-    def download(self, key: str, local_path: Path) -> None:
-        self.downloads.append(key)
-        self.inner.download(key, local_path)
-
-    def upload(self, local_path: Path, key: str) -> None:
-        self.uploads.append(key)
-        self.inner.upload(local_path, key)
-
-
-def checkpoint(
-    storage: Storage, cid: int, states: list[KeyGroupState], epoch: int = 1
-) -> list[RestoreSource]:
-    """Write chk-<cid>/_metadata for `states` and read it back as restore sources, the way
-    the driver and the next tasks do."""
-    key = layout.checkpoint_metadata_key(cid)
-    meta = CheckpointMetadata(
-        job_id="job",
-        checkpoint_id=cid,
-        epoch=epoch,
-        max_parallelism=MAXP,
-        operators=[OperatorState(operator=OP, ranges=states)],
-    )
-    write_metadata(storage, key, meta)
-    return sources_from_metadata(storage, key, read_metadata(storage, key), OP)
-
-
-def snap(b: TaskStateBackend, storage: Storage, cid: int, epoch: int = 1) -> KeyGroupState:
-    return b.snapshot(storage, epoch, cid, layout.checkpoint_metadata_key(cid))
-
-
-def fill(b: TaskStateBackend, keys: Iterable[str], tag: str = "") -> dict[str, dict[str, Any]]:
-    """Write value, list and map state for `keys`; return the expected reader view."""
-    expected: dict[str, dict[str, Any]] = {}
-    for k in keys:
-        st = b.for_key(k)
-        st.value("count").update(len(k))
-        st.list("events").update([k, tag])
-        st.map("seen").put(1, {"k": k})
-        st.map("seen").put("x", tag)
-        expected[k] = {"count": len(k), "events": [k, tag], "seen": {1: {"k": k}, "x": tag}}
-    return expected
+from tests.support.task_backend import (
+    MAXP,
+    OP,
+    CountingStorage,
+    checkpoint,
+    fill,
+    snap,
+)
 
 
 def keys_of(task: int, parallelism: int, n: int) -> list[str]:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_backend import MAXP, OP, CountingStorage, checkpoint, fill, snap
-
 from statehold.backend.keys import task_range
 from statehold.backend.local_snapshots import (
     STALE_KEEP_CHECKPOINTS,
@@ -19,6 +17,7 @@ from statehold.backend.rocks import TaskStateBackend
 from statehold.format import layout
 from statehold.format.metadata import StateFile, read_metadata
 from statehold.storage import Storage, open_storage
+from tests.support.task_backend import MAXP, OP, CountingStorage, checkpoint, fill, snap
 
 
 def test_moved_task_downloads_only_what_its_executor_lacks(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_backend import MAXP, OP, checkpoint, snap
 
 from statehold.backend import TaskStateBackend, task_of_key, task_range
 from statehold.backend.rocks import RestoreSource
@@ -19,6 +18,7 @@ from statehold.backend.ttl import compact_if_garbage, sweep_expired
 from statehold.processor.api import TimeMode
 from statehold.processor.handle import StatefulProcessorHandle
 from statehold.storage import Storage
+from tests.support.task_backend import MAXP, OP, checkpoint, snap
 
 TTL_MS = 5_000
 

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_backend import MAXP, OP, checkpoint, snap
 
 from statehold.backend import TaskStateBackend, task_range
 from statehold.backend.rocks import RestoreSource
@@ -24,6 +23,7 @@ from statehold.processor.api import TimeMode
 from statehold.processor.handle import StatefulProcessorHandle
 from statehold.storage import Storage
 from tests.support.paths import ROOT
+from tests.support.task_backend import MAXP, OP, checkpoint, snap
 
 STEP = 1_000  # ms of processing and event time per batch
 
