@@ -11,7 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_tools import (
+from typer.testing import CliRunner, Result
+
+from statehold.cli import app
+from statehold.storage import Storage, open_storage
+from tests.support.jobs import (
     Job,
     build_job,
     listing,
@@ -19,10 +23,6 @@ from test_tools import (
     retained_keys,
     rewrite_with_valid_checksum,
 )
-from typer.testing import CliRunner, Result
-
-from statehold.cli import app
-from statehold.storage import Storage, open_storage
 
 runner = CliRunner()
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import typer
-from test_tools import build_job, refs
 
 import statehold
 from statehold.cli import app
 from statehold.cli import output as cli_output
 from statehold.storage import open_storage
+from tests.support.jobs import build_job, refs
 
 #: What would make a careless CLI wrap, truncate or colour a pipe.
 HOSTILE_ENV = {

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_tools import MAX_PARALLELISM, RANGES, Task
 from typer.testing import CliRunner, Result
 
 from statehold.checkpoint.coordinator import CheckpointCoordinator
@@ -58,6 +57,7 @@ from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.zookeeper import ZooKeeperHAStore
 from statehold.job.directory import OWNER_KEY, HAStoreMismatchError, open_job, read_owner
 from statehold.storage import Storage, open_storage
+from tests.support.jobs import MAX_PARALLELISM, RANGES, Task
 from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 runner = CliRunner()

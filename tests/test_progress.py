@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 from test_cli_output import SRC, statehold_cli
-from test_tools import build_job
 
 from statehold.checkpoint import copy_log as progress
 from statehold.checkpoint.restore import restore_into
@@ -31,6 +30,7 @@ from statehold.format import layout
 from statehold.format.metadata import RestoreMode, read_metadata, referenced_keys
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.storage import open_storage
+from tests.support.jobs import build_job
 
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
