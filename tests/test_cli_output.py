@@ -7,57 +7,23 @@ from __future__ import annotations
 
 import inspect
 import io
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import typer
 
-import statehold
 from statehold.cli import app
 from statehold.cli import output as cli_output
 from statehold.storage import open_storage
+from tests.support.cli_process import Run, statehold_cli
 from tests.support.jobs import build_job, refs
 
-#: What would make a careless CLI wrap, truncate or colour a pipe.
-HOSTILE_ENV = {
-    "COLUMNS": "40",
-    "LINES": "10",
-    "TERMINAL_WIDTH": "40",
-    "FORCE_COLOR": "1",
-    "TTY_COMPATIBLE": "1",
-    "TZ": "Asia/Kathmandu",
-}
-SRC = str(Path(statehold.__file__).resolve().parents[1])
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[+-]\d\d:\d\d")
 SIZE = r"\d+(\.\d)? (B|KiB|MiB)"
-
-
-@dataclass
-class Run:
-    code: int
-    out: list[str]
-    err: list[str]
-
-
-def statehold_cli(*args: str) -> Run:
-    """`args` run as ``python -m statehold.cli`` with pipes for stdout and stderr."""
-    env = {**os.environ, **HOSTILE_ENV}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "statehold.cli", *args],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=120,
-    )
-    for stream in (proc.stdout, proc.stderr):
-        assert "\x1b" not in stream, stream  # no colour, no cursor movement
-        assert "Traceback" not in stream, stream
-    return Run(proc.returncode, proc.stdout.splitlines(), proc.stderr.splitlines())
 
 
 def assert_unbroken(run: Run, *paths: str) -> None:

@@ -21,7 +21,6 @@ import termios
 from pathlib import Path
 
 import pytest
-from test_cli_output import SRC, statehold_cli
 
 from statehold.checkpoint import copy_log as progress
 from statehold.checkpoint.restore import restore_into
@@ -30,6 +29,7 @@ from statehold.format import layout
 from statehold.format.metadata import RestoreMode, read_metadata, referenced_keys
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.storage import open_storage
+from tests.support.cli_process import SRC, statehold_cli
 from tests.support.jobs import build_job
 
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
