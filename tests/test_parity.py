@@ -5,8 +5,6 @@ sessions closed by event-time timers, and deduplication whose memory expires by 
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import time
 from collections.abc import Iterator
@@ -24,11 +22,15 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from tests.support import spark_session
+from tests.support.spark_queries import (
+    rocksdb_session,
+    run_query,
+    write_batch,
+)
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture
 
-PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 GAP = 60  # seconds of silence that close a session
 DELAY = 30  # watermark delay, seconds
 SESSION_OUT = "user STRING, start BIGINT, end BIGINT, events BIGINT"
@@ -209,15 +211,6 @@ def dedup_batches() -> list[list[list[dict[str, Any]]]]:
     return phases
 
 
-def write_batch(directory: Path, index: int, rows: list[dict[str, Any]]) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{index:05d}.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    # Spark's file source takes files in modification-time order, statehold's in name order
-    os.utime(tmp, (1_600_000_000 + index, 1_600_000_000 + index))
-    os.replace(tmp, directory / f"{index:05d}.jsonl")
-
-
 # -- Spark's run ----------------------------------------------------------------------------------
 
 
@@ -225,7 +218,7 @@ def run_spark_sessions(spark: Any, batches: list[list[dict[str, Any]]], work: Pa
     source = work / "in"
     for i, rows in enumerate(batches):
         write_batch(source, i, rows)
-    session = _session(spark)
+    session = rocksdb_session(spark)
     events = (
         session.readStream.schema("user STRING, ts BIGINT, page STRING")
         .option("maxFilesPerTrigger", 1)
@@ -237,14 +230,14 @@ def run_spark_sessions(spark: Any, batches: list[list[dict[str, Any]]], work: Pa
         statefulProcessor=Sessions(), outputStructType=SESSION_OUT,
         outputMode="Append", timeMode="EventTime",
     )
-    _run(out, work, "sessions")
+    run_query(out, work, "sessions")
     rows = session.read.schema(SESSION_OUT).parquet(str(work / "out")).collect()
     return sorted(tuple(r) for r in rows)
 
 
 def run_spark_dedup(spark: Any, phases: list[list[list[dict[str, Any]]]], work: Path) -> list[Any]:
     source, index = work / "in", 0
-    session = _session(spark)
+    session = rocksdb_session(spark)
     for n, phase in enumerate(phases):
         if n:
             time.sleep(SHORT_TTL_MS / 1000 + 1.5)  # the short TTL passes between the phases
@@ -260,52 +253,9 @@ def run_spark_dedup(spark: Any, phases: list[list[list[dict[str, Any]]]], work: 
             statefulProcessor=Dedup(), outputStructType=DEDUP_OUT,
             outputMode="Append", timeMode="ProcessingTime",
         )
-        _run(out, work, "dedup", files=index)
+        run_query(out, work, "dedup", files=index)
     rows = session.read.schema(DEDUP_OUT).parquet(str(work / "out")).collect()
     return sorted(tuple(r) for r in rows)
-
-
-def _session(spark: Any) -> Any:
-    session = spark.newSession()
-    session.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER)
-    session.conf.set("spark.sql.shuffle.partitions", "1")  # fewer Python workers to start
-    return session
-
-
-def _run(out: Any, work: Path, name: str, files: int | None = None) -> None:
-    """Run the query over the files present, then stop it. With `files`, stop once the
-    batch that read the last of them is committed: in timeMode ProcessingTime Spark keeps
-    running batches without data, so ``availableNow`` never ends."""
-    writer = (
-        out.writeStream.format("parquet")
-        .option("path", str(work / "out"))
-        .option("checkpointLocation", str(work / "checkpoint"))
-        .outputMode("append")
-        .queryName(f"parity_{name}_{work.name}")
-    )
-    if files is None:
-        query = writer.trigger(availableNow=True).start()
-        query.awaitTermination()
-    else:
-        query = writer.start()
-        try:
-            while not _committed(work / "checkpoint", files - 1) and query.exception() is None:
-                time.sleep(0.2)
-        finally:
-            query.stop()
-    if query.exception() is not None:
-        raise AssertionError(f"Spark's {name} query failed: {query.exception()}")
-
-
-def _committed(checkpoint: Path, log_offset: int) -> bool:
-    """Whether a committed batch read the file source up to `log_offset`."""
-    commits = checkpoint / "commits"
-    done = [n for n in os.listdir(commits) if n.isdigit()] if commits.is_dir() else []
-    for n in sorted(done, key=int):
-        lines = (checkpoint / "offsets" / n).read_text().splitlines()
-        if lines and json.loads(lines[-1]).get("logOffset", -1) >= log_offset:
-            return True
-    return False
 
 
 # -- statehold's run: the same processor objects, a driver loop over the same files --------------

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_parity import write_batch
 
 from statehold.errors import InvalidArgumentError
 from statehold.processor import (
@@ -21,6 +20,7 @@ from statehold.processor import (
 )
 from statehold.spark import StatefulJob, replace_output
 from tests.support import spark_session
+from tests.support.spark_queries import write_batch
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

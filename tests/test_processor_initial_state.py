@@ -18,11 +18,11 @@ from pyspark.sql.streaming.stateful_processor import (
     StatefulProcessorHandle,
     TimerValues,
 )
-from test_parity import _run, _session, write_batch
 
 from statehold import processor as sh
 from statehold.spark import StatefulJob, replace_output
 from tests.support import spark_session
+from tests.support.spark_queries import rocksdb_session, run_query, write_batch
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture
@@ -71,14 +71,14 @@ def _initial(session: Any) -> Any:
 
 
 def run_spark(spark: Any, work: Path) -> list[tuple[str, int]]:
-    session = _session(spark)
+    session = rocksdb_session(spark)
     for i, users in enumerate(BATCHES):  # one query run per file: a restart in between
         write_batch(work / "in", i, [{"user": u} for u in users])
         out = session.readStream.schema("user STRING").json(str(work / "in")).groupBy(
             "user").transformWithStateInPandas(
             statefulProcessor=SeededCount(), outputStructType=OUT, outputMode="Append",
             timeMode="None", initialState=_initial(session).groupBy("user"))
-        _run(out, work, "initial")
+        run_query(out, work, "initial")
     rows = session.read.schema(OUT).parquet(str(work / "out")).collect()
     return sorted((r[0], r[1]) for r in rows)
 
