@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
-from test_spark_pipeline import MAXP, OUT, make_batches, totals
 
 from statehold.format.metadata import read_metadata
 from statehold.job.history import HistoryRecord, read_history
 from statehold.spark import BatchResult, StatefulJob, read_history_df
 from statehold.storage import open_storage
 from tests.support import spark_session
+from tests.support.keyed_totals import MAXP, OUT, make_batches, totals
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

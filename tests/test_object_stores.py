@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
-from test_spark_pipeline import (
+
+from statehold.format import layout
+from statehold.spark import StatefulJob
+from statehold.storage import open_storage
+from tests.support import spark_session
+from tests.support.keyed_totals import (
     MAXP,
     OUT,
     Reference,
@@ -21,11 +26,6 @@ from test_spark_pipeline import (
     to_df,
     totals,
 )
-
-from statehold.format import layout
-from statehold.spark import StatefulJob
-from statehold.storage import open_storage
-from tests.support import spark_session
 from tests.support.storages import OBJECT_STORES, object_store_server
 
 pytestmark = pytest.mark.spark
