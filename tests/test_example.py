@@ -9,90 +9,19 @@ the installed copy is."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from statehold.examples.running_totals import LAST_N, generate_demo
+from statehold.examples.running_totals import generate_demo
 from statehold.format import layout
-from tests.support.paths import ROOT, SRC
+from tests.support.example_runs import (
+    read_output,
+    reference,
+    run_example,
+)
 
 pytestmark = pytest.mark.spark
-
-Totals = dict[str, tuple[int, int]]
-
-
-def example_env(tmp: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of an example subprocess: this tree's code (and `tests.support`, for
-    the drivers and phase hooks), task state under tmp."""
-    path = [str(SRC), str(ROOT),
-            *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
-    return {
-        **os.environ,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYTHONPATH": os.pathsep.join(path),
-        "STATEHOLD_LOCAL_DIR": str(tmp / "task-state"),
-        **dict(extra or {}),
-    }
-
-
-def example_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "statehold.examples.running_totals", *args]
-
-
-def run_example(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        example_cmd(*args), cwd=cwd, env=example_env(cwd), capture_output=True, text=True,
-        timeout=600,
-    )
-
-
-def read_rows(path: Path) -> list[tuple[str, int]]:
-    return [(r["key"], r["value"]) for r in map(json.loads, path.read_text().splitlines())]
-
-
-def reference(input_dir: Path, files_per_batch: int = 1) -> list[Totals]:
-    """Per batch (files in name order): (count, sum) of the keys it touched."""
-    totals: Totals = {}
-    batches = []
-    names = sorted(input_dir.glob("*.jsonl"))
-    for i in range(0, len(names), files_per_batch):
-        touched: Totals = {}
-        for path in names[i : i + files_per_batch]:
-            for key, value in read_rows(path):
-                c, s = totals.get(key, (0, 0))
-                totals[key] = touched[key] = (c + 1, s + value)
-        batches.append(touched)
-    return batches
-
-
-def reference_state(input_dir: Path) -> dict[str, dict[str, object]]:
-    """The final state per key: count, sum and the last values, in file and line order."""
-    state: dict[str, dict[str, object]] = {}
-    for path in sorted(input_dir.glob("*.jsonl")):
-        for key, value in read_rows(path):
-            s = state.setdefault(key, {"count": 0, "sum": 0, "last": []})
-            s["count"] = int(str(s["count"])) + 1
-            s["sum"] = int(str(s["sum"])) + value
-            s["last"] = [*list(s["last"]), value][-LAST_N:]  # type: ignore[call-overload]
-    return state
-
-
-def read_output(output: Path) -> list[Totals]:
-    batches = []
-    for d in sorted(output.glob("batch-*")):
-        rows = {}
-        for part in d.glob("part-*.json"):
-            for line in part.read_text().splitlines():
-                r = json.loads(line)
-                assert r["key"] not in rows, f"{d.name}: key {r['key']} written twice"
-                rows[r["key"]] = (r["count"], r["sum"])
-        batches.append(rows)
-    return batches
 
 
 def test_example_cli_fresh_dir_then_new_files(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_example import read_output, reference, run_example
 
 from statehold import tools
 from statehold.examples.running_totals import generate_demo
+from tests.support.example_runs import read_output, reference, run_example
 
 pytestmark = pytest.mark.spark
 

@@ -17,8 +17,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from test_example import example_cmd, example_env, read_output
-from test_spark_crash import run_and_kill
 
 from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
 from statehold.cleanup.reconcile import plan
@@ -28,6 +26,7 @@ from statehold.format.metadata import KeyGroupRange, read_metadata
 from statehold.job.directory import open_job
 from statehold.storage import Storage, open_storage
 from statehold.tools import locate, verify
+from tests.support.example_runs import example_cmd, example_env, read_output, run_and_kill
 from tests.support.infra import jvm
 from tests.support.kafka import KafkaBroker, Record, kafka_broker  # noqa: F401
 from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401

@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_example import example_env
 from test_sessions import DELAY, GAP, check_end, generate
-from test_spark_crash import _group_alive, check_retained_intact, latest_id
 
 from statehold.storage import Storage, open_storage
+from tests.support.example_runs import check_retained_intact, example_env, group_alive, latest_id
 from tests.support.paths import SUPPORT
 from tests.support.pausing import PAUSE_ENV, PAUSE_MARK_ENV
 
@@ -63,9 +62,9 @@ def kill_at(cwd: Path, args: list[str], pause_at: str, env: Mapping[str, str] | 
                 proc.kill()
                 proc.wait()
             grace = time.monotonic() + 60
-            while _group_alive(proc.pid) and time.monotonic() < grace:
+            while group_alive(proc.pid) and time.monotonic() < grace:
                 time.sleep(0.2)
-            if _group_alive(proc.pid):  # our own session only: the driver's children
+            if group_alive(proc.pid):  # our own session only: the driver's children
                 os.killpg(proc.pid, signal.SIGKILL)
 
 

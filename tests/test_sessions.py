@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_example import example_env
-from test_spark_crash import check_retained_intact
 
 from statehold.backend.state import TIMERS_NAME
 from statehold.cleanup.reconcile import plan
@@ -28,6 +26,7 @@ from statehold.ha.embedded import EmbeddedHAStore
 from statehold.job.directory import open_job
 from statehold.spark.reader import iter_state
 from statehold.storage import Storage, open_storage
+from tests.support.example_runs import check_retained_intact, example_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 

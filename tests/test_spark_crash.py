@@ -20,21 +20,11 @@ twice), and the job directory holds no orphan.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from test_example import (
-    example_cmd,
-    example_env,
-    read_output,
-    reference,
-    reference_state,
-)
 
 from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
 from statehold.cleanup.reconcile import plan
@@ -44,62 +34,20 @@ from statehold.format.metadata import KeyGroupRange, read_metadata
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.job.directory import open_job
 from statehold.storage import Storage, open_storage
-from statehold.tools import locate, verify
-from tests.support.paths import SUPPORT
-from tests.support.pausing import PAUSE_ENV, PAUSE_MARK_ENV
+from tests.support.example_runs import (
+    check_retained_intact,
+    example_cmd,
+    example_env,
+    latest_id,
+    read_output,
+    reference,
+    reference_state,
+    run_and_kill,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 MAX_PARALLELISM = 16
-START_TIMEOUT = 300.0
-PAUSED_EXAMPLE = SUPPORT / "paused_example.py"
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def run_and_kill(
-    cwd: Path, args: list[str], pause_at: str, env: Mapping[str, str] | None = None
-) -> str:
-    """Run the example until it pauses at `pause_at`, then kill -9 its driver. Returns the
-    driver's output. Waits until the driver's JVM and Python workers are gone as well
-    (their own stdin watch ends them), killing stragglers after a grace period."""
-    mark = cwd / f"pause-{pause_at.replace(':', '-')}"
-    log = cwd / f"log-{pause_at.replace(':', '-')}.txt"
-    extra = {PAUSE_ENV: pause_at, PAUSE_MARK_ENV: str(mark)}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(PAUSED_EXAMPLE), *args], cwd=cwd,
-            env=example_env(cwd, {**dict(env or {}), **extra}),
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        try:
-            deadline = time.monotonic() + START_TIMEOUT
-            while not mark.exists():
-                if proc.poll() is not None:
-                    pytest.fail(f"the example exited ({proc.returncode}) before pausing at "
-                                f"{pause_at}:\n{log.read_text()[-4000:]}")
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the example never paused at {pause_at}")
-                time.sleep(0.1)
-            os.kill(proc.pid, signal.SIGKILL)
-            assert proc.wait() == -signal.SIGKILL
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            grace = time.monotonic() + 60
-            while _group_alive(proc.pid) and time.monotonic() < grace:
-                time.sleep(0.2)
-            if _group_alive(proc.pid):  # our own session only: the driver's children
-                os.killpg(proc.pid, signal.SIGKILL)
-    assert pause_at in mark.read_text()
-    return log.read_text()
 
 
 def run_to_end(cwd: Path, args: list[str], env: Mapping[str, str] | None = None) -> str:
@@ -109,21 +57,6 @@ def run_to_end(cwd: Path, args: list[str], env: Mapping[str, str] | None = None)
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return done.stdout
-
-
-def latest_id(job: Storage) -> int | None:
-    latest = EmbeddedHAStore(job).read().latest
-    return None if latest is None else latest.checkpoint_id
-
-
-def check_retained_intact(job: Storage) -> None:
-    """Every file a retained checkpoint references is there, with its size and checksum."""
-    retained = EmbeddedHAStore(job).read().retained
-    assert retained
-    for ptr in retained:
-        report = verify(locate(job, ptr.metadata))
-        assert report.ok, (ptr.metadata, report.problems)
-        assert report.files_checked > 0
 
 
 def final_state(job: Storage, scratch: Path) -> dict[str, dict[str, object]]:
