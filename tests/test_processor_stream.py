@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_sessions import DELAY, GAP, check_end, generate
 
 from statehold.storage import Storage, open_storage
 from tests.support.example_runs import check_retained_intact, example_env, group_alive, latest_id
 from tests.support.paths import SUPPORT
 from tests.support.pausing import PAUSE_ENV, PAUSE_MARK_ENV
+from tests.support.sessions_reference import DELAY, GAP, check_end, generate
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
