@@ -32,7 +32,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_kafka_pipeline import PER_BATCH, check_exact, jar_args, new_topic, records
 
 from statehold.format import layout
 from statehold.job.history import read_history
@@ -40,6 +39,7 @@ from statehold.storage import open_storage
 from tests.support.cluster import StandaloneCluster, alive, executor_of, standalone_cluster
 from tests.support.infra import jvm
 from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401
+from tests.support.kafka_runs import PER_BATCH, check_exact, jar_args, new_topic, records
 from tests.support.paths import ROOT, SRC, SUPPORT
 from tests.support.pause_once import MARK_ENV, PAUSE_ENV
 from tests.support.s3 import S3Server

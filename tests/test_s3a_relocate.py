@@ -12,7 +12,11 @@ import random
 from pathlib import Path
 
 import pytest
-from test_kafka_pipeline import (
+
+from statehold.format import layout
+from statehold.storage import open_storage
+from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401
+from tests.support.kafka_runs import (
     JOB,
     check_exact,
     example_args,
@@ -20,10 +24,6 @@ from test_kafka_pipeline import (
     records,
     run_example_to_end,
 )
-
-from statehold.format import layout
-from statehold.storage import open_storage
-from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
 
