@@ -2,7 +2,7 @@
 both backends so every storage-touching test runs on local disk and on S3 (the storage
 contract runs on Azure (Azurite) and GCS (fake-gcs-server) too). Before the tests run,
 `pytest_collection_finish` provisions what the collected tests need
-(tests/infra/provision.py)."""
+(tests/support/infra/provision.py)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def storage(storage_factory: StorageFactory) -> Storage:
     return storage_factory()
 
 
-# -- provisioning (tests/infra/provision.py) ------------------------------------------------
+# -- provisioning (tests/support/infra/provision.py) -----------------------------------------------
 #: Fixture names, and what the tests that use them need installed.
 FIXTURE_NEEDS = {
     "spark": ("java",),

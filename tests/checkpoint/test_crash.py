@@ -1,4 +1,4 @@
-"""Crash suite: kill -9 a real driver process (tests/crash_driver.py) at random points of
+"""Crash suite: kill -9 a real driver process (tests/support/crash_driver.py) at random points of
 checkpoint, abort, subsume, reconcile and job-end cleanup, restart it, and prove by
 listing the storage that
 

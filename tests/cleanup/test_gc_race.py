@@ -11,8 +11,8 @@ checkpoints retained before and after the listing, so a subsume in between is no
 mistaken for a loss). At the end the keyed state restored from the newest checkpoint,
 and from every savepoint, equals a plain-Python computation of the batches.
 
-The drivers are tests/gc_race_driver.py (tests/crash_driver.py with a lease ttl of 2 s
-and self-pauses). A gc that overlapped a failover or a resumed attempt stops with
+The drivers are tests/support/gc_race_driver.py (tests/support/crash_driver.py with a
+lease ttl of 2 s and self-pauses). A gc that overlapped a failover or a resumed attempt stops with
 GcInterruptedError ("run gc again"): expected, counted and printed.
 
 The random seed is printed; STATEHOLD_GC_RACE_SEED replays a run's kill schedule.

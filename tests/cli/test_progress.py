@@ -3,7 +3,7 @@ restore from another job logs its copy progress.
 
 Each command runs as its own process (``python -m statehold.cli``) once with stdout and
 stderr on a real pseudo-terminal (the pty module) and once with pipes; the terminal sees
-each phase's progress line, the pipe sees the plain output of tests/test_cli_output.py
+each phase's progress line, the pipe sees the plain output of tests/cli/test_cli_output.py
 and nothing on stderr."""
 
 from __future__ import annotations

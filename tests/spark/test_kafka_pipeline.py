@@ -1,6 +1,6 @@
 """Kafka → Structured Streaming → statehold → sink, for real: the running-totals example
-with ``--kafka`` reads a topic of a real broker (tests/kafka.py) through spark-sql-kafka
-(jars from tests/infra/jvm.py), with Spark's checkpoint in ``<job>/_spark/``.
+with ``--kafka`` reads a topic of a real broker (tests/support/kafka.py) through spark-sql-kafka
+(jars from tests/support/infra/jvm.py), with Spark's checkpoint in ``<job>/_spark/``.
 
 The reference is computed from the records read back from the broker (partition, offset)
 and from Spark's own offset log (which offsets each batch read): every batch's output and

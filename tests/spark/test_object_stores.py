@@ -1,7 +1,7 @@
 """The Spark pipeline on Azure Blob (Azurite) and Google Cloud Storage (fake-gcs-server):
 executors open the job directory from its URI and options alone, checkpoints land in the
 store, and a new job resumes from them with exact results. (The storage contract itself,
-on every backend, is tests/test_storage_contract.py.)"""
+on every backend, is tests/storage/test_storage_contract.py.)"""
 
 from __future__ import annotations
 

