@@ -1,11 +1,12 @@
 """A stateful processor straight from Structured Streaming (``job.foreach_batch(processor,
-...)``, tests/support/processor_stream.py in a subprocess): a file source read one file per
-micro-batch with ``trigger(availableNow=True)``, the sessions processor with event-time
-timers, compared with the sessions example's plain-Python reference
-(tests/support/sessions_reference.py). The driver is killed with kill -9 once, then restarted to the end: locally after a checkpoint completed but before
-Spark committed its batch (Spark replays the batch; its input must not count twice), on
-S3 while a batch's output is written but its checkpoint is not (the retry replaces it). Every closed
-session is written once, the open ones are in the state with one timer each, the retained
+...)``, tests/support/processor_stream.py in a subprocess): a file source read one file
+per micro-batch with ``trigger(availableNow=True)``, the sessions processor with
+event-time timers, compared with the sessions example's plain-Python reference
+(tests/support/sessions_reference.py). The driver is killed with kill -9 once, then
+restarted to the end: locally after a checkpoint completed but before Spark committed its
+batch (Spark replays the batch; its input must not count twice), on S3 while a batch's
+output is written but its checkpoint is not (the retry replaces it). Every closed session
+is written once, the open ones are in the state with one timer each, the retained
 checkpoints are intact and no orphan is left. Local storage and S3 (moto)."""
 
 from __future__ import annotations

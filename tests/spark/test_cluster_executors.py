@@ -1,19 +1,20 @@
 """The pipeline on a cluster of executors, one of them killed with kill -9 mid-batch.
 
 The running-totals example (a real driver subprocess) reads a topic of a real Kafka broker
-(tests/support/kafka.py) with Structured Streaming on ``local-cluster[2,1,1024]`` (two executor
-JVMs beside the driver) and on a standalone master with two workers started from
-PySpark's own ``sbin/spark-daemon.sh`` (tests/support/cluster.py). Its job directory is on S3
-(moto server), Spark's checkpoint in ``<job>/_spark/`` through s3a, its HA pointers in a
-real ZooKeeper. The spark-sql-kafka and hadoop-aws jars come from the Maven cache
-(tests/support/infra/jvm.py) onto the driver's and the executors' class path (``--jars``, as
-``spark.*.extraClassPath``); nothing is downloaded by Spark. In batch 1 one task pauses
-while updating state (tests/support/pause_once.py); the test finds the executor JVM running it
-(``CoarseGrainedExecutorBackend``, an ancestor of the paused Python worker) and kills it
-with SIGKILL. Spark runs the task again elsewhere; the run must end normally with every
-batch's output and the final state equal to a plain-Python computation over the records
-read back from the broker, cut where Spark's offset log cuts (the Kafka pipeline's
-checks, tests/support/kafka_runs.py), every retained checkpoint intact and no orphan in the job directory.
+(tests/support/kafka.py) with Structured Streaming on ``local-cluster[2,1,1024]`` (two
+executor JVMs beside the driver) and on a standalone master with two workers started from
+PySpark's own ``sbin/spark-daemon.sh`` (tests/support/cluster.py). Its job directory is on
+S3 (moto server), Spark's checkpoint in ``<job>/_spark/`` through s3a, its HA pointers in
+a real ZooKeeper. The spark-sql-kafka and hadoop-aws jars come from the Maven cache
+(tests/support/infra/jvm.py) onto the driver's and the executors' class path (``--jars``,
+as ``spark.*.extraClassPath``); nothing is downloaded by Spark. In batch 1 one task pauses
+while updating state (tests/support/pause_once.py); the test finds the executor JVM
+running it (``CoarseGrainedExecutorBackend``, an ancestor of the paused Python worker) and
+kills it with SIGKILL. Spark runs the task again elsewhere; the run must end normally with
+every batch's output and the final state equal to a plain-Python computation over the
+records read back from the broker, cut where Spark's offset log cuts (the Kafka pipeline's
+checks, tests/support/kafka_runs.py), every retained checkpoint intact and no orphan in
+the job directory.
 
 Executors keep their local snapshots in their own scratch directories (no
 ``STATEHOLD_LOCAL_DIR``), as on separate machines; the per-batch restore downloads are
