@@ -29,21 +29,10 @@ from statehold.backend.keys import decode_key
 from statehold.backend.local_snapshots import LOCAL_MARKER
 from statehold.backend.rocks import RestoreSource
 from statehold.format import layout
-from statehold.format.metadata import (
-    KeyGroupRange,
-    read_metadata,
-    referenced_keys,
-)
+from statehold.format.metadata import KeyGroupRange, read_metadata, referenced_keys
 from statehold.storage import Storage, open_storage
 from tests.support.paths import SRC
-from tests.support.task_backend import (
-    MAXP,
-    OP,
-    CountingStorage,
-    checkpoint,
-    fill,
-    snap,
-)
+from tests.support.task_backend import MAXP, OP, CountingStorage, checkpoint, fill, snap
 
 
 def keys_of(task: int, parallelism: int, n: int) -> list[str]:

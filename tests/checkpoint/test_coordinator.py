@@ -11,10 +11,7 @@ from statehold.checkpoint.coordinator import CheckpointCoordinator, CheckpointEr
 from statehold.cleanup.async_cleaner import AsyncCleaner
 from statehold.format import layout
 from statehold.format.layout import Kind
-from statehold.format.metadata import (
-    read_metadata,
-    referenced_keys,
-)
+from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.ha.base import FencedError, HAStoreError
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.job.directory import OWNER_KEY

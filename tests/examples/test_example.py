@@ -15,11 +15,7 @@ import pytest
 
 from statehold.examples.running_totals import generate_demo
 from statehold.format import layout
-from tests.support.example_runs import (
-    read_output,
-    reference,
-    run_example,
-)
+from tests.support.example_runs import read_output, reference, run_example
 
 pytestmark = pytest.mark.spark
 

@@ -22,12 +22,7 @@ import pytest
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.storage import Storage, open_storage
 from tests.support.example_runs import check_retained_intact, example_env
-from tests.support.sessions_reference import (
-    DELAY,
-    GAP,
-    check_end,
-    generate,
-)
+from tests.support.sessions_reference import DELAY, GAP, check_end, generate
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 

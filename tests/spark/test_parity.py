@@ -22,11 +22,7 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from tests.support import spark_session
-from tests.support.spark_queries import (
-    rocksdb_session,
-    run_query,
-    write_batch,
-)
+from tests.support.spark_queries import rocksdb_session, run_query, write_batch
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture

@@ -12,10 +12,7 @@ import pytest
 from statehold import tools
 from statehold.checkpoint.coordinator import CheckpointCoordinator
 from statehold.format import layout
-from statehold.format.metadata import (
-    MetadataError,
-    StateFile,
-)
+from statehold.format.metadata import MetadataError, StateFile
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.job.directory import OWNER_KEY, open_job, read_owner
 from statehold.storage import Storage, open_storage
