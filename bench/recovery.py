@@ -25,10 +25,9 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import crash_driver as drv  # noqa: E402  (the crash suite's driver, used in-process)
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from statehold.storage import open_storage  # noqa: E402
+from tests.support import crash_driver as drv  # noqa: E402  (the crash suite's driver, used in-process)
 
 drv.phase = lambda *words: None  # quiet
 

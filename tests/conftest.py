@@ -2,21 +2,21 @@
 both backends so every storage-touching test runs on local disk and on S3 (the storage
 contract runs on Azure (Azurite) and GCS (fake-gcs-server) too). Before the tests run,
 `pytest_collection_finish` provisions what the collected tests need
-(tests/infra/provision.py)."""
+(tests/support/infra/provision.py)."""
 
 from __future__ import annotations
 
-import itertools
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
-from statehold.storage import Storage, open_storage
-from tests.infra.object_stores import AzuriteServer, GCSServer, azurite_server, gcs_server
+from statehold.storage import Storage
+from tests.support.infra.object_stores import azurite_server, gcs_server
+from tests.support.s3 import S3Server
+from tests.support.storages import StorageFactory, storage_factory_for
 
 __all__ = ["azurite_server", "gcs_server"]  # session fixtures, for every test module
 
@@ -24,37 +24,6 @@ __all__ = ["azurite_server", "gcs_server"]  # session fixtures, for every test m
 # turn a slow example into a failure (Hypothesis' default deadline is 200 ms per example).
 settings.register_profile("statehold", deadline=None)
 settings.load_profile("statehold")
-
-
-@dataclass(frozen=True)
-class S3Server:
-    endpoint: str
-    bucket: str
-    access_key_id: str = "testing"
-    secret_access_key: str = "testing"
-    region: str = "us-east-1"
-
-    @property
-    def options(self) -> dict[str, object]:
-        """Keyword options for `open_storage` on this server."""
-        return {
-            "endpoint": self.endpoint,
-            "region": self.region,
-            "access_key_id": self.access_key_id,
-            "secret_access_key": self.secret_access_key,
-            "allow_http": True,
-        }
-
-    @property
-    def env(self) -> dict[str, str]:
-        """The same settings as AWS_* environment variables, for subprocesses."""
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_REGION": self.region,
-            "AWS_ACCESS_KEY_ID": self.access_key_id,
-            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
-            "AWS_ALLOW_HTTP": "true",
-        }
 
 
 @pytest.fixture(scope="session")
@@ -79,41 +48,6 @@ def s3_server() -> Iterator[S3Server]:
     server.stop()
 
 
-_counter = itertools.count()
-
-StorageFactory = Callable[[], Storage]
-
-
-#: Object store backends: the server fixture and the URI scheme of each.
-OBJECT_STORES = {"s3": ("s3_server", "s3"), "gcs": ("gcs_server", "gs"),
-                 "azure": ("azurite_server", "az")}
-
-
-Server = S3Server | GCSServer | AzuriteServer
-
-
-def object_store_server(request: pytest.FixtureRequest, backend: str) -> Server:
-    server: Server = request.getfixturevalue(OBJECT_STORES[backend][0])
-    return server
-
-
-def storage_factory_for(
-    request: pytest.FixtureRequest, tmp_path: Path, backend: str
-) -> StorageFactory:
-    """Makes fresh, empty storage roots on `backend` ("local", "s3", "gcs", "azure")."""
-
-    def make() -> Storage:
-        n = next(_counter)
-        if backend == "local":
-            return open_storage(str(tmp_path / f"root-{n}"))
-        server = object_store_server(request, backend)
-        bucket = server.container if isinstance(server, AzuriteServer) else server.bucket
-        scheme = OBJECT_STORES[backend][1]
-        return open_storage(f"{scheme}://{bucket}/t{os.getpid()}-{n}", **server.options)
-
-    return make
-
-
 @pytest.fixture(params=["local", "s3"])
 def storage_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StorageFactory:
     """Makes fresh, empty storage roots on the parametrized backend."""
@@ -126,7 +60,7 @@ def storage(storage_factory: StorageFactory) -> Storage:
     return storage_factory()
 
 
-# -- provisioning (tests/infra/provision.py) ------------------------------------------------
+# -- provisioning (tests/support/infra/provision.py) -----------------------------------------------
 #: Fixture names, and what the tests that use them need installed.
 FIXTURE_NEEDS = {
     "spark": ("java",),
@@ -147,7 +81,7 @@ MODULE_NEEDS = {
 
 def needed_components(items: list[pytest.Item]) -> list[str]:
     """What the collected tests need (everything under CI or STATEHOLD_PROVISION=all)."""
-    from tests.infra import provision
+    from tests.support.infra import provision
 
     if os.environ.get("CI") == "true" or os.environ.get("STATEHOLD_PROVISION") == "all":
         return list(provision.ALL)
@@ -168,7 +102,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     parallel runs from racing); STATEHOLD_PROVISION=0 turns it off."""
     if os.environ.get("STATEHOLD_PROVISION") == "0" or session.config.option.collectonly:
         return
-    from tests.infra import provision
+    from tests.support.infra import provision
 
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
 

@@ -1,0 +1,105 @@
+"""Kafka → Structured Streaming → statehold → sink, for real: the running-totals example
+with ``--kafka`` reads a topic of a real broker (tests/support/kafka.py) through spark-sql-kafka
+(jars from tests/support/infra/jvm.py), with Spark's checkpoint in ``<job>/_spark/``.
+
+The reference is computed from the records read back from the broker (partition, offset)
+and from Spark's own offset log (which offsets each batch read): every batch's output and
+the final state must equal a plain-Python run over exactly those records, each record
+counted once, also after kill -9 of the driver (S3 job directory, ZooKeeper HA).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from statehold.format import layout
+from statehold.storage import open_storage
+from tests.support.example_runs import run_and_kill
+from tests.support.kafka import KafkaBroker, Record, kafka_broker  # noqa: F401
+from tests.support.kafka_runs import (
+    JOB,
+    PER_BATCH,
+    check_exact,
+    check_retained_intact,
+    example_args,
+    latest_id,
+    new_topic,
+    records,
+    run_example_to_end,
+)
+from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
+
+pytestmark = [pytest.mark.spark]
+
+
+@pytest.mark.crash
+@pytest.mark.timeout(1800)  # three Spark drivers; minutes on a busy shared machine
+def test_kill_driver_kafka_s3_zookeeper(
+    kafka_broker: KafkaBroker,  # noqa: F811
+    zk_server: ZooKeeperServer,  # noqa: F811
+    s3_server: object,
+    tmp_path: Path,
+) -> None:
+    """The job directory (Spark's offsets included, through s3a) on S3 (moto), its HA
+    store in ZooKeeper; kill -9 of the driver after a batch's output was written but not
+    checkpointed (Spark replays it: restored from the previous checkpoint, output
+    replaced; here the first batch, restored from nothing), and after a checkpoint
+    completed but before Spark committed the batch (Spark replays it: skipped). Then more
+    records and a run to the end."""
+    from tests.support.s3 import S3Server
+
+    assert isinstance(s3_server, S3Server)
+    topic = new_topic(kafka_broker, "crash")
+    uri = f"s3://{s3_server.bucket}/kafka-crash-{os.getpid()}-{random.getrandbits(24)}"
+    ha = f"zookeeper://{zk_server.hosts}/statehold-kafka-{random.getrandbits(24)}"
+    output = tmp_path / "output"
+    args = example_args(kafka_broker, topic, output, uri, "--ha", ha)
+    job = open_storage(f"{uri}/{JOB}", **s3_server.options)
+    kafka_broker.produce(topic, records(3, 2 * PER_BATCH))
+    for pause_at, expected_latest in (("after-sink:0", None), ("after-complete:1", 1)):
+        run_and_kill(tmp_path, args, pause_at, s3_server.env)
+        assert latest_id(job) == expected_latest, pause_at
+        if expected_latest is not None:
+            check_retained_intact(job, orphans_allowed=True)
+    assert job.exists(f"{layout.SPARK_DIR}/offsets/1")  # Spark's offsets went to S3
+    assert not job.exists(f"{layout.SPARK_DIR}/commits/1")  # ... and 1 is not committed
+    kafka_broker.produce(topic, records(4, 30))
+    stdout = run_example_to_end(tmp_path, args, s3_server.env)
+    assert "batch 1: already checkpointed" in stdout  # the replay after the second kill
+    assert "checkpoint 2," in stdout
+    check_exact(kafka_broker, topic, 2 * PER_BATCH + 30, job, output, tmp_path)
+
+
+def _newest_pyspark() -> bool:
+    import pyspark
+
+    return int(pyspark.__version__.split(".")[0]) >= 4
+
+
+@pytest.mark.skipif(_newest_pyspark(), reason="PySpark 3.5 only (.ci/spark-oldest): on 4.x "
+                    "the Kafka tests above and test_s3a_relocate run the same path")
+@pytest.mark.timeout(900)
+def test_kafka_to_end_exact_local(
+    kafka_broker: KafkaBroker,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The Kafka pipeline on the oldest PySpark (.ci/spark-oldest), as cheaply as it goes:
+    one driver reads the topic to its end in two batches, job directory on local disk
+    (embedded HA, spark-sql-kafka of the 3.5 line the only jars, Scala 2.12); output and
+    state exact against the records read back from the broker, storage listed after."""
+    topic = new_topic(kafka_broker, "plain")
+    produced = PER_BATCH + PER_BATCH // 2
+    kafka_broker.produce(topic, records(7, produced))
+    output = tmp_path / "output"
+    checkpoints = tmp_path / "checkpoints"
+    stdout = run_example_to_end(
+        tmp_path, example_args(kafka_broker, topic, output, str(checkpoints))
+    )
+    assert "checkpoint 1," in stdout
+    job = open_storage(str(checkpoints / JOB))
+    assert job.exists(f"{layout.SPARK_DIR}/commits/1")  # Spark committed both batches
+    check_exact(kafka_broker, topic, produced, job, output, tmp_path)

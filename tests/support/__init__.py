@@ -1,0 +1,3 @@
+"""What the tests share: drivers run as processes, fakes and servers, fixtures that start
+them, and helpers used by more than one test module; imported as `tests.support.<module>`
+(the repository's root is on sys.path through pyproject's pytest ``pythonpath``)."""

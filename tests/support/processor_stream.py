@@ -1,0 +1,63 @@
+"""A Structured Streaming driver for the processor tests: the sessions example's processor
+(`statehold.examples.sessions.Sessions`) over a file source, through
+``writeStream.foreachBatch(job.foreach_batch(processor, ...))`` with
+``trigger(availableNow=True)``.
+
+    PYTHONPATH=. python tests/support/processor_stream.py INPUT OUTPUT CHECKPOINTS
+        [--spark-checkpoint DIR] [--gap-seconds S] [--watermark-delay-seconds S]
+
+One file per micro-batch (Spark's file source takes files in modification-time order);
+the job's phase hook is `pausing.pause_when_asked`, so ``STATEHOLD_TEST_PAUSE_AT`` stops the
+driver where a test kills it. Prints one ``batch <checkpoint id> ...`` line per batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from statehold.examples.sessions import EVENT_MS, INPUT_SCHEMA, OUTPUT_SCHEMA, Sessions
+from statehold.spark import BatchResult, StatefulJob, local_session, replace_output
+from tests.support.pausing import pause_when_asked
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("input")
+    p.add_argument("output")
+    p.add_argument("checkpoints")
+    p.add_argument("--spark-checkpoint")
+    p.add_argument("--gap-seconds", type=int, default=300)
+    p.add_argument("--watermark-delay-seconds", type=int, default=120)
+    args = p.parse_args(argv)
+
+    from pyspark.sql import functions as F
+
+    spark = local_session("statehold-processor-stream")
+    job = StatefulJob(spark, args.checkpoints, "sessions", max_parallelism=16, parallelism=2,
+                      on_phase=pause_when_asked)
+
+    def said(result: BatchResult) -> None:
+        print(f"batch {result.checkpoint_id}: {result.rows_in} rows, {result.timers_fired} "
+              f"timers, watermark {result.watermark_ms}", flush=True)
+
+    events = (spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
+              .json(args.input).withColumn(EVENT_MS, F.col("ts") * 1000))
+    run = job.foreach_batch(
+        Sessions(args.gap_seconds), OUTPUT_SCHEMA, key="user", sink=replace_output(args.output),
+        time_mode="EventTime", event_time_column=EVENT_MS,
+        watermark_delay=args.watermark_delay_seconds * 1000, on_batch=said,
+    )
+    query = (events.writeStream.foreachBatch(run)
+             .option("checkpointLocation", args.spark_checkpoint or job.spark_checkpoint_location)
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination()
+    finally:
+        job.close()
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,55 @@
+"""One shared local SparkSession for the whole test run.
+
+Starting Spark costs seconds, so every Spark test shares one session: import the fixture
+into a test module with ``from tests.support.spark_session import spark  # noqa: F401``.
+The session is small on purpose (local[2], few shuffle partitions, no UI) to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.support.paths import ROOT, module_dirs, python_path
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def make_session() -> SparkSession:
+    """A local[2] session whose Python workers run this interpreter (so they see the
+    editable statehold install and the same pyarrow/rocksdict)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # Functions defined in test modules and in tests.support are pickled by reference:
+    # workers must import them (tests/support/paths.py).
+    os.environ["PYTHONPATH"] = python_path([ROOT, *module_dirs()])
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master("local[2]")
+        .appName("statehold-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    from tests.support.infra import provision
+
+    provision.require("java")  # skips, naming the install command, where it is missing
+    session = make_session()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
