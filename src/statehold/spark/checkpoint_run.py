@@ -8,10 +8,14 @@ Per batch N, in this order:
    checkpoint (< N), runs the user function, snapshots into the job directory and reports
    its `KeyGroupState`. Every task runs every batch (also with no input rows), so each
    checkpoint lists every range, also after a change of parallelism.
-3. The result is materialised once (`localCheckpoint`), so the sink cannot recompute
-   state; the sink replaces the batch's output (idempotent).
+3. The result is persisted and computed once, by collecting the acks; the sink reads it
+   from the cache and replaces the batch's output (idempotent). A partition lost with its
+   executor is recomputed from lineage: its task runs again from N-1, emits the same rows
+   and uploads files no checkpoint references (`statehold.spark.staging`), so executor
+   loss at any phase costs a re-run of that task, not the batch.
 4. `complete(N)`. Any failure before: `abort(N)` and re-raise, so Spark retries the batch,
-   which restores from N-1 again.
+   which restores from N-1 again. Either way the cached result is then unpersisted
+   (without a sink it is ``result.output``, kept until the job's next batch).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from statehold.format import layout
 from statehold.spark.batch import NOTED, BatchResult, batch_figures, check_acks
-from statehold.spark.staging import stage, state_spec
+from statehold.spark.staging import release, stage, state_spec
 from statehold.spark.task import ACK_COL
 
 if TYPE_CHECKING:
@@ -95,6 +99,8 @@ def run_checkpoint(
         now_ms() if processing_time_ms is None else processing_time_ms, processor,
     )
     coord.begin(batch_id)
+    staged: DataFrame | None = None
+    completed = False
     try:
         staged = stage(job, df, spec, output_schema)
         ack_rows = staged.where(staged[ACK_COL].isNotNull()).select(ACK_COL).collect()
@@ -113,11 +119,15 @@ def run_checkpoint(
         clock = None if event_time is None else event_time(figures)
         complete_started = time.perf_counter()
         coord.complete(batch_id, position, clock, schemas)
+        completed = True
         complete_seconds = time.perf_counter() - complete_started
     except BaseException as e:
         coord.abort(batch_id, f"{type(e).__name__}: {e}"[:500])
         job._observe(coord)
         raise
+    finally:
+        if staged is not None:
+            release(job, staged, keep=completed and sink is None)
     job._observe(coord)
     job._phase("after-complete", batch_id)
     return BatchResult(

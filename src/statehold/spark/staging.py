@@ -1,9 +1,21 @@
 """Turning one micro-batch into the Spark plan that runs statehold's tasks: the tasks'
 spec (what to restore, which function, which schema) and the staged DataFrame (keyed,
-routed by task, stateful, materialised once)."""
+routed by task, stateful, kept once computed).
+
+The staged result is persisted (memory, spilling to disk), not `localCheckpoint`-ed: a
+local checkpoint truncates the lineage, so a block lost with its executor can never be
+computed again and the batch fails. A persisted block lost with its executor is
+recomputed from lineage: that partition's task runs again, restores from the same
+checkpoint N-1 and, given the same rows and the spec's fixed processing time, emits the
+same rows. Its uploads are never acknowledged (the driver took the first run's handle
+from the acks), so they are unreferenced files of checkpoint N, which the reconcile and
+the job end delete.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -91,7 +103,9 @@ def stage(
     job: StatefulJob, df: DataFrame, spec: StateSpec, output_schema: StructType | str
 ) -> DataFrame:
     """Key the rows, route each task's key groups to one partition, run the stateful
-    task there, and materialise the result once."""
+    task there, and persist the result (computed by the caller's first action; give it
+    back with `release`). Releases the result the job handed out last."""
+    from pyspark import StorageLevel
     from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
     keyed_schema = StructType(
@@ -114,5 +128,42 @@ def stage(
     staged = route_to_partitions(keyed, spec.parallelism, TASK_COL).mapInArrow(
         StateStage(spec), out_schema
     )
-    # Materialise once: the acks and the sink must see the same, single run of state.
-    return staged.localCheckpoint(eager=True)
+    release_kept(job)
+    # Computed once, by the first action (the acks), then read from the cache by the sink;
+    # a partition lost with its executor is recomputed from lineage (module docstring).
+    return staged.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+#: Per job, the newest staged result handed to the caller as ``result.output`` (a batch
+#: without a sink), with the finalizer that unpersists it.
+_kept: weakref.WeakKeyDictionary[StatefulJob, weakref.finalize[[DataFrame], StatefulJob]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def release(job: StatefulJob, staged: DataFrame, *, keep: bool) -> None:
+    """The batch is done with `staged`: unpersist it, so executors do not pile up blocks.
+    With `keep` (the batch completed without a sink: ``result.output`` is the caller's to
+    write) it stays cached until the job stages its next batch or is garbage-collected,
+    since recomputing it after the checkpoint completed would restore from a checkpoint
+    the job may have deleted meanwhile."""
+    release_kept(job)
+    if keep:
+        kept = weakref.finalize(job, _unpersist, staged)
+        kept.atexit = False
+        _kept[job] = kept
+    else:
+        _unpersist(staged)
+
+
+def release_kept(job: StatefulJob) -> None:
+    """Unpersist the result `job` handed out last (`release`), if any."""
+    kept = _kept.pop(job, None)
+    if kept is not None:
+        kept()
+
+
+def _unpersist(staged: DataFrame) -> None:
+    # A finalizer may run after the session stopped; its cache went with it.
+    with contextlib.suppress(Exception):
+        staged.unpersist()
