@@ -89,3 +89,32 @@ def _kg(key: str) -> int:
     from statehold.backend.keys import key_group_of
 
     return key_group_of(key, MAXP)
+
+
+def test_rerun_of_a_task_restores_the_previous_checkpoint(tmp_path: Path) -> None:
+    """A lost cached result makes Spark run a finished task again on the same executor:
+    the re-run must restore checkpoint N-1, not the N its first run left in the local
+    snapshots, and upload its own files; the checkpoint that completes with the first
+    run's handle must restore that run's state, though the re-run's local snapshot holds
+    RocksDB files of the same names."""
+    storage = open_storage(str(tmp_path / "job"))
+    a = tmp_path / "executor-a"
+    r0 = task_range(0, 2, MAXP)
+    keys = [k for k in (f"k{i}" for i in range(2000)) if r0.start <= _kg(k) <= r0.end]
+    with TaskStateBackend.open(a, OP, r0, MAXP) as t:
+        before = fill(t, keys, "one")
+        src = checkpoint(storage, 1, [snap(t, storage, 1)])
+    with TaskStateBackend.open(a, OP, r0, MAXP, src) as t:  # checkpoint 2, first run
+        first = before | fill(t, keys[:40], "first")
+        first_run = snap(t, storage, 2)
+    with TaskStateBackend.open(a, OP, r0, MAXP, src) as t:  # checkpoint 2, the re-run
+        assert dict(t.items()) == before  # checkpoint 1's state, not the first run's
+        fill(t, keys[20:60], "re-run")
+        re_run = snap(t, storage, 2)
+    new_first = {f.name: f.path for f in first_run.files if "-c2-" in f.path}
+    new_re_run = {f.name: f.path for f in re_run.files if "-c2-" in f.path}
+    assert set(new_first) & set(new_re_run)  # the same RocksDB names, uploaded apart ...
+    assert not set(new_first.values()) & set(new_re_run.values())
+    src = checkpoint(storage, 2, [first_run])  # ... the first run's handle completes 2
+    with TaskStateBackend.open(a, OP, r0, MAXP, src) as t:
+        assert dict(t.items()) == first

@@ -107,6 +107,40 @@ def test_replay_is_skipped_and_failed_batch_restores_previous(
     assert stored_state(job.storage) == ref.state
 
 
+def test_staged_result_is_cached_for_its_batch_only(spark: SparkSession, tmp_path: Path) -> None:
+    """The staged result is persisted while its batch runs and unpersisted when the batch
+    completed (with a sink) or failed; without a sink it is ``result.output``, kept until
+    the job stages its next batch. Else executors would pile up one result per batch."""
+    def cached() -> int:
+        return int(spark.sparkContext._jsc.getPersistentRDDs().size())  # noqa: SLF001
+
+    def fails(key: str, rows: list[dict[str, Any]], state: KeyedState) -> list[Any]:
+        raise RuntimeError("boom")
+
+    base = cached()
+    batches = make_batches(3)
+    seen: list[int] = []
+
+    def sink(output: DataFrame, _batch_id: int) -> None:
+        seen.append(cached() - base)
+        output.collect()
+
+    with StatefulJob(spark, str(tmp_path / "ckpt"), "cache", max_parallelism=MAXP,
+                     parallelism=2, local_dir=str(tmp_path / "local")) as job:
+        job.run_batch(to_df(spark, next(batches)), totals, OUT, batch_id=0, order_by=["seq"],
+                      sink=sink)
+        assert seen == [1]  # the sink read the cached result ...
+        assert cached() == base  # ... unpersisted once the checkpoint completed
+        rows = next(batches)
+        result = job.run_batch(to_df(spark, rows), totals, OUT, batch_id=1, order_by=["seq"])
+        assert cached() == base + 1  # no sink: result.output stays cached
+        assert len(outputs(result)) == len({r[0] for r in rows})
+        with pytest.raises(Exception, match="boom"):
+            job.run_batch(to_df(spark, next(batches)), fails, OUT, batch_id=2)
+        assert cached() == base  # the failed batch's and batch 1's output released
+        assert job.latest_checkpoint_id() == 1
+
+
 def test_null_key_fails_the_batch_with_the_row(spark: SparkSession, tmp_path: Path) -> None:
     job = StatefulJob(spark, str(tmp_path / "ckpt"), "j", max_parallelism=MAXP, parallelism=2)
     df = spark.createDataFrame([("a", 1, 0), (None, 2, 1)], "key string, value long, seq long")

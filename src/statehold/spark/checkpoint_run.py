@@ -8,10 +8,14 @@ Per batch N, in this order:
    checkpoint (< N), runs the user function, snapshots into the job directory and reports
    its `KeyGroupState`. Every task runs every batch (also with no input rows), so each
    checkpoint lists every range, also after a change of parallelism.
-3. The result is materialised once (`localCheckpoint`), so the sink cannot recompute
-   state; the sink replaces the batch's output (idempotent).
+3. The result is persisted and computed once, by collecting the acks; the sink reads it
+   from the cache and replaces the batch's output (idempotent). A partition lost with its
+   executor is recomputed from lineage: its task runs again from N-1, emits the same rows
+   and uploads files no checkpoint references (`statehold.spark.staging`), so executor
+   loss at any phase costs a re-run of that task, not the batch.
 4. `complete(N)`. Any failure before: `abort(N)` and re-raise, so Spark retries the batch,
-   which restores from N-1 again.
+   which restores from N-1 again. Either way the cached result is then unpersisted
+   (without a sink it is ``result.output``, kept until the job's next batch).
 
 The job is a collaborator here (`Checkpointing`: its coordinator, its tasks' settings
 and its hooks), not an import, so `statehold.spark.job` builds on this module alone.
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from statehold.errors import StateholdError
 from statehold.format import layout
 from statehold.spark.batch import NOTED, BatchRequest, BatchResult, batch_figures, check_acks
-from statehold.spark.staging import JobSettings, stage, state_spec
+from statehold.spark.staging import JobSettings, KeptOutput, stage, state_spec
 from statehold.spark.task import ACK_COL
 
 if TYPE_CHECKING:
@@ -82,6 +86,8 @@ class Checkpointing:
     job_dir: str
     phase: PhaseHook
     observe: Callable[[HistoryRecord | None], None]
+    #: The job's staged results, unpersisted once their batch is done.
+    kept: KeptOutput
 
 
 @dataclass(frozen=True)
@@ -109,13 +115,20 @@ def run_checkpoint(job: Checkpointing, batch: BatchRequest) -> BatchResult:
     processing_time_ms = now_ms() if batch.processing_time_ms is None else batch.processing_time_ms
     spec = state_spec(job.settings, latest, coord.epoch, batch, batch_id, processing_time_ms)
     coord.begin(batch_id)
+    job.kept.release()  # the previous batch's output, kept until this batch
+    staged: DataFrame | None = None
+    completed = False
     try:
-        tasks = _run_tasks(job, batch, stage(batch.df, spec, batch.output_schema), batch_id)
+        staged = stage(batch.df, spec, batch.output_schema)
+        tasks = _run_tasks(job, batch, staged, batch_id)
         clock, complete_seconds = _complete(job, batch, batch_id, tasks.figures)
+        completed = True
     except BaseException as e:
         coord.abort(batch_id, f"{type(e).__name__}: {e}"[:500])
         job.observe(coord.history.last)
         raise
+    finally:
+        job.kept.release(staged, keep=completed and batch.sink is None)
     job.observe(coord.history.last)
     job.phase("after-complete", batch_id)
     return BatchResult(

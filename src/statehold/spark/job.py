@@ -32,7 +32,7 @@ from statehold.spark.api import (
 from statehold.spark.batch import BatchRequest, BatchResult
 from statehold.spark.checkpoint_run import Checkpointing, ReplayCheck, now_ms, run_checkpoint
 from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdProgressListener
-from statehold.spark.staging import JobSettings
+from statehold.spark.staging import JobSettings, KeptOutput
 from statehold.spark.streaming import ProcessorBatches, ProcessorJob, is_processor
 from statehold.storage import LocalStorage, Storage, check_key, open_storage
 
@@ -109,6 +109,7 @@ class StatefulJob:
         self.storage: Storage = root.child(job_id)
         self._ha = ha
         self._coordinator: CheckpointCoordinator | None = None
+        self._kept = KeptOutput()
         self._parsed: dict[str, StructType] = {}
         #: A checkpoint, savepoint or job directory of another job to start from (used
         #: only while this job has no checkpoint of its own; see statehold.checkpoint.restore).
@@ -405,7 +406,7 @@ class StatefulJob:
             backend_options=self.backend_options,
         )
         return Checkpointing(self.coordinator, settings, self.job_dir, self._phase,
-                             self._observe)
+                             self._observe, self._kept)
 
     @property
     def _replays(self) -> ReplayCheck:

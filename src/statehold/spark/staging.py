@@ -1,9 +1,21 @@
 """Turning one micro-batch into the Spark plan that runs statehold's tasks: the tasks'
 spec (what to restore, which function, which schema) and the staged DataFrame (keyed,
-routed by task, stateful, materialised once)."""
+routed by task, stateful, kept once computed).
+
+The staged result is persisted (memory, spilling to disk), not `localCheckpoint`-ed: a
+local checkpoint truncates the lineage, so a block lost with its executor can never be
+computed again and the batch fails. A persisted block lost with its executor is
+recomputed from lineage: that partition's task runs again, restores from the same
+checkpoint N-1 and, given the same rows and the spec's fixed processing time, emits the
+same rows. Its uploads are never acknowledged (the driver took the first run's handle
+from the acks), so they are unreferenced files of checkpoint N, which the reconcile and
+the job end delete.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -105,7 +117,9 @@ def _check_columns(batch: BatchRequest) -> None:
 
 def stage(df: DataFrame, spec: StateSpec, output_schema: StructType) -> DataFrame:
     """Key the rows, route each task's key groups to one partition, run the stateful
-    task there, and materialise the result once."""
+    task there, and persist the result (computed by the caller's first action; give it
+    back with `KeptOutput.release`)."""
+    from pyspark import StorageLevel
     from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
     keyed_schema = StructType(
@@ -127,5 +141,36 @@ def stage(df: DataFrame, spec: StateSpec, output_schema: StructType) -> DataFram
     staged = route_to_partitions(keyed, spec.parallelism, TASK_COL).mapInArrow(
         StateStage(spec), out_schema
     )
-    # Materialise once: the acks and the sink must see the same, single run of state.
-    return staged.localCheckpoint(eager=True)
+    # Computed once, by the first action (the acks), then read from the cache by the sink;
+    # a partition lost with its executor is recomputed from lineage (module docstring).
+    return staged.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+class KeptOutput:
+    """A job's staged results once their batch is done: unpersisted at once, so executors
+    do not pile up blocks, except the newest batch's without a sink (``result.output`` is
+    the caller's to write). That one stays cached until the job stages its next batch or
+    is garbage-collected: recomputing it after its checkpoint completed would restore from
+    a checkpoint the job may have deleted meanwhile."""
+
+    def __init__(self) -> None:
+        self._kept: weakref.finalize[[DataFrame], KeptOutput] | None = None
+
+    def release(self, staged: DataFrame | None = None, *, keep: bool = False) -> None:
+        """Unpersist the result kept last; then `staged` too, unless `keep`."""
+        if self._kept is not None:
+            self._kept()
+            self._kept = None
+        if staged is None:
+            return
+        if keep:
+            self._kept = weakref.finalize(self, _unpersist, staged)
+            self._kept.atexit = False
+        else:
+            _unpersist(staged)
+
+
+def _unpersist(staged: DataFrame) -> None:
+    # A finalizer may run after the session stopped; its cache went with it.
+    with contextlib.suppress(Exception):
+        staged.unpersist()
