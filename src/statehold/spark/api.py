@@ -22,9 +22,11 @@ State values are JSON data (never pickled): None, bool, int, float, str, lists a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from statehold.backend.state import KeyedState, ListState, MapState, ValueState
+from statehold.errors import InvalidArgumentError, StateholdError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -84,3 +86,15 @@ def replace_output(path: str, fmt: str = "json") -> Sink:
         df.write.mode("overwrite").format(fmt).save(f"{path.rstrip('/')}/batch-{batch_id:08d}")
 
     return write
+
+
+class OptionsError(StateholdError, TypeError):
+    """Options given that the function called does not take."""
+
+
+def millis(delay: int | timedelta) -> int:
+    """A delay (milliseconds, or a `timedelta`) in milliseconds; never negative."""
+    ms = int(delay.total_seconds() * 1000) if isinstance(delay, timedelta) else int(delay)
+    if ms < 0:
+        raise InvalidArgumentError(f"watermark delay must not be negative: {delay!r}")
+    return ms

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from statehold.backend.keys import check_max_parallelism
 from statehold.checkpoint.coordinator import CheckpointCoordinator
-from statehold.errors import InvalidArgumentError, StateholdError
-from statehold.format import layout
+from statehold.errors import InvalidArgumentError
 from statehold.format.metadata import CheckpointMetadata, EventTime, RestoreMode
 from statehold.ha.base import HAStore
 from statehold.job.directory import open_job
@@ -25,16 +24,19 @@ from statehold.spark.api import (
     BatchFunction,
     InputFormat,
     KeyFunction,
+    OptionsError,
     PhaseHook,
     Sink,
+    millis,
     replace_output,
 )
 from statehold.spark.batch import BatchRequest, BatchResult
 from statehold.spark.checkpoint_run import Checkpointing, ReplayCheck, now_ms, run_checkpoint
 from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdProgressListener
+from statehold.spark.session import SchemaParser, spark_checkpoint_location
 from statehold.spark.staging import JobSettings, KeptOutput
 from statehold.spark.streaming import ProcessorBatches, ProcessorJob, is_processor
-from statehold.storage import LocalStorage, Storage, check_key, open_storage
+from statehold.storage import Storage, check_key, open_storage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -42,17 +44,6 @@ if TYPE_CHECKING:
 
     from statehold.processor.runner import LateRows
     from statehold.spark.metrics import JobMetrics
-
-
-class OptionsError(StateholdError, TypeError):
-    """Options given that the function called does not take."""
-
-
-def _millis(delay: int | timedelta) -> int:
-    ms = int(delay.total_seconds() * 1000) if isinstance(delay, timedelta) else int(delay)
-    if ms < 0:
-        raise InvalidArgumentError(f"watermark delay must not be negative: {delay!r}")
-    return ms
 
 
 class StatefulJob:
@@ -110,7 +101,7 @@ class StatefulJob:
         self._ha = ha
         self._coordinator: CheckpointCoordinator | None = None
         self._kept = KeptOutput()
-        self._parsed: dict[str, StructType] = {}
+        self._schemas = SchemaParser(spark)
         #: A checkpoint, savepoint or job directory of another job to start from (used
         #: only while this job has no checkpoint of its own; see statehold.checkpoint.restore).
         self.restore_from = restore_from
@@ -137,12 +128,7 @@ class StatefulJob:
         """Where Spark's streaming checkpoint (source offsets, commits) must go: ``_spark/``
         inside the job directory, so copying the job directory copies a complete restore
         point. (On S3 Spark needs the hadoop-aws connector for the ``s3a://`` URI.)"""
-        if isinstance(self.storage, LocalStorage):
-            return str(self.storage.root / layout.SPARK_DIR)
-        uri = self.storage.uri
-        if uri.startswith("s3://"):
-            uri = "s3a://" + uri[len("s3://") :]
-        return f"{uri}/{layout.SPARK_DIR}"
+        return spark_checkpoint_location(self.storage)
 
     @property
     def coordinator(self) -> CheckpointCoordinator:
@@ -242,7 +228,7 @@ class StatefulJob:
         from statehold.spark.processing import event_time_after, processor_spec
 
         keys = (key,) if isinstance(key, str) else tuple(key)
-        delay_ms = _millis(watermark_delay)
+        delay_ms = millis(watermark_delay)
         pspec, fmt = processor_spec(
             self._newest_clock, df, processor, keys, time_mode, event_time_column, late_rows,
             now_ms() if processing_time_ms is None else processing_time_ms, input_format,
@@ -434,15 +420,7 @@ class StatefulJob:
             self.on_phase(phase, batch_id)
 
     def _struct(self, schema: StructType | str) -> StructType:
-        from pyspark.sql.types import StructType
-
-        if isinstance(schema, StructType):
-            return schema
-        # Parsing a DDL string costs a Spark round trip; a job parses the same few each batch.
-        parsed = self._parsed.get(schema)
-        if parsed is None:
-            parsed = self._parsed[schema] = self.spark.createDataFrame([], schema).schema
-        return parsed
+        return self._schemas.struct(schema)
 
 
 __all__ = ["BatchResult", "StatefulJob", "replace_output"]

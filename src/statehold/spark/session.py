@@ -13,8 +13,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from statehold.format import layout
+from statehold.storage import LocalStorage, Storage
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
 
 
 def use_this_python() -> None:
@@ -95,3 +99,33 @@ def local_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def spark_checkpoint_location(storage: Storage) -> str:
+    """Where Spark's streaming checkpoint of the job directory `storage` goes, as Spark
+    names it: ``_spark/`` inside it (``s3a://`` for S3, Hadoop's connector)."""
+    if isinstance(storage, LocalStorage):
+        return str(storage.root / layout.SPARK_DIR)
+    uri = storage.uri
+    if uri.startswith("s3://"):
+        uri = "s3a://" + uri[len("s3://") :]
+    return f"{uri}/{layout.SPARK_DIR}"
+
+
+class SchemaParser:
+    """Spark's DDL strings parsed by Spark itself, each once: a parse costs a round trip to
+    the JVM, and a job parses the same few every batch."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self._parsed: dict[str, StructType] = {}
+
+    def struct(self, schema: StructType | str) -> StructType:
+        from pyspark.sql.types import StructType
+
+        if isinstance(schema, StructType):
+            return schema
+        parsed = self._parsed.get(schema)
+        if parsed is None:
+            parsed = self._parsed[schema] = self.spark.createDataFrame([], schema).schema
+        return parsed
