@@ -47,19 +47,6 @@ TEMP_MARKER = ".tmp-"
 _DIR_ATTEMPTS = 5
 
 
-def _unlink_all(dir_fd: int, names: list[tuple[str, str]]) -> dict[str, BaseException]:
-    """Unlink each (key, name) in the directory `dir_fd`; the failures by key."""
-    failed: dict[str, BaseException] = {}
-    for key, name in names:
-        try:
-            os.unlink(name, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            failed[key] = e
-    return failed
-
-
 class LocalStorage(Storage):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).absolute()
@@ -174,18 +161,9 @@ class LocalStorage(Storage):
             return 0  # the directory is gone, so are its files
         except OSError as e:
             raise DeleteError({f"{directory}/{n}" if directory else n: e for n in names}) from e
-        freed = 0
-        failed: dict[str, BaseException] = {}
+        keyed = [(f"{directory}/{name}" if directory else name, name) for name in names]
         try:
-            for name in names:
-                try:
-                    if count_bytes:
-                        freed += os.stat(name, dir_fd=fd, follow_symlinks=False).st_size
-                    os.unlink(name, dir_fd=fd)
-                except FileNotFoundError:
-                    pass
-                except OSError as e:
-                    failed[f"{directory}/{name}" if directory else name] = e
+            freed, failed = local_listing.unlink_names(fd, keyed, count_bytes=count_bytes)
         finally:
             os.close(fd)
         self._remove_empty_dirs([where])
@@ -306,7 +284,7 @@ class LocalStorage(Storage):
                 failed.update((key, e) for key, _ in names)
                 continue
             try:
-                failed.update(_unlink_all(fd, names))
+                failed.update(local_listing.unlink_names(fd, names, count_bytes=False)[1])
             finally:
                 os.close(fd)
         self._remove_empty_dirs(set(where.values()))

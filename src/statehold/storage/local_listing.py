@@ -1,4 +1,5 @@
-"""Listing a local directory tree the way a million files want it: `os.scandir` directly
+"""Listing a local directory tree, and unlinking its names, the way a million files want
+it: `os.scandir` directly
 (`os.walk` would lstat every entry twice), keys built by concatenation, and regular
 files as bare names where the caller needs no more (as `find -type f`). Links are listed
 as entries of their own and never descended into. `LocalStorage` checks the prefix
@@ -122,3 +123,23 @@ def top(base: str, prefix: str) -> tuple[list[str], list[FileInfo]]:
     except (FileNotFoundError, NotADirectoryError):
         pass
     return sorted(dirs), files
+
+
+def unlink_names(
+    dir_fd: int, names: list[tuple[str, str]], *, count_bytes: bool
+) -> tuple[int, dict[str, BaseException]]:
+    """Unlink each (key, name) relative to the open directory `dir_fd`, as `find -delete`
+    does (a name already gone counts as deleted): the bytes freed (lstat'ed first, with
+    `count_bytes`; else 0) and the failures by key."""
+    freed = 0
+    failed: dict[str, BaseException] = {}
+    for key, name in names:
+        try:
+            if count_bytes:
+                freed += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            failed[key] = e
+    return freed, failed
