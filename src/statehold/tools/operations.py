@@ -22,7 +22,9 @@ from statehold.cleanup.reconcile import live_attempt
 from statehold.format import layout
 from statehold.format.layout import Kind, Scope
 from statehold.format.metadata import (
+    CheckpointMetadata,
     MetadataError,
+    StateFile,
     check_stored,
     decode,
     encode,
@@ -84,14 +86,53 @@ def export(
 
 
 def _export(t: Target, out: Storage, progress: Progress, verify_after: bool) -> ExportReport:
+    """Check, copy, then publish: nothing is written to `out` before every referenced file
+    is present and whole, and nothing is published before every copy is."""
     assert t.metadata_key is not None
     meta = read(t)
+    files = referenced_keys(meta, t.metadata_key)
+    _check_exportable(t, meta, files, progress)
+    _check_destination(t, out)
+    new_metadata_key = layout.checkpoint_metadata_key(meta.checkpoint_id)
+    mapping = {key: _export_key(key, f.scope) for key, f in files.items()}
+    if len(set(mapping.values())) != len(mapping):
+        raise ToolError(f"cannot export {t.uri}: two referenced files would share a name")
+    new_meta = relocate(meta, t.metadata_key, new_metadata_key, mapping).model_copy(
+        update={"kind": "checkpoint", "savepoint_name": None}
+    )
+    data = encode(new_meta, new_metadata_key)
+    new_meta = decode(data, new_metadata_key)
+    copied = _copy_files(t, out, files, mapping, progress)
+    out.create_if_absent(new_metadata_key, data)
+    write_owner(out, new_meta.job_id, EMBEDDED)
+    pointer = CheckpointPointer(
+        new_meta.checkpoint_id, new_metadata_key, new_meta.epoch, new_meta.checksum
+    )
+    state = EmbeddedHAStore(out).seed(max(new_meta.epoch, 1), [pointer])
+    if verify_after:
+        _verify_export(out, new_metadata_key, progress)
+    return ExportReport(
+        source=t.uri,
+        dest=out.uri,
+        metadata_path=new_metadata_key,
+        checkpoint_id=new_meta.checkpoint_id,
+        files_copied=len(files),
+        bytes_copied=copied,
+        ha_epoch=state.epoch,
+        verified=verify_after,
+    )
+
+
+def _check_exportable(
+    t: Target, meta: CheckpointMetadata, files: dict[str, StateFile], progress: Progress
+) -> None:
+    """Refuse a checkpoint with external files, or a referenced file missing or of
+    another size than its metadata says."""
     problems = [
         Problem(path=f.path, problem="outside the job directory (external); not exportable")
         for _op, _kg, f in meta.state_files()
         if f.external
     ]
-    files = referenced_keys(meta, t.metadata_key)
     progress.start(f"checking {t.path}", len(files), "files")
     for key, f in sorted(files.items()):
         progress.advance(1)
@@ -101,6 +142,10 @@ def _export(t: Target, out: Storage, progress: Progress, verify_after: bool) -> 
         elif info.size != f.size:
             problems.append(Problem(path=key, problem=f"size {info.size}, metadata says {f.size}"))
     _refuse(f"cannot export {t.uri}", problems)
+
+
+def _check_destination(t: Target, out: Storage) -> None:
+    """The destination is empty and does not overlap the source job directory."""
     src_uri, dst_uri = t.job.uri + "/", out.uri.rstrip("/") + "/"
     if dst_uri.startswith(src_uri) or src_uri.startswith(dst_uri):
         raise ToolError(f"{out.uri}: the destination must not overlap the source job directory")
@@ -111,16 +156,16 @@ def _export(t: Target, out: Storage, progress: Progress, verify_after: bool) -> 
     if not_empty:
         raise ToolError(f"{out.uri}: the destination is not empty")
 
-    new_metadata_key = layout.checkpoint_metadata_key(meta.checkpoint_id)
-    mapping = {key: _export_key(key, f.scope) for key, f in files.items()}
-    if len(set(mapping.values())) != len(mapping):
-        raise ToolError(f"cannot export {t.uri}: two referenced files would share a name")
-    new_meta = relocate(meta, t.metadata_key, new_metadata_key, mapping).model_copy(
-        update={"kind": "checkpoint", "savepoint_name": None}
-    )
-    data = encode(new_meta, new_metadata_key)
-    new_meta = decode(data, new_metadata_key)
 
+def _copy_files(
+    t: Target,
+    out: Storage,
+    files: dict[str, StateFile],
+    mapping: dict[str, str],
+    progress: Progress,
+) -> int:
+    """Copy every referenced file to its new key in `out`, then check every copy is what
+    the metadata says; the bytes copied."""
     progress.start(f"export {t.path}", sum(f.size for f in files.values()))
     copied = 0
     for key, f in sorted(files.items()):
@@ -130,7 +175,6 @@ def _export(t: Target, out: Storage, progress: Progress, verify_after: bool) -> 
             raise ToolError(f"copying {key} to {out.uri} failed: {one_line(e)}") from e
         copied += f.size
         progress.advance(f.size)
-    # Nothing is published until every copy is what the metadata says.
     _refuse(
         f"exported copy in {out.uri} is damaged",
         [
@@ -138,33 +182,17 @@ def _export(t: Target, out: Storage, progress: Progress, verify_after: bool) -> 
             for k, why in check_stored(out, {mapping[k]: f for k, f in files.items()})
         ],
     )
-    out.create_if_absent(new_metadata_key, data)
-    write_owner(out, new_meta.job_id, EMBEDDED)
-    pointer = CheckpointPointer(
-        new_meta.checkpoint_id, new_metadata_key, new_meta.epoch, new_meta.checksum
-    )
-    state = EmbeddedHAStore(out).seed(max(new_meta.epoch, 1), [pointer])
-    verified = False
-    if verify_after:
-        with open_job(out) as exported:
-            key = new_metadata_key
-            check = _verify(Target(exported, "checkpoint", key), True, progress)
-        if not check.ok:
-            p = check.problems[0]
-            raise ToolError(
-                f"exported {out.uri} does not verify: {p.path}: {p.problem}", check.problems
-            )
-        verified = True
-    return ExportReport(
-        source=t.uri,
-        dest=out.uri,
-        metadata_path=new_metadata_key,
-        checkpoint_id=new_meta.checkpoint_id,
-        files_copied=len(files),
-        bytes_copied=copied,
-        ha_epoch=state.epoch,
-        verified=verified,
-    )
+    return copied
+
+
+def _verify_export(out: Storage, metadata_key: str, progress: Progress) -> None:
+    with open_job(out) as exported:
+        check = _verify(Target(exported, "checkpoint", metadata_key), True, progress)
+    if not check.ok:
+        p = check.problems[0]
+        raise ToolError(
+            f"exported {out.uri} does not verify: {p.path}: {p.problem}", check.problems
+        )
 
 
 def _refuse(what: str, problems: list[Problem]) -> None:
