@@ -1,4 +1,9 @@
-"""Deletion: the one deletion policy and everything that asks it. The shared-state
-registry says who holds which file; the cleaners discard (in the caller's thread, in the
-background, or in bulk for an outside gc); the sweep and reconcile find orphans; `gc` is
-the outside writer's gc."""
+"""Deletion: the one deletion policy and everything that asks it.
+
+Bottom to top: `discard` (what may be deleted), `registry` (which holder references which
+file; reads no storage), `holders` (the registry built from the documents the job
+directory read, damaged ones quarantined), `policy` (what is referenced, kept, protected
+or deletable, and the last check before any delete), the cleaners (`cleaner` in the
+caller's thread; `async_cleaner` and `bulk_delete` in the background, sharing `retry`),
+then `sweep` and `reconcile` (orphans found in a streamed listing) and `gc` (the outside
+writer's gc, re-checking liveness before every batch)."""
