@@ -1,7 +1,8 @@
 """`statehold ui` is read-only and local: a real `statehold ui` process on a small job
 directory listens on 127.0.0.1 only, answers GET and HEAD of its page, refuses every
-method that could change something (405, nothing read or written) and serves no file of
-the job directory; the directory's tree is byte for byte the same afterwards."""
+method that could change something (405, nothing read or written), serves no file of
+the job directory and shows the directory's text as text, never as markup; the directory's
+tree is byte for byte the same afterwards."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import http.client
 import os
 import socket
 import sys
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -63,11 +65,22 @@ def answers(host: str, port: int) -> bool:
         return False
 
 
+#: Markup in text the job directory holds (an aborted checkpoint's reason, in its history
+#: record); the page shows it as text.
+MARKUP = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+
+
 @pytest.fixture
 def job_dir(tmp_path: Path) -> Path:
-    """Checkpoints 1..3 (all retained), the savepoint "sp" and a stale chk-99."""
+    """Checkpoints 1..3 (all retained), the savepoint "sp", a stale chk-99 and checkpoint
+    4 aborted with markup for its reason."""
     root = tmp_path / "job"
-    build_job(open_storage(str(root)), checkpoints=3, savepoint_at=2).coord.close()
+    coord = build_job(open_storage(str(root)), checkpoints=3, savepoint_at=2).coord
+    try:
+        coord.begin(4)
+        coord.abort(4, MARKUP)
+    finally:
+        coord.close()
     return root
 
 
@@ -80,6 +93,8 @@ def test_ui_answers_get_and_head_and_changes_nothing(job_dir: Path) -> None:
         status, headers, page = request(port, "GET", "/")
         assert status == 200 and headers["Content-Type"].startswith("text/html")
         assert b"savepoints/sp" in page and b"chk-3" in page
+        assert b"<script" not in page and b"<img" not in page
+        assert escape(MARKUP).encode() in page
         status, headers, body = request(port, "HEAD", "/")
         assert (status, body) == (200, b"") and int(headers["Content-Length"]) > 0
 
