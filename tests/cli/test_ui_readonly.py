@@ -1,8 +1,9 @@
 """`statehold ui` is read-only and local: a real `statehold ui` process on a small job
 directory listens on 127.0.0.1 only, answers GET and HEAD of its page, refuses every
-method that could change something (405, nothing read or written), serves no file of
-the job directory and shows the directory's text as text, never as markup; the directory's
-tree is byte for byte the same afterwards."""
+method that could change something (405, nothing read or written), serves the page only
+to requests addressed to 127.0.0.1 or localhost (not to a page rebinding its own name to
+127.0.0.1), serves no file of the job directory and shows the directory's text as text,
+never as markup; the directory's tree is byte for byte the same afterwards."""
 
 from __future__ import annotations
 
@@ -46,11 +47,11 @@ def tree(root: Path) -> dict[str, tuple[str, int, int, str]]:
     return found
 
 
-def request(port: int, method: str, path: str,
-            body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+def request(port: int, method: str, path: str, body: bytes | None = None,
+            headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        conn.request(method, path, body=body)
+        conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()
         return response.status, dict(response.getheaders()), response.read()
     finally:
@@ -110,6 +111,15 @@ def test_ui_answers_get_and_head_and_changes_nothing(job_dir: Path) -> None:
         for path in targets[2:] + ["/../job/_job/owner.json", "/%2e%2e/_job/owner.json"]:
             status, _headers, body = request(port, "GET", path)
             assert status == 404 and b'"job_id"' not in body, path
+
+        # A request addressed to another name (a page rebinding its name to 127.0.0.1)
+        # is refused; any port is fine (a forwarded one).
+        for host, expected in [("attacker.example", 403), ("attacker.example:80", 403),
+                               ("127.0.0.1.nip.io", 403), ("localhost:9000", 200),
+                               ("[::1]:8765", 200)]:
+            status, _headers, body = request(port, "GET", "/", headers={"Host": host})
+            assert status == expected, host
+            assert (b"savepoints/sp" in body) == (expected == 200), host
 
         if sys.platform == "linux":
             assert answers("127.0.0.1", port) and not answers(OTHER_LOOPBACK, port)

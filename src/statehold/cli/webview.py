@@ -217,9 +217,26 @@ def render_html(view: WebView) -> str:
 
 
 # -- serving ------------------------------------------------------------------------------
+#: The names a request to the page may carry in its Host header.
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
+def local_host(header: str | None) -> bool:
+    """Whether a request's Host header (any port) names this machine's loopback. A web page
+    that rebinds its own host name to 127.0.0.1 (DNS rebinding) sends that name, so a
+    browser cannot read the page on behalf of another site; no header (HTTP/1.0) is fine."""
+    if header is None:
+        return True
+    name = header.strip().lower()
+    name = name[: name.index("]") + 1] if name.startswith("[") and "]" in name else (
+        name.rsplit(":", 1)[0])
+    return name in LOCAL_HOSTS
+
+
 def make_server(job_dir: str, ha: str | None, port: int) -> ThreadingHTTPServer:
     """An HTTP server on 127.0.0.1 (only: there is no option to listen elsewhere) whose
-    ``/`` is the page, read afresh on each load; it answers GET and HEAD only."""
+    ``/`` is the page, read afresh on each load; it answers GET and HEAD only, and only
+    requests addressed to 127.0.0.1 or localhost (`local_host`)."""
     job_uri, _ref = split_location(job_dir)
     with open_job(job_uri, ha):
         pass  # refuse a non-job directory or a wrong HA store before serving anything
@@ -245,6 +262,9 @@ def make_server(job_dir: str, ha: str | None, port: int) -> ThreadingHTTPServer:
         do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815 - http.server's names
 
         def _page(self, with_body: bool) -> None:
+            if not local_host(self.headers.get("Host")):
+                self.send_error(403, "the page is served to 127.0.0.1 and localhost only")
+                return
             if self.path not in ("/", "/index.html"):
                 self.send_error(404)
                 return
