@@ -1,8 +1,8 @@
 """The web view of a job directory: one self-contained HTML page (inline CSS and SVG
 charts, no script, nothing fetched), written by ``statehold report --html`` or served by
-``statehold ui`` on 127.0.0.1. It is built from the same read-only reports as the CLI
-(list, du, status, verify of sizes) and the checkpoint history, so it works wherever
-they do (local and S3 job directories) and changes nothing."""
+``statehold ui`` on 127.0.0.1 (GET and HEAD only). It is built from the same read-only
+reports as the CLI (list, du, status, verify of sizes) and the checkpoint history, so it
+works wherever they do (local and S3 job directories) and changes nothing."""
 
 from __future__ import annotations
 
@@ -217,14 +217,54 @@ def render_html(view: WebView) -> str:
 
 
 # -- serving ------------------------------------------------------------------------------
+#: The names a request to the page may carry in its Host header.
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
+def local_host(header: str | None) -> bool:
+    """Whether a request's Host header (any port) names this machine's loopback. A web page
+    that rebinds its own host name to 127.0.0.1 (DNS rebinding) sends that name, so a
+    browser cannot read the page on behalf of another site; no header (HTTP/1.0) is fine."""
+    if header is None:
+        return True
+    name = header.strip().lower()
+    name = name[: name.index("]") + 1] if name.startswith("[") and "]" in name else (
+        name.rsplit(":", 1)[0])
+    return name in LOCAL_HOSTS
+
+
 def make_server(job_dir: str, ha: str | None, port: int) -> ThreadingHTTPServer:
-    """An HTTP server on 127.0.0.1 whose ``/`` is the page, read afresh on each load."""
+    """An HTTP server on 127.0.0.1 (only: there is no option to listen elsewhere) whose
+    ``/`` is the page, read afresh on each load; it answers GET and HEAD only, and only
+    requests addressed to 127.0.0.1 or localhost (`local_host`)."""
     job_uri, _ref = split_location(job_dir)
     with open_job(job_uri, ha):
         pass  # refuse a non-job directory or a wrong HA store before serving anything
 
     class Handler(BaseHTTPRequestHandler):
+        """GET and HEAD of the page; every method that could change something is refused
+        with 405 before anything is read, and methods http.server does not know get 501."""
+
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self._page(with_body=True)
+
+        def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+            self._page(with_body=False)
+
+        def _refuse(self) -> None:
+            self.send_response(405)
+            self.send_header("Allow", "GET, HEAD")
+            self.send_header("Content-Length", "0")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+
+        do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815 - http.server's names
+
+        def _page(self, with_body: bool) -> None:
+            if not local_host(self.headers.get("Host")):
+                self.send_error(403, "the page is served to 127.0.0.1 and localhost only")
+                return
             if self.path not in ("/", "/index.html"):
                 self.send_error(404)
                 return
@@ -239,7 +279,8 @@ def make_server(job_dir: str, ha: str | None, port: int) -> ThreadingHTTPServer:
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if with_body:
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             return

@@ -56,7 +56,8 @@ class StatefulJob:
     ``on_phase`` is told each batch's progress (see `PhaseHook`). The newest `history`
     checkpoints leave a record in ``_job/history/`` (`statehold.job.history`). With
     `metrics_port`, the driver serves Prometheus metrics there (`statehold.spark.metrics`; 0:
-    any free port, see ``job.metrics.port``).
+    any free port, see ``job.metrics.port``) on `metrics_host`: 127.0.0.1 unless told
+    another address (``"0.0.0.0"``: every interface).
     """
 
     def __init__(
@@ -78,6 +79,7 @@ class StatefulJob:
         on_phase: PhaseHook | None = None,
         history: int = DEFAULT_KEEP,
         metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         check_max_parallelism(max_parallelism)
         self.spark = spark
@@ -115,7 +117,7 @@ class StatefulJob:
         if metrics_port is not None:
             from statehold.spark.metrics import JobMetrics
 
-            self.metrics = JobMetrics(job_id, metrics_port)
+            self.metrics = JobMetrics(job_id, metrics_port, metrics_host)
 
     # -- where things are ----------------------------------------------------------------
     @property

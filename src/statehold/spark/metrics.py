@@ -4,7 +4,12 @@ figures as its history record and `BatchResult`) updates them; the cleaner's bac
 the time since the last completed checkpoint are read at scrape time.
 
 Each job has its own registry, so two jobs in one driver never collide on names; every
-metric carries the ``job`` label."""
+metric carries the ``job`` label.
+
+The endpoint listens on 127.0.0.1 unless told another address (``StatefulJob(metrics_host=
+...)``): `prometheus_client.start_http_server` itself binds every interface (``0.0.0.0``)
+when given none, so the address is always passed. A Prometheus server on another machine
+needs ``metrics_host="0.0.0.0"`` (or the address of one interface)."""
 
 from __future__ import annotations
 
@@ -19,11 +24,15 @@ from statehold.job.history import HistoryRecord
 _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
-class JobMetrics:
-    """The metrics of one job, and the HTTP endpoint serving them (port 0: any free one;
-    `port` then tells which)."""
+#: Where the endpoint listens unless told otherwise: this machine only.
+DEFAULT_HOST = "127.0.0.1"
 
-    def __init__(self, job_id: str, port: int, addr: str = "0.0.0.0") -> None:
+
+class JobMetrics:
+    """The metrics of one job, and the HTTP endpoint serving them on `host` (127.0.0.1
+    unless told otherwise) and `port` (0: any free one; `port` then tells which)."""
+
+    def __init__(self, job_id: str, port: int, host: str = DEFAULT_HOST) -> None:
         self.registry = CollectorRegistry()
         r, job = self.registry, ["job"]
         self.job_id = job_id
@@ -56,8 +65,14 @@ class JobMetrics:
               job, registry=r).labels(job_id).set_function(lambda: self._cleaner_figure("backlog"))
         Gauge("statehold_cleanup_failures", "The cleaner's failed delete attempts so far", job,
               registry=r).labels(job_id).set_function(lambda: self._cleaner_figure("failures"))
-        self._server, self._thread = start_http_server(port, addr=addr, registry=r)
+        self._server, self._thread = start_http_server(port, addr=host, registry=r)
         self.port: int = self._server.server_address[1]
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The address the endpoint's socket is bound to: (host, port)."""
+        host, port = self._server.socket.getsockname()[:2]
+        return str(host), int(port)
 
     def attach(self, epoch: int, cleaner_status: Callable[[], Any]) -> None:
         """A (new) attempt: its epoch and its cleaner's `status()`."""
