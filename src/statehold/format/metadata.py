@@ -267,6 +267,12 @@ def decode(data: bytes, metadata_key: str, where: str | None = None) -> Checkpoi
     return meta
 
 
+def newer_version(data: bytes) -> int | None:
+    """The format version a `_metadata` document declares if it is newer than this
+    statehold reads (see `signed.newer_version`), else None."""
+    return signed.newer_version(data, format_name=FORMAT_NAME, version=FORMAT_VERSION)
+
+
 def read_metadata(storage: Storage, metadata_key: str) -> CheckpointMetadata:
     where = f"{storage.uri.rstrip('/')}/{metadata_key}"
     try:

@@ -189,6 +189,24 @@ def encode(model: BaseModel) -> bytes:
     return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
 
 
+def newer_version(
+    data: bytes, *, format_name: str, version: int, max_bytes: int = MAX_METADATA_BYTES
+) -> int | None:
+    """The version a `format_name` document declares if it is newer than `version` (what
+    this statehold reads), whether or not it verifies; None for anything else. What such a
+    document holds cannot be known here, so nothing may be deleted on its account."""
+    try:
+        doc = load_json(data, where="document", error=ValueError, max_bytes=max_bytes)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != format_name:
+        return None
+    found = doc.get("version")
+    if isinstance(found, int) and not isinstance(found, bool) and found > version:
+        return found
+    return None
+
+
 def decode(
     data: bytes,
     model: type[M],
