@@ -348,12 +348,27 @@ _LARGE: dict[str, Callable[[int], Any]] = {
 }
 
 
+def _members(n: int) -> dict[str, Any]:
+    return {f"k{i:07d}": 0 for i in range(n)}
+
+
+def _deep_members(n: int) -> dict[str, Any]:
+    """Bad members one level down (an operator's state variables, say)."""
+    return {"op": {"variables": _members(n)}}
+
+
 def _large_inputs(decoder: Decoder) -> list[tuple[str, bytes]]:
     sample = decoder.sample()
     doc = json.loads(sample)
-    fields = ["extra", *[k for k, v in doc.items() if isinstance(v, list)]]
+    lists = [k for k, v in doc.items() if isinstance(v, list)]
     inputs = [(f"{where}={shape}", _fill(sample, where, value_of))
-              for where in fields for shape, value_of in _LARGE.items()]
+              for where in lists for shape, value_of in _LARGE.items()]
+    # A member no model knows: parsed, then refused as one error.
+    inputs += [(f"extra={shape}", _fill(sample, "extra", _LARGE[shape]))
+               for shape in ("string", "objects")]
+    for where in [k for k, v in doc.items() if isinstance(v, dict)]:
+        inputs.append((f"{where}=members", _fill(sample, where, _members)))
+        inputs.append((f"{where}=deep-members", _fill(sample, where, _deep_members)))
     inputs.append(("open-brackets", b"[" * MB))
     inputs.append(("digits", b"1" * MB))
     inputs.append(("deep-ish", _fill(sample, "extra", lambda n: [_nested(60, 0)] * n)))
