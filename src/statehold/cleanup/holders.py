@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from statehold.cleanup.registry import SharedStateRegistry
 from statehold.format import layout
-from statehold.format.metadata import CheckpointMetadata, referenced_keys
+from statehold.format.metadata import CheckpointMetadata, newer_version, referenced_keys
 from statehold.ha.base import HAState
 from statehold.job.directory import JobDirectory
 
@@ -73,6 +73,9 @@ class Holders:
     salvaged: set[str] = field(default_factory=set)
     #: A quarantined document no path could be read from: spare every data file.
     spare_all_data: bool = False
+    #: Quarantined documents of a newer format version (key -> the version they declare):
+    #: what they name is unknown here, so every data file is spared and dispose refuses.
+    newer: dict[str, int] = field(default_factory=dict)
 
     def registry(self) -> SharedStateRegistry:
         """The shared-state registry of these holders; what quarantined documents name
@@ -102,7 +105,10 @@ def load_holders(
     holders = Holders(documents=dict(documents))
     for key, (why, raw) in damaged.items():
         holders.quarantined[key] = why
-        found = salvage(raw, key) if raw is not None else None
+        version = newer_version(raw) if raw is not None else None
+        if version is not None:
+            holders.newer[key] = version
+        found = salvage(raw, key) if raw is not None and version is None else None
         if found is None:
             holders.spare_all_data = True
         else:

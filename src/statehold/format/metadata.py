@@ -145,7 +145,9 @@ class OperatorSchemas(_Model):
     version: signed.Version = SCHEMA_RECORD_VERSION
     #: Spark's type JSON of the grouping key's columns (a struct); None if unknown.
     key: SchemaJson | None = None
-    variables: dict[signed.Name, VariableSchema] = Field(default_factory=dict)
+    variables: Annotated[
+        dict[signed.Name, VariableSchema], signed.each_member(VariableSchema)
+    ] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _known_version(self) -> OperatorSchemas:
@@ -196,7 +198,9 @@ class CheckpointMetadata(_Model):
     lineage: Lineage | None = None
     #: Per operator, the schemas its state was written with (absent before version 2 and
     #: in jobs that record none).
-    state_schemas: dict[signed.Name, OperatorSchemas] | None = None
+    state_schemas: (
+        Annotated[dict[signed.Name, OperatorSchemas], signed.each_member(OperatorSchemas)] | None
+    ) = None
     #: Watermark and timers (jobs with a stateful processor only).
     event_time: EventTime | None = None
     #: SHA-256 of the canonical document without this field; set by `encode`.
@@ -265,6 +269,12 @@ def decode(data: bytes, metadata_key: str, where: str | None = None) -> Checkpoi
     except UnsafePathError as e:
         raise MetadataError(f"{where}: unsafe state file path: {e}") from e
     return meta
+
+
+def newer_version(data: bytes) -> int | None:
+    """The format version a `_metadata` document declares if it is newer than this
+    statehold reads (see `signed.newer_version`), else None."""
+    return signed.newer_version(data, format_name=FORMAT_NAME, version=FORMAT_VERSION)
 
 
 def read_metadata(storage: Storage, metadata_key: str) -> CheckpointMetadata:

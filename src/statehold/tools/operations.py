@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from statehold.cleanup.cleaner import SyncCleaner
 from statehold.cleanup.discard import Discard
 from statehold.cleanup.gc import outside_guard
-from statehold.cleanup.holders import read_holders
+from statehold.cleanup.holders import Holders, read_holders
 from statehold.cleanup.policy import LiveAttempt, Verdict, View, judge
 from statehold.cleanup.reconcile import live_attempt
 from statehold.format import layout
@@ -28,6 +28,7 @@ from statehold.format.metadata import (
     check_stored,
     decode,
     encode,
+    newer_version,
     referenced_keys,
     relocate,
 )
@@ -302,7 +303,9 @@ def _plan_dispose(
     if not own_dir and not retained:
         raise ToolError(f"{t.uri}: no such {t.kind}")
     names = _named_by_target(t, force=force)
-    view = View.of(state.epoch, read_holders(job, state, skip=key), live, files)
+    holders = read_holders(job, state, skip=key)
+    _refuse_newer(job.uri, holders)
+    view = View.of(state.epoch, holders, live, files)
     by_key = {i.key: i for i in files}
     deleted: list[str] = []
     kept: list[str] = []
@@ -332,9 +335,28 @@ def _named_by_target(t: Target, *, force: bool) -> set[str]:
     try:
         return set(referenced_keys(read(t), t.metadata_key))
     except MetadataError as e:
-        if not force:
+        if not force or _is_newer(t):
             raise ToolError(f"cannot dispose: {one_line(e)} (--force removes it)") from e
         return set()
+
+
+def _is_newer(t: Target) -> bool:
+    assert t.metadata_key is not None
+    try:
+        data = t.job.storage.read(t.metadata_key)
+    except StorageError:
+        return False
+    return newer_version(data) is not None
+
+
+def _refuse_newer(job_uri: str, holders: Holders) -> None:
+    """Refused, even forced: a document of a newer format version names files this
+    statehold cannot know."""
+    for key, version in sorted(holders.newer.items()):
+        raise ToolError(
+            f"cannot dispose: {job_uri.rstrip('/')}/{key} has format version {version}, "
+            "newer than this statehold reads; upgrade statehold"
+        )
 
 
 def _delete_disposed(
@@ -369,6 +391,7 @@ def _dispose_job(
     live = live_attempt(job, state)
     if live is not None:
         raise ToolError(f"{job.uri}: an attempt (epoch {live.epoch}) is running; stop it first")
+    _refuse_newer(job.uri, read_holders(job, state))
     if (state.retained or savepoints) and not force:
         raise ToolError(
             f"{job.uri} has {len(state.retained)} retained checkpoint(s) and "

@@ -1,0 +1,390 @@
+"""Every decoder of an on-disk document, fuzzed: `_metadata`, the embedded HA pointer, the
+ZooKeeper znode, a history record, the owner record, the lease and the job result.
+
+Two strategies each: arbitrary bytes, and mutations of a valid encoded document (bytes
+flipped, inserted, deleted, truncated; JSON values replaced by extreme ones — huge
+numbers, deep nesting, long strings, wrong types — and the document re-signed, so the
+mutation reaches the model instead of stopping at the checksum). A decode either
+succeeds or raises its format's StateholdError with one bounded line; the lease, which
+vouches for nothing when it is not sane, is None instead. Nothing else escapes. A 1 MB
+input is decoded within a bounded peak of memory (tracemalloc).
+
+tests/format/test_bad_input.py has the crafted cases (each bound, each constant); this
+module looks for what nobody thought of."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from statehold.errors import StateholdError
+from statehold.format import layout, metadata, signed
+from statehold.format.layout import Scope
+from statehold.format.metadata import (
+    CheckpointMetadata,
+    EventTime,
+    InlineFile,
+    KeyGroupRange,
+    KeyGroupState,
+    MetadataError,
+    OperatorSchemas,
+    OperatorState,
+    StateFile,
+    VariableSchema,
+)
+from statehold.ha import CheckpointPointer, HAStoreError
+from statehold.ha import zookeeper as zk
+from statehold.ha.embedded import PointerDocument, PointerModel, decode_document, encode_document
+from statehold.job import history
+from statehold.job.directory import JobDirectoryError, read_owner
+from statehold.job.lease import LeaseRecord, lease_key, read_lease
+from statehold.job.owner import OWNER_KEY, OwnerRecord
+from statehold.job.result import (
+    RESULT_KEY,
+    JobOutcome,
+    JobResult,
+    JobResultError,
+    RetentionPolicy,
+    read_result,
+)
+from statehold.storage import Storage
+from statehold.storage.base import NotFoundError
+
+#: Longest message a refusal may carry (a log line; `signed.one_line` cuts at 500, plus
+#: the file's name).
+MAX_MESSAGE = 2000
+#: Peak memory a decode of a 1 MB input may take.
+MAX_PEAK = 64 << 20
+FUZZ = settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+KEY = layout.checkpoint_metadata_key(7)
+
+
+class OneFile:
+    """Just enough of a Storage for a reader of one file: its bytes under one key."""
+
+    uri = "file:///fuzz/job/"
+
+    def __init__(self, key: str, data: bytes) -> None:
+        self.key, self.data = key, data
+
+    def read(self, key: str) -> bytes:
+        if key != self.key:
+            raise NotFoundError(key)
+        return self.data
+
+
+def _storage(key: str, data: bytes) -> Storage:
+    return cast(Storage, OneFile(key, data))
+
+
+# -- the documents, encoded by the code that writes them -------------------------------------
+def _metadata() -> bytes:
+    shared = StateFile(
+        path=layout.relativize(KEY, layout.shared_key(2, 5, "000011.sst")),
+        scope=Scope.SHARED, size=1234, checksum="sha256:" + "ab" * 32, name="000011.sst",
+    )
+    meta = CheckpointMetadata(
+        job_id="orders", checkpoint_id=7, epoch=2, created_at=1.7e9, completed_at=1.7e9 + 1,
+        source_position={"batch_id": 7, "offsets": {"t": [1, 2]}}, max_parallelism=8,
+        operators=[OperatorState(operator="agg", ranges=[
+            KeyGroupState(key_groups=KeyGroupRange(start=0, end=7), files=[shared],
+                          inline=[InlineFile.of("MANIFEST", b"m")], info={"rows": 3}),
+        ])],
+        state_schemas={"agg": OperatorSchemas(
+            key='{"type":"struct","fields":[]}',
+            variables={"total": VariableSchema(kind="value", value='"long"')},
+        )},
+        event_time=EventTime(time_mode="eventtime", watermark_ms=5, next_timer_ms=9),
+    )
+    return metadata.encode(meta, KEY)
+
+
+def _pointer() -> bytes:
+    return encode_document(PointerDocument(
+        seq=3, epoch=2, nonce="a" * 32, parent="b" * 32, written_at=1.7e9,
+        retained=[PointerModel(checkpoint_id=7, metadata=KEY, epoch=2,
+                               checksum="sha256:" + "cd" * 32)],
+    ))
+
+
+def _znode() -> bytes:
+    return zk.encode(2, [CheckpointPointer(7, KEY, 2, "sha256:" + "cd" * 32)])
+
+
+def _history() -> bytes:
+    return signed.encode(history.HistoryRecord(
+        job_id="orders", checkpoint_id=7, epoch=2, outcome="aborted", started_at=1.7e9,
+        ended_at=1.7e9 + 2, duration=2.0, bytes_uploaded=10, files_uploaded=1, rows=5,
+        reason="a task failed",
+    ))
+
+
+def _owner() -> bytes:
+    return signed.encode(OwnerRecord(job_id="orders", ha="embedded", created_at=1.7e9))
+
+
+def _lease() -> bytes:  # as `Lease.renew` writes it
+    return json.dumps({"epoch": 2, "renewed_at": 1.7e9, "ttl": 120.0,
+                       "status": {"cleaner": {"pending_keys": 3}}}).encode()
+
+
+def _result() -> bytes:  # as `write_result` writes it
+    return JobResult(job_id="orders", epoch=2, outcome=JobOutcome.FINISHED,
+                     policy=RetentionPolicy.KEEP_LATEST, state="dirty",
+                     at=1.7e9).model_dump_json(indent=1).encode()
+
+
+@dataclass(frozen=True)
+class Decoder:
+    name: str
+    sample: Callable[[], bytes]
+    decode: Callable[[bytes], object]
+    #: What a refusal raises; None: a document that is not sane is read as None.
+    error: type[StateholdError] | None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+DECODERS = [
+    Decoder("metadata", _metadata, lambda d: metadata.decode(d, KEY), MetadataError),
+    Decoder("ha-pointer", _pointer,
+            lambda d: decode_document(d, "_ha/00000000000000000003.json", 3), HAStoreError),
+    Decoder("zookeeper", _znode, lambda d: zk.decode(d, 4, "/statehold/orders"), HAStoreError),
+    Decoder("history", _history,
+            lambda d: history.decode(d, f"{history.HISTORY_DIR}/c7.json"), history.HistoryError),
+    Decoder("owner", _owner, lambda d: read_owner(_storage(OWNER_KEY, d)), JobDirectoryError),
+    Decoder("lease", _lease, lambda d: read_lease(_storage(lease_key(2), d), 2), None),
+    Decoder("job-result", _result, lambda d: read_result(_storage(RESULT_KEY, d)),
+            JobResultError),
+]
+
+
+def decodes_or_refuses(decoder: Decoder, data: bytes) -> object:
+    """Decode `data`: a value, or the format's own error with one bounded line; any other
+    exception fails the test with its traceback."""
+    if decoder.error is None:
+        value = decoder.decode(data)
+        assert value is None or isinstance(value, LeaseRecord)
+        return value
+    try:
+        return decoder.decode(data)
+    except decoder.error as e:
+        message = str(e)
+        assert message and len(message) <= MAX_MESSAGE, message[:200]
+        assert "\n" not in message and "\r" not in message, message[:200]
+        return e
+
+
+@pytest.mark.parametrize("decoder", DECODERS, ids=str)
+def test_the_sample_decodes(decoder: Decoder) -> None:
+    value = decodes_or_refuses(decoder, decoder.sample())
+    assert value is not None and not isinstance(value, Exception)
+
+
+# -- arbitrary bytes ---------------------------------------------------------------------------
+_JSONISH = st.sampled_from([b"{", b"}", b"[", b"]", b'"', b":", b",", b"\\", b"1", b"-",
+                            b"e", b"null", b"true", b'"format"', b'"version"', b"\\ud800",
+                            b"\xff", b"\xc3", b" "])
+
+
+@pytest.mark.parametrize("decoder", DECODERS, ids=str)
+@FUZZ
+@given(data=st.one_of(st.binary(max_size=2048),
+                      st.lists(_JSONISH, max_size=300).map(b"".join)))
+def test_arbitrary_bytes(decoder: Decoder, data: bytes) -> None:
+    decodes_or_refuses(decoder, data)
+
+
+# -- mutations of a valid document -------------------------------------------------------------
+def _paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every place in a JSON value: object members and list entries, the root's too."""
+    found = [path] if path else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            found += _paths(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found += _paths(v, (*path, i))
+    return found
+
+
+def _nested(depth: int, leaf: Any) -> Any:
+    for i in range(depth):
+        leaf = [leaf] if i % 2 else {"a": leaf}
+    return leaf
+
+
+_HUGE_INTS = st.sampled_from([2**53, 2**53 + 1, 2**63, 2**64 + 1, -(2**63), 10**30, 10**300,
+                              10**4000, -(10**4000)])
+_EXTREME = st.one_of(
+    _HUGE_INTS,
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([1e308, -1e308, 5e-324, -0.0, 0.5, 2.0**35, 2.0**53]),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=50),
+    st.sampled_from(["", "../../etc/passwd", "/abs", "s3://x/y", "\x00", "\ud800", "\u2028",
+                     "sha256:" + "0" * 64, "a\nb", "chk-1/../../x"]),
+    st.integers(1, 200_000).map(lambda n: "x" * n),
+    st.builds(_nested, st.integers(1, 120), st.sampled_from([0, "s", None, []])),
+    st.lists(st.integers(-5, 5), max_size=20),
+    st.integers(1, 20_000).map(lambda n: [{}] * n),
+    st.dictionaries(st.text(max_size=10), st.integers(), max_size=5),
+)
+
+
+def _sign(doc: dict[str, Any]) -> None:
+    with contextlib.suppress(UnicodeEncodeError):  # a lone surrogate: the old checksum
+        doc["checksum"] = signed.digest(doc)
+
+
+def _replace(doc: Any, path: tuple[Any, ...], value: Any) -> None:
+    node = doc
+    for step in path[:-1]:
+        node = node[step]
+    node[path[-1]] = value
+
+
+def _remove(doc: Any, path: tuple[Any, ...]) -> None:
+    node = doc
+    for step in path[:-1]:
+        node = node[step]
+    del node[path[-1]]
+
+
+def _dumps(doc: Any, ascii_only: bool) -> bytes:
+    text = json.dumps(doc, ensure_ascii=ascii_only, sort_keys=True)
+    return text.encode("utf-8", "surrogatepass")
+
+
+@st.composite
+def json_mutations(draw: st.DrawFn, sample: bytes) -> bytes:
+    doc = json.loads(sample)
+    for _ in range(draw(st.integers(1, 3))):
+        paths = _paths(doc)
+        path = draw(st.sampled_from(paths)) if paths else ()
+        action = draw(st.sampled_from(["replace", "replace", "remove", "add"]))
+        if action == "replace" and path:
+            _replace(doc, path, draw(_EXTREME))
+        elif action == "remove" and path:
+            _remove(doc, path)
+        else:
+            doc[draw(st.text(max_size=12))] = draw(_EXTREME)
+    if isinstance(doc, dict) and "checksum" in doc and draw(st.booleans()):
+        _sign(doc)  # re-signed, as anyone who can write the file can
+    return _dumps(doc, draw(st.booleans()))
+
+
+@st.composite
+def byte_mutations(draw: st.DrawFn, sample: bytes) -> bytes:
+    data = bytearray(sample)
+    for _ in range(draw(st.integers(1, 8))):
+        if not data:
+            break
+        at = draw(st.integers(0, len(data) - 1))
+        op = draw(st.sampled_from(["flip", "insert", "delete", "duplicate", "truncate"]))
+        if op == "flip":
+            data[at] ^= 1 << draw(st.integers(0, 7))
+        elif op == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=8) | _JSONISH)
+        elif op == "delete":
+            del data[at : at + draw(st.integers(1, 16))]
+        elif op == "duplicate":
+            data[at:at] = data[at : at + draw(st.integers(1, 64))]
+        else:
+            del data[at:]
+    return bytes(data)
+
+
+@pytest.mark.parametrize("decoder", DECODERS, ids=str)
+@FUZZ
+@given(data=st.data())
+def test_mutated_documents(decoder: Decoder, data: st.DataObject) -> None:
+    sample = decoder.sample()
+    mutated = data.draw(st.one_of(json_mutations(sample), byte_mutations(sample)))
+    decodes_or_refuses(decoder, mutated)
+
+
+# -- bounded memory ----------------------------------------------------------------------------
+MB = 1 << 20
+
+
+def _fill(sample: bytes, where: str, value_of: Callable[[int], Any]) -> bytes:
+    """`sample` with the value at top-level `where` replaced by one that makes the
+    document about 1 MB, re-signed."""
+    doc = json.loads(sample)
+    doc[where] = value_of(0)
+    unit = len(json.dumps(value_of(2))) - len(json.dumps(value_of(1)))
+    count = (MB - len(_dumps(doc, True)) - 4096) // unit
+    doc[where] = value_of(count)
+    if "checksum" in doc:
+        _sign(doc)
+    data = _dumps(doc, True)
+    assert MB // 2 < len(data) <= MB, len(data)
+    return data
+
+
+_LARGE: dict[str, Callable[[int], Any]] = {
+    "string": lambda n: "x" * n,
+    "ints": lambda n: [0] * n,
+    "objects": lambda n: [{}] * n,
+    "pointers": lambda n: [{"checkpoint_id": 1, "metadata": "chk-1/_metadata", "epoch": 1}] * n,
+    "files": lambda n: [{"path": "../shared/a", "scope": "shared", "size": 1,
+                         "checksum": "sha256:" + "0" * 64}] * n,
+}
+
+
+def _members(n: int) -> dict[str, Any]:
+    return {f"k{i:07d}": 0 for i in range(n)}
+
+
+def _deep_members(n: int) -> dict[str, Any]:
+    """Bad members one level down (an operator's state variables, say)."""
+    return {"op": {"variables": _members(n)}}
+
+
+def _large_inputs(decoder: Decoder) -> list[tuple[str, bytes]]:
+    sample = decoder.sample()
+    doc = json.loads(sample)
+    lists = [k for k, v in doc.items() if isinstance(v, list)]
+    inputs = [(f"{where}={shape}", _fill(sample, where, value_of))
+              for where in lists for shape, value_of in _LARGE.items()]
+    # A member no model knows: parsed, then refused as one error.
+    inputs += [(f"extra={shape}", _fill(sample, "extra", _LARGE[shape]))
+               for shape in ("string", "objects")]
+    for where in [k for k, v in doc.items() if isinstance(v, dict)]:
+        inputs.append((f"{where}=members", _fill(sample, where, _members)))
+        inputs.append((f"{where}=deep-members", _fill(sample, where, _deep_members)))
+    inputs.append(("open-brackets", b"[" * MB))
+    inputs.append(("digits", b"1" * MB))
+    inputs.append(("deep-ish", _fill(sample, "extra", lambda n: [_nested(60, 0)] * n)))
+    inputs.append(("garbage", bytes(range(256)) * (MB // 256)))
+    return inputs
+
+
+@pytest.mark.parametrize("decoder", DECODERS, ids=str)
+def test_a_1mb_input_decodes_in_bounded_memory(decoder: Decoder) -> None:
+    peaks = {}
+    for name, data in _large_inputs(decoder):
+        tracemalloc.start()
+        try:
+            decodes_or_refuses(decoder, data)
+            peaks[name] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    over = {name: peak >> 20 for name, peak in peaks.items() if peak > MAX_PEAK}
+    assert not over, f"peak MB over {MAX_PEAK >> 20}: {over}"
