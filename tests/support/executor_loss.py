@@ -224,7 +224,7 @@ def task_runs(runs: Path, batch_id: int) -> list[dict[str, int]]:
 def kill_block_holder(plan: Plan) -> None:
     """Driver side, after the acks: kill -9 the executor that ran partition 0's task (so
     holds its cached block) and wait until it is gone."""
-    from cluster import alive
+    from tests.support.cluster import alive
 
     if not plan.take():
         return
