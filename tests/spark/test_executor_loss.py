@@ -31,13 +31,12 @@ from typing import Any
 
 import pytest
 
-from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
 from statehold.cleanup.reconcile import plan
-from statehold.format.metadata import KeyGroupRange, read_metadata
 from statehold.job.directory import open_job
-from statehold.storage import Storage, open_storage
+from statehold.storage import open_storage
 from statehold.tools import locate, verify
 from tests.support.cluster import standalone_cluster
+from tests.support.example_runs import final_state
 from tests.support.executor_loss import BATCHES, KILL_BATCH, MAX_PARALLELISM, PHASES, reference
 from tests.support.paths import ROOT, SRC
 
@@ -86,16 +85,6 @@ def read_outputs(out: Path) -> list[dict[str, list[Any]]]:
     return batches
 
 
-def final_state(job: Storage, scratch: Path) -> dict[str, dict[str, Any]]:
-    """The keyed state of the newest retained checkpoint, read with the state backend."""
-    with open_job(job) as opened:
-        latest = opened.ha.read().latest
-    assert latest is not None
-    meta = read_metadata(job, latest.metadata)
-    sources = sources_from_metadata(job, latest.metadata, meta, "state")
-    everything = KeyGroupRange(start=0, end=MAX_PARALLELISM - 1)
-    with TaskStateBackend.open(scratch, "state", everything, MAX_PARALLELISM, sources) as b:
-        return {str(k): v for k, v in b.items()}
 
 
 @pytest.mark.parametrize("phase", PHASES)
@@ -109,7 +98,7 @@ def test_batch_survives_executor_loss(phase: str, losses: Path, tmp_path: Path) 
     expected_outputs, expected_state = reference()
     assert read_outputs(losses / phase / "output") == expected_outputs
     job = open_storage(str(losses / "checkpoints" / phase))
-    assert final_state(job, tmp_path / "reader") == {
+    assert final_state(job, tmp_path / "reader", MAX_PARALLELISM) == {
         k: {"count": v["count"], "sum": v["sum"], "last": v["last"]}
         for k, v in expected_state.items()
     }

@@ -26,18 +26,16 @@ from pathlib import Path
 
 import pytest
 
-from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
 from statehold.cleanup.reconcile import plan
 from statehold.examples.running_totals import generate_demo
 from statehold.format import layout
-from statehold.format.metadata import KeyGroupRange, read_metadata
-from statehold.ha.embedded import EmbeddedHAStore
 from statehold.job.directory import open_job
 from statehold.storage import Storage, open_storage
 from tests.support.example_runs import (
     check_retained_intact,
     example_cmd,
     example_env,
+    final_state,
     latest_id,
     read_output,
     reference,
@@ -59,15 +57,6 @@ def run_to_end(cwd: Path, args: list[str], env: Mapping[str, str] | None = None)
     return done.stdout
 
 
-def final_state(job: Storage, scratch: Path) -> dict[str, dict[str, object]]:
-    """The keyed state of the newest retained checkpoint, read with the state backend."""
-    latest = EmbeddedHAStore(job).read().latest
-    assert latest is not None
-    meta = read_metadata(job, latest.metadata)
-    sources = sources_from_metadata(job, latest.metadata, meta, "state")
-    everything = KeyGroupRange(start=0, end=MAX_PARALLELISM - 1)
-    with TaskStateBackend.open(scratch, "state", everything, MAX_PARALLELISM, sources) as b:
-        return {str(k): v for k, v in b.items()}
 
 
 def crash_scenario(
@@ -99,7 +88,7 @@ def crash_scenario(
 
     assert latest_id(job) == files + 1
     assert read_output(out) == reference(inp)  # every batch once, replays replaced
-    assert final_state(job, tmp / "reader") == reference_state(inp)
+    assert final_state(job, tmp / "reader", MAX_PARALLELISM) == reference_state(inp)
     check_retained_intact(job)
     leftovers = plan(open_job(job), None)
     assert leftovers.orphans == [], [f.key for f in leftovers.orphans]

@@ -12,11 +12,15 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
 from statehold.examples.totals import LAST_N
+from statehold.format.metadata import KeyGroupRange, read_metadata
 from statehold.ha.embedded import EmbeddedHAStore
+from statehold.job.directory import open_job
 from statehold.storage import Storage
 from statehold.tools import locate, verify
 from tests.support.paths import ROOT, SRC, SUPPORT
@@ -158,3 +162,16 @@ def check_retained_intact(job: Storage) -> None:
         report = verify(locate(job, ptr.metadata))
         assert report.ok, (ptr.metadata, report.problems)
         assert report.files_checked > 0
+
+
+def final_state(job: Storage, scratch: Path, max_parallelism: int) -> dict[str, dict[str, Any]]:
+    """The keyed state of the job's newest retained checkpoint (operator ``state``), read
+    with the state backend over every key group."""
+    with open_job(job) as opened:
+        latest = opened.ha.read().latest
+    assert latest is not None
+    meta = read_metadata(job, latest.metadata)
+    sources = sources_from_metadata(job, latest.metadata, meta, "state")
+    everything = KeyGroupRange(start=0, end=max_parallelism - 1)
+    with TaskStateBackend.open(scratch, "state", everything, max_parallelism, sources) as b:
+        return {str(k): v for k, v in b.items()}

@@ -11,15 +11,13 @@ import random
 from collections.abc import Mapping
 from pathlib import Path
 
-from statehold.backend.rocks import TaskStateBackend, sources_from_metadata
 from statehold.cleanup.reconcile import plan
 from statehold.examples.totals import LAST_N
 from statehold.format import layout
-from statehold.format.metadata import KeyGroupRange, read_metadata
 from statehold.job.directory import open_job
 from statehold.storage import Storage
 from statehold.tools import locate, verify
-from tests.support.example_runs import example_cmd, example_env, read_output
+from tests.support.example_runs import example_cmd, example_env, final_state, read_output
 from tests.support.infra import jvm
 from tests.support.kafka import KafkaBroker, Record
 
@@ -139,16 +137,6 @@ def check_retained_intact(job: Storage, *, orphans_allowed: bool = False) -> Non
         assert leftovers.orphans == [], [f.key for f in leftovers.orphans]
 
 
-def final_state(job: Storage, scratch: Path) -> dict[str, dict[str, object]]:
-    """The keyed state of the newest retained checkpoint, read with the state backend."""
-    with open_job(job) as opened:
-        latest = opened.ha.read().latest
-    assert latest is not None
-    meta = read_metadata(job, latest.metadata)
-    sources = sources_from_metadata(job, latest.metadata, meta, "state")
-    everything = KeyGroupRange(start=0, end=MAX_PARALLELISM - 1)
-    with TaskStateBackend.open(scratch, "state", everything, MAX_PARALLELISM, sources) as b:
-        return {str(k): v for k, v in b.items()}
 
 
 def check_exact(
@@ -161,5 +149,5 @@ def check_exact(
     assert latest_id(job) == len(offsets) - 1  # checkpoint N = Spark batch N
     expected_batches, expected_state = reference(got, offsets)
     assert read_output(output) == expected_batches
-    assert final_state(job, tmp / "reader") == expected_state
+    assert final_state(job, tmp / "reader", MAX_PARALLELISM) == expected_state
     check_retained_intact(job)
