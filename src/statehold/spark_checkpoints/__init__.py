@@ -1,0 +1,29 @@
+"""Spark's own checkpoint locations, owned: read, verify, measure, savepoint, roll back,
+relocate and garbage-collect the ``checkpointLocation`` of any Structured Streaming query,
+without Spark and without changing the query.
+
+    errors.py     the error family's members for checkpoint locations
+    names.py      what each key is (offsets, commits, a store's zip, an SST, ...)
+    logs.py       the offsets, commit and file logs, parsed (newer versions refused)
+    state_files.py snapshot zips' file lists, compressed streams proven whole, lineage
+    stores.py     which files a version of a store needs (the one resolution)
+    scan.py       one listing, every key named and grouped
+    location.py   `SparkCheckpoint`: the location opened once, and what a restart needs
+"""
+
+from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
+from statehold.spark_checkpoints.location import (
+    RestartNeeds,
+    SparkCheckpoint,
+    looks_like_spark_checkpoint,
+    open_spark_checkpoint,
+)
+
+__all__ = [
+    "NotASparkCheckpointError",
+    "RestartNeeds",
+    "SparkCheckpoint",
+    "SparkCheckpointError",
+    "looks_like_spark_checkpoint",
+    "open_spark_checkpoint",
+]

@@ -1,0 +1,232 @@
+"""A Spark checkpoint location, opened once: its storage, its logs, and what a restart at
+a batch needs.
+
+A restart of a query whose newest committed batch is N reads ``offsets/N`` and
+``offsets/N-1`` (the offsets before N, to know where N began), ``commits/N``, the query's
+``metadata``, the sources' logs up to N, the operators' metadata and schemas, and version
+N+1 of every state store (`stores.resolve`). That set is what `verify` checks, what a
+savepoint copies and what gc never deletes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
+from statehold.spark_checkpoints.logs import Commit, Offsets, parse_commit, parse_offsets
+from statehold.spark_checkpoints.names import (
+    COMMITS_DIR,
+    DEFAULT_STORE,
+    OFFSETS_DIR,
+    QUERY_METADATA,
+    StoreId,
+)
+from statehold.spark_checkpoints.scan import Scan, scan
+from statehold.spark_checkpoints.state_files import check_stream, lineage, read_zip_metadata
+from statehold.spark_checkpoints.stores import Needs, resolve
+from statehold.storage import Storage, StorageError, open_storage
+
+#: Spark's default for ``spark.sql.streaming.minBatchesToRetain``.
+DEFAULT_MIN_BATCHES_TO_RETAIN = 100
+_RETAIN_CONF = "spark.sql.streaming.minBatchesToRetain"
+_CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
+_JOB_MARKERS = ("_job", "_ha")
+
+
+def looks_like_spark_checkpoint(storage: Storage) -> bool:
+    """Whether `storage` holds a Spark checkpoint location and not a statehold job
+    directory: its top level has ``offsets/``, ``commits/`` or ``metadata``."""
+    dirs, files = storage.list_top("")
+    if any(d in _JOB_MARKERS for d in dirs):
+        return False
+    return OFFSETS_DIR in dirs or COMMITS_DIR in dirs or any(f.key == QUERY_METADATA for f in files)
+
+
+@dataclass
+class RestartNeeds:
+    """What a restart at `batch` reads: key -> expected size (None: presence only)."""
+
+    batch: int
+    files: dict[str, int | None] = field(default_factory=dict)
+    stores: list[Needs] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class SparkCheckpoint:
+    """A Spark checkpoint location. Reads go through `storage`, whose keys cannot leave
+    the location; nothing here writes."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self.uri = storage.uri
+        self._zip_files = cache(self._read_zip_files)
+        self._lineage = cache(self._read_lineage)
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self, key: str) -> bytes:
+        try:
+            return self.storage.read(key)
+        except StorageError as e:
+            raise SparkCheckpointError(f"{key}: cannot be read ({e})") from None
+
+    def offsets(self, batch: int) -> Offsets:
+        key = f"{OFFSETS_DIR}/{batch}"
+        return parse_offsets(self.read(key), key)
+
+    def commit(self, batch: int) -> Commit:
+        key = f"{COMMITS_DIR}/{batch}"
+        return parse_commit(self.read(key), key)
+
+    def query_id(self) -> str:
+        data = self.read(QUERY_METADATA)
+        try:
+            return str(json.loads(data)["id"])
+        except (ValueError, KeyError, TypeError):
+            raise SparkCheckpointError(f"{QUERY_METADATA}: no query id in it") from None
+
+    def zip_files(self, key: str) -> dict[str, int]:
+        return dict(self._zip_files(key))
+
+    def lineage(self, key: str) -> list[tuple[int, str]] | None:
+        return self._lineage(key)
+
+    def _read_zip_files(self, key: str) -> dict[str, int]:
+        return read_zip_metadata(self.read(key), key).files()
+
+    def _read_lineage(self, key: str) -> list[tuple[int, str]] | None:
+        checked = check_stream(iter([self.read(key)]), key)
+        return lineage(checked.head, key) if checked else None
+
+    def scan(self) -> Scan:
+        return scan(self.storage)
+
+    # -- what a restart needs --------------------------------------------------------------
+    def conf(self, found: Scan) -> dict[str, str]:
+        """The query's SQL configuration, from its newest offsets."""
+        newest = max(found.offsets, default=None)
+        return {} if newest is None else self.offsets(newest).metadata.conf
+
+    def min_batches_to_retain(self, found: Scan) -> int:
+        value = self.conf(found).get(_RETAIN_CONF)
+        return int(value) if value and value.isdigit() else DEFAULT_MIN_BATCHES_TO_RETAIN
+
+    def codec(self, found: Scan) -> str:
+        return self.conf(found).get(_CODEC_CONF, "lz4")
+
+    def restart_needs(self, found: Scan, batch: int) -> RestartNeeds:
+        """Every file a restart at `batch` reads (batch committed, the next one N+1)."""
+        needs = RestartNeeds(batch)
+        logs = [f"{OFFSETS_DIR}/{batch}", f"{COMMITS_DIR}/{batch}", QUERY_METADATA]
+        if batch > 0:
+            logs.append(f"{OFFSETS_DIR}/{batch - 1}")
+        for key in logs:
+            needs.files[key] = None
+            if key not in found.files:
+                needs.problems.append(f"{key}: missing (a restart at batch {batch} reads it)")
+        for source in found.sources.values():
+            needs.files.update((k, None) for b, k in source.items() if b <= batch)
+        needs.files.update((k, None) for k in found.operator_files)
+        commit = self._commit_or_problem(needs, found)
+        for store in self.expected_stores(found):
+            unique_id = _unique_id(commit, store, self._store_order(found, store.operator))
+            files = found.stores.get(store)
+            if files is None:
+                needs.problems.append(f"{store}: no files at all")
+                continue
+            if files.schema is not None:
+                needs.files[files.schema.key] = None
+            try:
+                store_needs = resolve(files, batch + 1, self, unique_id)
+            except SparkCheckpointError as e:
+                needs.problems.append(str(e))
+                continue
+            needs.stores.append(store_needs)
+            needs.files.update(store_needs.files)
+            needs.problems.extend(store_needs.problems)
+        return needs
+
+    def _commit_or_problem(self, needs: RestartNeeds, found: Scan) -> Commit | None:
+        if needs.batch not in found.commits:
+            return None
+        try:
+            return self.commit(needs.batch)
+        except SparkCheckpointError as e:
+            needs.problems.append(str(e))
+            return None
+
+    def expected_stores(self, found: Scan) -> list[StoreId]:
+        """The stores found, and those the operators' metadata says exist (a partition
+        whose directory is gone is still expected)."""
+        stores = set(found.stores)
+        for op in found.operators:
+            names, partitions = self._operator_layout(found, op)
+            stores.update(StoreId(op, p, n) for p in range(partitions) for n in names)
+        return sorted(stores)
+
+    def _store_order(self, found: Scan, operator: int) -> list[str]:
+        names, _partitions = self._operator_layout(found, operator)
+        return names
+
+    def _operator_layout(self, found: Scan, operator: int) -> tuple[list[str], int]:
+        """Store names (in Spark's order) and partition count of an operator, from its
+        metadata where there is one, else from the listing."""
+        info = self._operator_metadata(found, operator)
+        listed = sorted({s.name for s in found.stores if s.operator == operator})
+        parts = {s.partition for s in found.stores if s.operator == operator}
+        if info:
+            names = [str(i.get("storeName", DEFAULT_STORE)) for i in info]
+            count = max(int(i.get("numPartitions", 0)) for i in info)
+            return names, max(count, max(parts, default=-1) + 1)
+        return listed or [DEFAULT_STORE], max(parts, default=-1) + 1
+
+    def _operator_metadata(self, found: Scan, operator: int) -> list[dict[str, Any]]:
+        key = f"state/{operator}/_metadata/metadata"
+        v2 = sorted(
+            (k for k in found.operator_files if k.startswith(f"state/{operator}/_metadata/v2/")),
+            key=lambda k: int(k.rsplit("/", 1)[1]) if k.rsplit("/", 1)[1].isdigit() else -1,
+        )
+        for candidate in [key, *reversed(v2)]:
+            if candidate in found.files:
+                try:
+                    text = self.read(candidate).decode("utf-8")
+                    doc = json.loads(text.partition("\n")[2])
+                    return list(doc.get("stateStoreInfo") or [])
+                except (ValueError, AttributeError, SparkCheckpointError):
+                    return []
+        return []
+
+
+def _unique_id(commit: Commit | None, store: StoreId, order: list[str]) -> str | None:
+    ids = commit.stateUniqueIds if commit else None
+    if not ids:
+        return None
+    try:
+        per_store = ids[str(store.operator)][store.partition]
+        return per_store[order.index(store.name) if store.name in order else 0]
+    except (KeyError, IndexError):
+        return None
+
+
+def open_spark_checkpoint(uri: str, **storage_options: Any) -> SparkCheckpoint:
+    """Open the checkpoint location at `uri` (path, file://, s3://, s3a://, gs://, az://);
+    NotASparkCheckpointError if it holds none."""
+    storage = open_storage(uri, **storage_options)
+    if not looks_like_spark_checkpoint(storage):
+        raise NotASparkCheckpointError(
+            f"{uri}: not a Spark checkpoint location (no metadata, offsets/ or commits/)"
+        )
+    return SparkCheckpoint(storage)
+
+
+@contextmanager
+def opened(uri: str, **storage_options: Any) -> Iterator[SparkCheckpoint]:
+    yield open_spark_checkpoint(uri, **storage_options)

@@ -1,0 +1,203 @@
+"""Reading Spark's state files far enough to prove them whole: a RocksDB snapshot zip and
+the SST and log files it lists; a changelog's, delta's or HDFS snapshot's compressed
+stream and, for checkpoint format v2, the lineage a changelog names.
+
+Spark compresses changelogs, deltas and HDFS snapshots with the store's codec (lz4 by
+default: lz4-java's block stream, ``LZ4Block`` + a header per block, and an empty block
+that ends it). A stream is whole when every block decompresses to the size its header
+says and the end block is there; a file cut short has no end block. Other codecs are
+reported as not checked. The records are never interpreted: statehold needs no row.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import lz4.block
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.logs import split_versioned
+from statehold.storage.base import UnsafePathError, check_names
+
+#: The newest version of a snapshot zip's ``metadata`` statehold reads.
+ZIP_METADATA_VERSION = 2
+_MAGIC = b"LZ4Block"
+_HEADER = struct.Struct("<Biii")  # token, compressed length, decompressed length, checksum
+_RAW, _LZ4 = 0x10, 0x20
+#: The records of every stream end with a length of -1.
+_END_OF_RECORDS = b"\xff\xff\xff\xff"
+
+
+class SstFile(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    localFileName: str = ""  # noqa: N815 - Spark's field names
+    dfsSstFileName: str  # noqa: N815
+    sizeBytes: int  # noqa: N815
+
+
+class LogFile(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    localFileName: str = ""  # noqa: N815
+    dfsLogFileName: str  # noqa: N815
+    sizeBytes: int  # noqa: N815
+
+
+class ZipMetadata(BaseModel):
+    """The ``metadata`` member of a RocksDB snapshot zip: the SST and log files the
+    version needs, stored once under the store's ``SSTs/`` and ``logs/`` and shared
+    between versions."""
+
+    model_config = ConfigDict(extra="allow")
+
+    sstFiles: list[SstFile] = Field(default_factory=list)  # noqa: N815
+    logFiles: list[LogFile] = Field(default_factory=list)  # noqa: N815
+    numKeys: int | None = None  # noqa: N815
+
+    def files(self) -> dict[str, int]:
+        """Each listed file's name relative to the store directory, and its size."""
+        sst = {f"SSTs/{f.dfsSstFileName}": f.sizeBytes for f in self.sstFiles}
+        logs = {f"logs/{f.dfsLogFileName}": f.sizeBytes for f in self.logFiles}
+        return sst | logs
+
+
+def read_zip_metadata(data: bytes, key: str) -> ZipMetadata:
+    """A snapshot zip's file list, after checking every member's CRC. Names with a
+    directory, ``..`` or an absolute path are refused: Spark writes plain names only."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            bad = archive.testzip()
+            if bad is not None:
+                raise SparkCheckpointError(f"{key}: member {bad!r} fails its CRC")
+            text = archive.read("metadata").decode("utf-8")
+    except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, EOFError) as e:
+        raise SparkCheckpointError(f"{key}: not a whole snapshot zip ({e})") from None
+    _version, lines = split_versioned(text, f"{key}!metadata", ZIP_METADATA_VERSION)
+    try:
+        meta = ZipMetadata.model_validate(json.loads("\n".join(lines)))
+    except (ValueError, ValidationError) as e:
+        raise SparkCheckpointError(f"{key}!metadata: bad file list ({_one_line(e)})") from None
+    try:
+        check_names([f.dfsSstFileName for f in meta.sstFiles])
+        check_names([f.dfsLogFileName for f in meta.logFiles])
+    except UnsafePathError as e:
+        raise SparkCheckpointError(f"{key}!metadata: unsafe file name ({e})") from None
+    if any(size < 0 for size in meta.files().values()):
+        raise SparkCheckpointError(f"{key}!metadata: a negative file size")
+    return meta
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCheck:
+    """What a compressed stream held: its decompressed size and first bytes."""
+
+    size: int
+    head: bytes
+
+
+def check_stream(chunks: Iterator[bytes], key: str, codec: str = "lz4") -> StreamCheck | None:
+    """Decompress a state file's stream block by block (memory: one block), proving it
+    whole; None for a codec statehold does not check."""
+    if codec != "lz4":
+        return None
+    reader = _Blocks(chunks, key)
+    size, head, tail = 0, b"", b""
+    while (block := reader.next_block()) is not None:
+        size += len(block)
+        if len(head) < 65_536:
+            head += block[: 65_536 - len(head)]
+        tail = (tail + block)[-4:]
+    if size and tail != _END_OF_RECORDS:
+        raise SparkCheckpointError(f"{key}: the records do not end (truncated?)")
+    return StreamCheck(size, head)
+
+
+def lineage(head: bytes, key: str) -> list[tuple[int, str]] | None:
+    """The lineage a format-v2 changelog starts with, (version, unique id) from its base
+    snapshot on; None for a changelog without one."""
+    text = _utf(head, 0)
+    if text is None or text[0] not in ("v3", "v4"):
+        return None
+    body = _utf(head, text[1])
+    if body is None:
+        raise SparkCheckpointError(f"{key}: the lineage header is cut short")
+    try:
+        entries = json.loads(body[0])
+        return [(int(e["version"]), str(e["checkpointUniqueId"])) for e in entries]
+    except (ValueError, KeyError, TypeError) as e:
+        raise SparkCheckpointError(f"{key}: bad lineage ({e})") from None
+
+
+def _utf(data: bytes, at: int) -> tuple[str, int] | None:
+    """Java's writeUTF at `at`: the string and the offset after it."""
+    if len(data) < at + 2:
+        return None
+    (length,) = struct.unpack_from(">H", data, at)
+    end = at + 2 + length
+    if len(data) < end:
+        return None
+    try:
+        return data[at + 2 : end].decode("utf-8"), end
+    except UnicodeDecodeError:
+        return None
+
+
+class _Blocks:
+    """lz4-java's block stream, read from chunks of any size."""
+
+    def __init__(self, chunks: Iterator[bytes], key: str) -> None:
+        self._chunks = chunks
+        self._buffer = bytearray()
+        self._key = key
+
+    def _take(self, n: int) -> bytes | None:
+        while len(self._buffer) < n:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return None
+            self._buffer += chunk
+        out = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return out
+
+    def next_block(self) -> bytes | None:
+        header = self._take(len(_MAGIC) + _HEADER.size)
+        if header is None or header[: len(_MAGIC)] != _MAGIC:
+            what = "cut short" if header is None else "not an lz4 block"
+            raise SparkCheckpointError(f"{self._key}: compressed stream {what}")
+        token, compressed, decompressed, _checksum = _HEADER.unpack_from(header, len(_MAGIC))
+        if compressed < 0 or decompressed < 0:
+            raise SparkCheckpointError(f"{self._key}: a negative block length")
+        if compressed == 0 and decompressed == 0:  # the end block
+            if self._take(1) is not None:
+                raise SparkCheckpointError(f"{self._key}: data after the end of the stream")
+            return None
+        body = self._take(compressed)
+        if body is None:
+            raise SparkCheckpointError(f"{self._key}: compressed stream cut short")
+        method = token & 0xF0
+        if method == _RAW and compressed == decompressed:
+            return body
+        if method != _LZ4:
+            raise SparkCheckpointError(f"{self._key}: unknown block method {method:#x}")
+        try:
+            out: bytes = lz4.block.decompress(body, uncompressed_size=decompressed)
+        except lz4.block.LZ4BlockError as e:
+            raise SparkCheckpointError(f"{self._key}: a block does not decompress ({e})") from None
+        if len(out) != decompressed:
+            raise SparkCheckpointError(f"{self._key}: a block decompresses to the wrong size")
+        return out
+
+
+def _one_line(e: Exception) -> str:
+    if isinstance(e, ValidationError):
+        err = e.errors()[0]
+        return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+    return " ".join(str(e).split())
