@@ -1,3 +1,4 @@
 """On-disk formats: the job directory's layout and file names, the self-verifying JSON
-document, and the checkpoint metadata (``_metadata``). Below everything that reads or
+document, the checkpoint metadata (``_metadata``), and what each file in a Spark
+checkpoint location is (`spark_layout`). Below everything that reads or
 writes a job directory; above storage only."""

@@ -2,8 +2,9 @@
 relocate and garbage-collect the ``checkpointLocation`` of any Structured Streaming query,
 without Spark and without changing the query.
 
+What each key is lives below, in `statehold.format.spark_layout`.
+
     errors.py     the error family's members for checkpoint locations
-    names.py      what each key is (offsets, commits, a store's zip, an SST, ...)
     logs.py       the offsets, commit and file logs, parsed (newer versions refused)
     state_files.py snapshot zips' file lists, compressed streams proven whole, lineage
     stores.py     which files a version of a store needs (the one resolution)

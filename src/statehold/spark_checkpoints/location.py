@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
-from statehold.spark_checkpoints.logs import Commit, Offsets, parse_commit, parse_offsets
-from statehold.spark_checkpoints.names import (
+from statehold.format.spark_layout import (
     COMMITS_DIR,
     DEFAULT_STORE,
     OFFSETS_DIR,
     QUERY_METADATA,
     StoreId,
 )
+from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
+from statehold.spark_checkpoints.logs import Commit, Offsets, parse_commit, parse_offsets
 from statehold.spark_checkpoints.scan import Scan, scan
 from statehold.spark_checkpoints.state_files import check_stream, lineage, read_zip_metadata
 from statehold.spark_checkpoints.stores import Needs, resolve
