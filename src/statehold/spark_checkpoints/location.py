@@ -25,7 +25,14 @@ from statehold.format.spark_layout import (
     StoreId,
 )
 from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
-from statehold.spark_checkpoints.logs import Commit, Offsets, parse_commit, parse_offsets
+from statehold.spark_checkpoints.logs import (
+    Commit,
+    FileEntry,
+    Offsets,
+    parse_commit,
+    parse_file_log,
+    parse_offsets,
+)
 from statehold.spark_checkpoints.scan import Scan, scan
 from statehold.spark_checkpoints.state_files import check_stream, lineage, read_zip_metadata
 from statehold.spark_checkpoints.stores import Needs, resolve
@@ -85,6 +92,10 @@ class SparkCheckpoint:
     def commit(self, batch: int) -> Commit:
         key = f"{COMMITS_DIR}/{batch}"
         return parse_commit(self.read(key), key)
+
+    def source_entries(self, key: str) -> list[FileEntry]:
+        """A file source's log file (plain or compacted): the files it read."""
+        return parse_file_log(self.read(key), key)
 
     def query_id(self) -> str:
         data = self.read(QUERY_METADATA)

@@ -1,0 +1,284 @@
+"""Read-only views of a Spark checkpoint location: the batches a restart can start from,
+each store's versions and how they are held, a verification of what a restart at a batch
+needs, and bytes by kind. Results are pydantic models (the CLI's ``--json``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from statehold.format.spark_layout import Kind
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.location import RestartNeeds, SparkCheckpoint
+from statehold.spark_checkpoints.scan import Scan
+from statehold.spark_checkpoints.state_files import check_stream
+
+_STREAMS = {Kind.CHANGELOG, Kind.DELTA, Kind.HDFS_SNAPSHOT}
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class SparkProblem(_Result):
+    path: str
+    problem: str
+
+
+class SparkBatch(_Result):
+    batch: int
+    committed: bool
+    #: A restart can start after it: its logs and every store's next version are held.
+    restartable: bool
+    timestamp_ms: int | None = None
+    watermark_ms: int | None = None
+    #: The first reason it is not restartable.
+    why_not: str | None = None
+
+
+class StoreVersions(_Result):
+    operator: int
+    partition: int
+    store: str
+    provider: Literal["hdfs", "rocksdb"]
+    #: Every version with a file (zip, changelog, delta or snapshot).
+    versions: list[int]
+    #: How the version of the newest restartable batch is held, from which snapshot.
+    how: str | None = None
+    base: int | None = None
+    #: Bytes of the files that version needs, and of everything in the store.
+    needed_bytes: int = 0
+    bytes: int = 0
+
+
+class SparkListing(_Result):
+    kind: Literal["spark-checkpoint"] = "spark-checkpoint"
+    uri: str
+    query_id: str | None
+    newest_committed: int | None
+    #: The newest batch a restart can start from (None: none is).
+    restart_batch: int | None
+    batches: list[SparkBatch]
+    stores: list[StoreVersions]
+    min_batches_to_retain: int
+
+
+class SparkVerifyReport(_Result):
+    uri: str
+    batch: int
+    ok: bool
+    files_checked: int
+    bytes_checked: int
+    problems: list[SparkProblem]
+    #: Absolute paths in the sources' logs that bind the location to its place, by
+    #: directory, with a count of files under each.
+    bound_to: dict[str, int]
+
+
+class SparkUsage(_Result):
+    uri: str
+    #: Bytes by kind: logs, sources, snapshots, changelogs, ssts, metadata, other; and
+    #: ``unreferenced``: files no batch a restart may start from needs (gc's candidates).
+    bytes: dict[str, int]
+    files: dict[str, int]
+    total_bytes: int
+
+
+def batches(checkpoint: SparkCheckpoint, found: Scan) -> list[SparkBatch]:
+    """Every batch in the logs, newest first, and whether a restart can start after it."""
+    out = []
+    for batch in sorted(set(found.offsets) | set(found.commits), reverse=True):
+        needs = checkpoint.restart_needs(found, batch) if batch in found.commits else None
+        ts = wm = None
+        if batch in found.offsets:
+            try:
+                meta = checkpoint.offsets(batch).metadata
+                ts, wm = meta.batchTimestampMs, meta.batchWatermarkMs
+            except SparkCheckpointError:
+                pass
+        out.append(
+            SparkBatch(
+                batch=batch,
+                committed=batch in found.commits,
+                restartable=bool(needs and needs.ok),
+                timestamp_ms=ts,
+                watermark_ms=wm,
+                why_not=(needs.problems[0] if needs and needs.problems else None)
+                if needs
+                else "not committed",
+            )
+        )
+    return out
+
+
+def listing(checkpoint: SparkCheckpoint) -> SparkListing:
+    """The batches and, for each store, the versions held and how the newest restartable
+    batch's version is held."""
+    found = checkpoint.scan()
+    listed = batches(checkpoint, found)
+    restart = next((b.batch for b in listed if b.restartable), None)
+    needs = checkpoint.restart_needs(found, restart) if restart is not None else None
+    try:
+        query_id: str | None = checkpoint.query_id()
+    except SparkCheckpointError:
+        query_id = None
+    return SparkListing(
+        uri=checkpoint.uri,
+        query_id=query_id,
+        newest_committed=found.newest_committed,
+        restart_batch=restart,
+        batches=listed,
+        stores=_stores(found, needs),
+        min_batches_to_retain=checkpoint.min_batches_to_retain(found),
+    )
+
+
+def _stores(found: Scan, needs: RestartNeeds | None) -> list[StoreVersions]:
+    by_store = {n.store: n for n in needs.stores} if needs else {}
+    out = []
+    for store, files in sorted(found.stores.items()):
+        store_needs = by_store.get(store)
+        every = [*files.versions.values(), *files.shared.values()]
+        wanted = store_needs.files if store_needs else {}
+        needed = sum(found.files[k].size for k in wanted if k in found.files)
+        out.append(
+            StoreVersions(
+                operator=store.operator,
+                partition=store.partition,
+                store=store.name,
+                provider=files.provider,
+                versions=files.held,
+                how=store_needs.how if store_needs else None,
+                base=store_needs.base if store_needs else None,
+                needed_bytes=needed,
+                bytes=sum(i.size for i in every),
+            )
+        )
+    return out
+
+
+def default_batch(found: Scan) -> int:
+    if found.newest_committed is None:
+        raise SparkCheckpointError("no committed batch: there is nothing to restart from")
+    return found.newest_committed
+
+
+def verify(checkpoint: SparkCheckpoint, batch: int | None = None) -> SparkVerifyReport:
+    """Every file a restart at `batch` (default: the newest committed) needs exists and is
+    whole: sizes match the snapshots' file lists, zips and compressed streams read to
+    their end, version chains are unbroken, and the logs parse. One problem per line."""
+    found = checkpoint.scan()
+    batch = default_batch(found) if batch is None else batch
+    needs = checkpoint.restart_needs(found, batch)
+    problems = [SparkProblem(path=_subject(p), problem=p) for p in needs.problems]
+    problems += [
+        SparkProblem(path=k, problem="a symbolic link: never followed")
+        for k in found.foreign
+        if found.files[k].symlink
+    ]
+    checked = 0
+    codec = checkpoint.codec(found)
+    for key, size in sorted(needs.files.items()):
+        info = found.files.get(key)
+        if info is None:
+            if not any(p.path == key for p in problems):
+                problems.append(SparkProblem(path=key, problem="missing"))
+            continue
+        checked += info.size
+        if size is not None and info.size != size:
+            problems.append(
+                SparkProblem(path=key, problem=f"{info.size} bytes, the snapshot lists {size}")
+            )
+        problem = _check_content(checkpoint, found, key, codec)
+        if problem:
+            problems.append(SparkProblem(path=key, problem=problem))
+    return SparkVerifyReport(
+        uri=checkpoint.uri,
+        batch=batch,
+        ok=not problems,
+        files_checked=len(needs.files),
+        bytes_checked=checked,
+        problems=problems,
+        bound_to=bound_paths(checkpoint, found, batch),
+    )
+
+
+def _check_content(checkpoint: SparkCheckpoint, found: Scan, key: str, codec: str) -> str | None:
+    kind = found.names[key].kind
+    try:
+        if kind is Kind.OFFSETS:
+            checkpoint.offsets(int(key.rsplit("/", 1)[1]))
+        elif kind is Kind.COMMITS:
+            checkpoint.commit(int(key.rsplit("/", 1)[1]))
+        elif kind is Kind.QUERY_METADATA:
+            checkpoint.query_id()
+        elif kind is Kind.SOURCE_LOG:
+            checkpoint.source_entries(key)
+        elif kind is Kind.ZIP:
+            checkpoint.zip_files(key)
+        elif kind in _STREAMS:
+            check_stream(iter([checkpoint.read(key)]), key, codec)
+    except SparkCheckpointError as e:
+        return str(e).removeprefix(f"{key}: ")
+    return None
+
+
+def bound_paths(checkpoint: SparkCheckpoint, found: Scan, batch: int) -> dict[str, int]:
+    """Directories named by absolute paths in the sources' logs up to `batch`."""
+    dirs: dict[str, int] = defaultdict(int)
+    for source in found.sources.values():
+        for b, key in source.items():
+            if b > batch:
+                continue
+            try:
+                entries = checkpoint.source_entries(key)
+            except SparkCheckpointError:
+                continue  # reported by verify's content check
+            for entry in entries:
+                dirs[entry.path.rsplit("/", 1)[0]] += 1
+    return dict(sorted(dirs.items()))
+
+
+_DU_KIND = {
+    Kind.QUERY_METADATA: "logs",
+    Kind.OFFSETS: "logs",
+    Kind.COMMITS: "logs",
+    Kind.SOURCE_LOG: "sources",
+    Kind.ZIP: "snapshots",
+    Kind.HDFS_SNAPSHOT: "snapshots",
+    Kind.CHANGELOG: "changelogs",
+    Kind.DELTA: "changelogs",
+    Kind.SST: "ssts",
+    Kind.ROCKSDB_LOG: "ssts",
+    Kind.OPERATOR_METADATA: "metadata",
+    Kind.STORE_SCHEMA: "metadata",
+}
+
+
+def du(checkpoint: SparkCheckpoint, needed: set[str] | None = None) -> SparkUsage:
+    """Bytes by kind; with `needed` (what retained batches need), state files outside it
+    count as ``unreferenced``."""
+    found = checkpoint.scan()
+    sizes: dict[str, int] = defaultdict(int)
+    counts: dict[str, int] = defaultdict(int)
+    for key, info in found.files.items():
+        kind = found.names[key].kind
+        bucket = _DU_KIND.get(kind, "other")
+        state = found.names[key].store is not None and kind is not Kind.STORE_SCHEMA
+        if needed is not None and state and key not in needed:
+            bucket = "unreferenced"
+        sizes[bucket] += info.size
+        counts[bucket] += 1
+    return SparkUsage(
+        uri=checkpoint.uri,
+        bytes=dict(sizes),
+        files=dict(counts),
+        total_bytes=sum(sizes.values()),
+    )
+
+
+def _subject(problem: str) -> str:
+    """The file or store a problem line starts with."""
+    return problem.split(": ", 1)[0]
