@@ -113,10 +113,15 @@ def parse_commit(data: bytes, key: str) -> Commit:
 
 
 def parse_file_log(data: bytes, key: str, newest: int = SOURCE_LOG_VERSION) -> list[FileEntry]:
-    """A file source's or file sink's log file (plain or compacted)."""
-    _version, lines = split_versioned(_decode(data, key), key, newest)
+    """A file source's or file sink's log file (plain or compacted): the files it names.
+    Another source's log (Kafka's initial offsets: a zero byte, then a versioned JSON
+    document) parses too and names none."""
+    _version, lines = split_versioned(_decode(data.removeprefix(b"\x00"), key), key, newest)
+    docs = [_json(line, key) for line in lines if line]
+    if not all(isinstance(d, dict) and "path" in d for d in docs):
+        return []
     try:
-        return [FileEntry.model_validate(_json(line, key)) for line in lines if line]
+        return [FileEntry.model_validate(d) for d in docs]
     except ValidationError as e:
         raise SparkCheckpointError(f"{key}: bad file log entry ({_first(e)})") from None
 
