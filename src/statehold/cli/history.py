@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from statehold.cli.common import HaOption, JobArg, JsonOption, emit, handle_errors, open_job_for
 from statehold.cli.output import say, size, table, when
+from statehold.cli.spark_checkpoints import history_spark, spark_checkpoint_at
 from statehold.job.history import HistoryRecord, read_history
 
 
@@ -29,7 +30,11 @@ def history_command(
 ) -> None:
     """Completed and aborted checkpoints, oldest first: duration (tasks' snapshot,
     driver's complete), bytes uploaded and reused, state size, keys, rows, cleanup
-    backlog, and why an aborted one failed."""
+    backlog, and why an aborted one failed. On a Spark checkpoint location: per batch,
+    its time, watermark, input offsets, and the state bytes and files it left."""
+    if (spark := spark_checkpoint_at(job_dir)) is not None:
+        with handle_errors(as_json):
+            return history_spark(spark, as_json, limit)
     with handle_errors(as_json), open_job_for(job_dir, ha) as job:
         result = HistoryListing(job_uri=job.storage.uri, records=read_history(job.storage, limit))
 

@@ -29,12 +29,24 @@ from statehold.cli.output import (
     show_usage,
     size,
 )
+from statehold.cli.spark_checkpoints import (
+    BatchOption,
+    du_spark,
+    inspect_spark,
+    list_spark,
+    spark_checkpoint_at,
+    verify_spark,
+)
 from statehold.job.directory import change_ha_store
 from statehold.job.locate import split_location
 
 
 def list_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None) -> None:
-    """Retained checkpoints, chk-N directories not retained (flagged), and savepoints."""
+    """Retained checkpoints, chk-N directories not retained (flagged), and savepoints.
+    On a Spark checkpoint location: its batches and which a restart can start after."""
+    if (spark := spark_checkpoint_at(job_dir)) is not None:
+        with handle_errors(as_json):
+            return list_spark(spark, as_json)
     with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
         job_dir, ha
     ) as job:
@@ -51,7 +63,12 @@ def list_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = No
 def inspect_command(
     checkpoint: CheckpointArg, as_json: JsonOption = False, ha: HaOption = None
 ) -> None:
-    """Header fields of a checkpoint; with --json also every file it references."""
+    """Header fields of a checkpoint; with --json also every file it references. On a
+    Spark checkpoint location: per operator, partition and store, the versions held, how
+    the restart batch's version is held (snapshot, changelog or delta chain), its bytes."""
+    if (spark := spark_checkpoint_at(checkpoint)) is not None:
+        with handle_errors(as_json):
+            return inspect_spark(spark, as_json)
     with handle_errors(as_json), open_job_for(checkpoint, ha) as job:
         result = tools.inspect(tools.locate(job, split_location(checkpoint)[1]))
 
@@ -65,9 +82,16 @@ def verify_command(
         bool, typer.Option("--no-checksums", help="Check presence and size only.")
     ] = False,
     ha: HaOption = None,
+    batch: BatchOption = None,
 ) -> None:
     """Every referenced file present, of the right size and checksum, inside the job
-    directory. Exits 1 and lists the problems otherwise."""
+    directory. On a Spark checkpoint location: every file a restart after --batch needs
+    exists and is whole (sizes match the snapshots' lists, zips and changelogs read to
+    their end, version chains unbroken, logs parse). Exits 1 and lists the problems
+    otherwise, one per line."""
+    if (spark := spark_checkpoint_at(checkpoint)) is not None:
+        with handle_errors(as_json):
+            return verify_spark(spark, as_json, batch)
     with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
         checkpoint, ha
     ) as job:
@@ -109,7 +133,12 @@ def diff_command(
 
 def du_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None) -> None:
     """Bytes by scope and by checkpoint (each shared file's bytes split evenly among the
-    retained checkpoints and savepoints referencing it), and unreferenced bytes."""
+    retained checkpoints and savepoints referencing it), and unreferenced bytes. On a
+    Spark checkpoint location: bytes by kind (logs, sources, snapshots, changelogs, SSTs,
+    unreferenced)."""
+    if (spark := spark_checkpoint_at(job_dir)) is not None:
+        with handle_errors(as_json):
+            return du_spark(spark, as_json)
     with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
         job_dir, ha
     ) as job:

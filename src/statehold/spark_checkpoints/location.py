@@ -38,8 +38,6 @@ from statehold.spark_checkpoints.state_files import check_stream, lineage, read_
 from statehold.spark_checkpoints.stores import Needs, resolve
 from statehold.storage import Storage, StorageError, open_storage
 
-#: Spark's default for ``spark.sql.streaming.minBatchesToRetain``.
-DEFAULT_MIN_BATCHES_TO_RETAIN = 100
 _RETAIN_CONF = "spark.sql.streaming.minBatchesToRetain"
 _CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
 _JOB_MARKERS = ("_job", "_ha")
@@ -126,9 +124,11 @@ class SparkCheckpoint:
         newest = max(found.offsets, default=None)
         return {} if newest is None else self.offsets(newest).metadata.conf
 
-    def min_batches_to_retain(self, found: Scan) -> int:
+    def min_batches_to_retain(self, found: Scan) -> int | None:
+        """Spark's retention where the offsets record it; Spark does not record it by
+        default, so what is retained is read from the logs instead (`Scan.commits`)."""
         value = self.conf(found).get(_RETAIN_CONF)
-        return int(value) if value and value.isdigit() else DEFAULT_MIN_BATCHES_TO_RETAIN
+        return int(value) if value and value.isdigit() else None
 
     def codec(self, found: Scan) -> str:
         return self.conf(found).get(_CODEC_CONF, "lz4")

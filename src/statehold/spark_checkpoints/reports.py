@@ -62,7 +62,10 @@ class SparkListing(_Result):
     restart_batch: int | None
     batches: list[SparkBatch]
     stores: list[StoreVersions]
-    min_batches_to_retain: int
+    #: ``spark.sql.streaming.minBatchesToRetain`` where the offsets record it.
+    min_batches_to_retain: int | None
+    #: The oldest batch the commit log still holds.
+    oldest_committed: int | None
 
 
 class SparkVerifyReport(_Result):
@@ -132,6 +135,7 @@ def listing(checkpoint: SparkCheckpoint) -> SparkListing:
         batches=listed,
         stores=_stores(found, needs),
         min_batches_to_retain=checkpoint.min_batches_to_retain(found),
+        oldest_committed=min(found.commits, default=None),
     )
 
 
