@@ -186,8 +186,9 @@ def verify(checkpoint: SparkCheckpoint, batch: int | None = None) -> SparkVerify
     codec = checkpoint.codec(found)
     for key, size in sorted(needs.files.items()):
         info = found.files.get(key)
+        reported = any(p.path == key for p in problems)
         if info is None:
-            if not any(p.path == key for p in problems):
+            if not reported:
                 problems.append(SparkProblem(path=key, problem="missing"))
             continue
         checked += info.size
@@ -195,7 +196,7 @@ def verify(checkpoint: SparkCheckpoint, batch: int | None = None) -> SparkVerify
             problems.append(
                 SparkProblem(path=key, problem=f"{info.size} bytes, the snapshot lists {size}")
             )
-        problem = _check_content(checkpoint, found, key, codec)
+        problem = None if reported else _check_content(checkpoint, found, key, codec)
         if problem:
             problems.append(SparkProblem(path=key, problem=problem))
     return SparkVerifyReport(

@@ -1,0 +1,209 @@
+"""Reading and verifying a Spark checkpoint location made by hand (byte for byte as Spark
+writes it): what a restart at a batch needs, how each store's version is held, and every
+bad input refused with one line. Real queries' checkpoints: test_spark_real_queries."""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from statehold.format.spark_layout import Kind, StoreId, parse
+from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
+from statehold.spark_checkpoints.errors import NotASparkCheckpointError
+from statehold.spark_checkpoints.reports import listing, verify
+from statehold.spark_checkpoints.state_files import check_stream
+from tests.support.spark_checkpoint_files import (
+    hdfs_store,
+    lineage_header,
+    logs,
+    lz4_stream,
+    records,
+    rocksdb_changelog_store,
+    snapshot_zip,
+    write,
+)
+
+STORE = "state/0/0"
+
+
+def changelog_checkpoint(root: Path) -> dict[int, list[str]]:
+    """Batches 3-6 retained, store versions 1-7 with snapshots at 2 and 5."""
+    logs(root, range(3, 7))
+    return rocksdb_changelog_store(root, STORE, range(1, 8), {2, 5})
+
+
+def test_names_of_every_kind() -> None:
+    assert parse("offsets/12").kind is Kind.OFFSETS and parse("offsets/12").batch == 12
+    assert parse("sources/0/9.compact").compact
+    name = parse("state/1/3/left-keyToNumValues/7_ab-12.changelog")
+    assert (name.kind, name.version, name.unique_id) == (Kind.CHANGELOG, 7, "ab-12")
+    assert name.store == StoreId(1, 3, "left-keyToNumValues")
+    assert parse("state/0/0/SSTs/000008-x.sst").store == StoreId(0, 0)
+    assert parse("state/0/0/.4.zip.crc").of == "state/0/0/4.zip"
+    assert parse("offsets/.3.7f1e.tmp").kind is Kind.TEMP
+    assert parse("state/0/0/notes.txt").kind is Kind.UNKNOWN
+
+
+def test_a_restart_needs_the_newest_snapshot_and_the_changelogs_after_it(tmp_path: Path) -> None:
+    ssts = changelog_checkpoint(tmp_path)
+    checkpoint = open_spark_checkpoint(str(tmp_path))
+    needs = checkpoint.restart_needs(checkpoint.scan(), 6)
+    assert needs.ok, needs.problems
+    [store] = needs.stores
+    assert (store.version, store.base, store.how) == (7, 5, "snapshot+changelogs")
+    expected = {f"{STORE}/5.zip", f"{STORE}/6.changelog", f"{STORE}/7.changelog"}
+    expected |= {f"{STORE}/SSTs/{n}" for n in ssts[5]}
+    assert set(store.files) == expected
+    assert {"offsets/6", "offsets/5", "commits/6", "metadata", "sources/0/6"} <= set(needs.files)
+    assert "sources/0/6" in needs.files and "offsets/4" not in needs.files
+
+
+def test_hdfs_versions_are_a_snapshot_and_deltas(tmp_path: Path) -> None:
+    logs(tmp_path, range(3, 7))
+    hdfs_store(tmp_path, STORE, range(1, 8), {4})
+    checkpoint = open_spark_checkpoint(str(tmp_path))
+    [store] = checkpoint.restart_needs(checkpoint.scan(), 6).stores
+    assert (store.base, store.how) == (4, "snapshot+deltas")
+    files = ("4.snapshot", "5.delta", "6.delta", "7.delta")
+    assert set(store.files) == {f"{STORE}/{n}" for n in files}
+
+
+def test_format_v2_follows_the_commit_log_ids_and_the_lineage(tmp_path: Path) -> None:
+    logs(tmp_path, range(3, 7))
+    ids = {v: f"id{v}" for v in range(1, 8)}
+    for v in range(1, 8):
+        chain = [(u, ids[u]) for u in range(4, v)] if v > 4 else []
+        body = lz4_stream(records([(b"k", b"v")], lineage_header(chain)))
+        write(tmp_path, f"{STORE}/{v}_{ids[v]}.changelog", body)
+        write(tmp_path, f"{STORE}/{v}_retry{v}.changelog", body)  # a failed attempt's file
+    write(tmp_path, f"{STORE}/4_{ids[4]}.zip", snapshot_zip({}))
+    write(tmp_path, f"{STORE}/5_retry5.zip", snapshot_zip({}))  # not in the lineage
+    write(tmp_path, "commits/6", 'v2\n{"nextBatchWatermarkMs":0,"stateUniqueIds":{"0":[["id7"]]}}')
+    checkpoint = open_spark_checkpoint(str(tmp_path))
+    [store] = checkpoint.restart_needs(checkpoint.scan(), 6).stores
+    assert store.base == 4
+    assert set(store.files) == {
+        f"{STORE}/4_id4.zip", f"{STORE}/5_id5.changelog", f"{STORE}/6_id6.changelog",
+        f"{STORE}/7_id7.changelog",
+    }
+
+
+def test_verify_passes_a_whole_checkpoint_and_names_its_input_directories(tmp_path: Path) -> None:
+    changelog_checkpoint(tmp_path)
+    report = verify(open_spark_checkpoint(str(tmp_path)))
+    assert report.ok, report.problems
+    assert report.batch == 6 and report.bound_to == {"file:///data/in": 4}
+
+
+def test_the_batches_a_restart_can_start_after(tmp_path: Path) -> None:
+    changelog_checkpoint(tmp_path)
+    result = listing(open_spark_checkpoint(str(tmp_path)))
+    restartable = {b.batch: b.restartable for b in result.batches}
+    # batch 3 needs offsets/2, purged: Spark cannot start after it
+    assert restartable == {6: True, 5: True, 4: True, 3: False}
+    assert result.restart_batch == 6 and result.stores[0].versions == list(range(1, 8))
+
+
+def problems_of(root: Path, batch: int | None = None) -> list[str]:
+    report = verify(open_spark_checkpoint(str(root)), batch)
+    assert report.ok is (not report.problems)
+    return [f"{p.path}: {p.problem}" for p in report.problems]
+
+
+def test_a_changelog_chain_with_a_gap(tmp_path: Path) -> None:
+    changelog_checkpoint(tmp_path)
+    os.unlink(tmp_path / STORE / "6.changelog")
+    [problem] = problems_of(tmp_path)
+    assert "version 7 needs changelogs 6 (from snapshot 5), which are missing" in problem
+
+
+def test_a_truncated_zip(tmp_path: Path) -> None:
+    changelog_checkpoint(tmp_path)
+    zip_path = tmp_path / STORE / "5.zip"
+    zip_path.write_bytes(zip_path.read_bytes()[:-30])
+    [problem] = problems_of(tmp_path)
+    assert "5.zip" in problem and "not a whole snapshot zip" in problem
+
+
+def test_a_truncated_changelog(tmp_path: Path) -> None:
+    changelog_checkpoint(tmp_path)
+    path = tmp_path / STORE / "7.changelog"
+    path.write_bytes(path.read_bytes()[:-21])  # the end block is gone
+    [problem] = problems_of(tmp_path)
+    assert problem.startswith(f"{STORE}/7.changelog: ") and "cut short" in problem
+
+
+def test_an_sst_of_the_wrong_size(tmp_path: Path) -> None:
+    ssts = changelog_checkpoint(tmp_path)
+    sst = tmp_path / STORE / "SSTs" / ssts[5][0]
+    sst.write_bytes(sst.read_bytes()[:-1])
+    [problem] = problems_of(tmp_path)
+    assert ssts[5][0] in problem and "the snapshot lists" in problem
+
+
+@pytest.mark.parametrize("name", ["../../../../etc/passwd", "/etc/passwd", "SSTs/x.sst"])
+def test_an_sst_list_naming_a_path_is_refused(tmp_path: Path, name: str) -> None:
+    changelog_checkpoint(tmp_path)
+    write(tmp_path, f"{STORE}/5.zip", snapshot_zip({name: 1}))
+    [problem] = problems_of(tmp_path)
+    assert "unsafe file name" in problem
+
+
+def test_an_unknown_log_version(tmp_path: Path) -> None:
+    changelog_checkpoint(tmp_path)
+    write(tmp_path, "commits/6", 'v9\n{"nextBatchWatermarkMs":0}')
+    [problem] = problems_of(tmp_path)
+    assert "commits/6: log version v9, statehold reads up to v2" in problem
+    with pytest.raises(SparkCheckpointError, match="v9"):
+        open_spark_checkpoint(str(tmp_path)).commit(6)
+
+
+def test_an_unknown_zip_metadata_version(tmp_path: Path) -> None:
+    changelog_checkpoint(tmp_path)
+    write(tmp_path, f"{STORE}/5.zip", snapshot_zip({}, version="v7"))
+    [problem] = problems_of(tmp_path)
+    assert "log version v7" in problem
+
+
+def test_a_symlinked_state_directory_is_not_followed(tmp_path: Path) -> None:
+    changelog_checkpoint(tmp_path)
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    (tmp_path / "state").rename(elsewhere)
+    (tmp_path / "state").symlink_to(elsewhere, target_is_directory=True)
+    problems = problems_of(tmp_path)
+    assert "state: a symbolic link: never followed" in problems
+
+
+def test_a_zip_member_with_a_bad_crc(tmp_path: Path) -> None:
+    changelog_checkpoint(tmp_path)
+    path = tmp_path / STORE / "5.zip"
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("CURRENT")
+    at = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    [problem] = problems_of(tmp_path)
+    assert "'CURRENT' fails its CRC" in problem
+
+
+def test_a_stream_that_does_not_decompress() -> None:
+    good = lz4_stream(records([(b"key" * 50, b"value" * 50)]))
+    bad = good[:21] + bytes(b ^ 0x5A for b in good[21:30]) + good[30:]
+    with pytest.raises(SparkCheckpointError):
+        check_stream(iter([bad]), "x.delta")
+    assert check_stream(iter([good]), "x.delta") is not None
+    assert check_stream(iter([good]), "x.delta", codec="zstd") is None  # not checked
+
+
+def test_a_job_directory_or_an_empty_one_is_no_spark_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(NotASparkCheckpointError):
+        open_spark_checkpoint(str(tmp_path))
+    write(tmp_path, "_job/job.json", "{}")
+    write(tmp_path, "metadata", json.dumps({"id": "x"}))
+    with pytest.raises(NotASparkCheckpointError):
+        open_spark_checkpoint(str(tmp_path))

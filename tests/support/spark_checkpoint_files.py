@@ -1,0 +1,112 @@
+"""Spark checkpoint files made by hand, byte for byte as Spark writes them: the fast
+tests' inputs, and the bad inputs (truncated, gapped, unsafe) no real query writes.
+Real queries' checkpoints are in `tests.support.spark_checkpoint_queries`."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import uuid
+import zipfile
+from pathlib import Path
+
+import lz4.block
+
+_END = b"LZ4Block" + struct.pack("<Biii", 0x10, 0, 0, 0)
+
+
+def lz4_stream(payload: bytes, block: int = 32_768) -> bytes:
+    """lz4-java's block stream of `payload` (what Spark's lz4 codec writes)."""
+    out = bytearray()
+    for at in range(0, len(payload), block):
+        raw = payload[at : at + block]
+        body = lz4.block.compress(raw, store_size=False)
+        out += b"LZ4Block" + struct.pack("<Biii", 0x20, len(body), len(raw), 0) + body
+    return bytes(out + _END)
+
+
+def records(pairs: list[tuple[bytes, bytes | None]], header: bytes = b"") -> bytes:
+    """Changelog/delta records (key size, key, value size or -1, value), then -1."""
+    out = bytearray(header)
+    for key, value in pairs:
+        out += struct.pack(">i", len(key)) + key
+        out += struct.pack(">i", -1) if value is None else struct.pack(">i", len(value)) + value
+    return bytes(out + struct.pack(">i", -1))
+
+
+def utf(text: str) -> bytes:
+    data = text.encode()
+    return struct.pack(">H", len(data)) + data
+
+
+def lineage_header(chain: list[tuple[int, str]]) -> bytes:
+    """A format-v2 (changelog v3) header naming its lineage."""
+    doc = [{"version": v, "checkpointUniqueId": u} for v, u in chain]
+    return utf("v3") + utf(json.dumps(doc))
+
+
+def snapshot_zip(ssts: dict[str, int], version: str = "v1") -> bytes:
+    """A RocksDB snapshot zip listing `ssts` (name -> size)."""
+    meta = {
+        "sstFiles": [
+            {"localFileName": n.split("-")[0] + ".sst", "dfsSstFileName": n, "sizeBytes": s}
+            for n, s in ssts.items()
+        ],
+        "numKeys": 1,
+    }
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("CURRENT", "MANIFEST-000005\n")
+        z.writestr("metadata", f"{version}\n{json.dumps(meta)}")
+    return buffer.getvalue()
+
+
+def sst_name(number: int) -> str:
+    return f"{number:06d}-{uuid.uuid4()}.sst"
+
+
+def write(root: Path, key: str, data: bytes | str) -> Path:
+    path = root / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def logs(root: Path, batches: range, conf: dict[str, str] | None = None) -> None:
+    """metadata, offsets/N and commits/N for `batches`, one file source."""
+    write(root, "metadata", json.dumps({"id": str(uuid.uuid4())}))
+    for b in batches:
+        meta = {
+            "batchWatermarkMs": b * 1000,
+            "batchTimestampMs": 1_700_000_000_000 + b,
+            "conf": conf or {},
+        }
+        write(root, f"offsets/{b}", f"v1\n{json.dumps(meta)}\n{{\"logOffset\":{b}}}")
+        write(root, f"commits/{b}", f"v1\n{{\"nextBatchWatermarkMs\":{b * 1000}}}")
+        entry = {"path": f"file:///data/in/{b:05d}.json", "timestamp": 1, "batchId": b}
+        write(root, f"sources/0/{b}", f"v1\n{json.dumps(entry)}")
+
+
+def rocksdb_changelog_store(
+    root: Path, prefix: str, versions: range, snapshots: set[int]
+) -> dict[int, list[str]]:
+    """A RocksDB store with changelog checkpointing: a changelog per version, a zip (and
+    its SSTs) at each of `snapshots`. Returns the SSTs of each snapshot."""
+    listed: dict[int, list[str]] = {}
+    for v in versions:
+        write(root, f"{prefix}/{v}.changelog", lz4_stream(records([(b"k%d" % v, b"v")])))
+        if v in snapshots:
+            ssts = {sst_name(v * 10 + i): 100 + i for i in range(2)}
+            for name, size in ssts.items():
+                write(root, f"{prefix}/SSTs/{name}", b"s" * size)
+            write(root, f"{prefix}/{v}.zip", snapshot_zip(ssts))
+            listed[v] = list(ssts)
+    return listed
+
+
+def hdfs_store(root: Path, prefix: str, versions: range, snapshots: set[int]) -> None:
+    for v in versions:
+        write(root, f"{prefix}/{v}.delta", lz4_stream(records([(b"k%d" % v, b"v")])))
+        if v in snapshots:
+            write(root, f"{prefix}/{v}.snapshot", lz4_stream(records([(b"k", b"v")])))
