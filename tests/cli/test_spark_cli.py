@@ -1,0 +1,75 @@
+"""The shared commands on a Spark checkpoint location: each tells it from a job directory
+by what it holds, takes ``--json``, and says a problem in one line with exit status 1."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner, Result
+
+from statehold.cli.app import app
+from tests.support.spark_checkpoint_files import logs, rocksdb_changelog_store
+
+STORE = "state/0/0"
+runner = CliRunner()
+
+
+def run(*args: str) -> Result:
+    return runner.invoke(app, list(args))
+
+
+def run_json(*args: str, code: int = 0) -> Any:
+    result = run(*args, "--json")
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    return json.loads(result.stdout)
+
+
+def make(root: Path) -> Path:
+    logs(root, range(3, 7))
+    rocksdb_changelog_store(root, STORE, range(1, 8), {2, 5})
+    return root
+
+
+def test_list_and_inspect(tmp_path: Path) -> None:
+    root = str(make(tmp_path))
+    listed = run_json("list", root)
+    assert listed["kind"] == "spark-checkpoint" and listed["restart_batch"] == 6
+    assert [b["batch"] for b in listed["batches"] if b["restartable"]] == [6, 5, 4]
+    [store] = run_json("inspect", root)["stores"]
+    held = (store["how"], store["base"], store["versions"])
+    assert held == ("snapshot+changelogs", 5, list(range(1, 8)))
+    text = run("inspect", root)
+    assert text.exit_code == 0 and "snapshot+changelogs" in text.stdout
+
+
+def test_verify_ok_then_one_line_per_problem(tmp_path: Path) -> None:
+    root = make(tmp_path)
+    assert run_json("verify", str(root))["ok"] is True
+    assert run_json("verify", str(root), "--batch", "4")["batch"] == 4
+    os.unlink(root / STORE / "6.changelog")
+    os.unlink(root / "offsets" / "5")
+    result = run("verify", str(root))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "statehold: error: verify failed: 2 problem(s) for batch 6"
+    problem_lines = [line for line in result.stdout.splitlines() if not line.startswith("bound")]
+    assert len(problem_lines) == 2 and any("offsets/5: missing" in p for p in problem_lines)
+    doc = run_json("verify", str(root), code=1)
+    assert doc["ok"] is False and len(doc["problems"]) == 2
+
+
+def test_du_and_history(tmp_path: Path) -> None:
+    root = str(make(tmp_path))
+    usage = run_json("du", root)
+    assert usage["bytes"]["ssts"] > 0 and usage["bytes"]["changelogs"] > 0
+    assert usage["total_bytes"] == sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+    records = run_json("history", root)["records"]
+    assert [r["batch"] for r in records] == [3, 4, 5, 6]
+    assert records[-1]["operators"][0]["files"] == 5  # 5.zip, 2 SSTs, 6 and 7.changelog
+
+
+def test_a_job_directory_is_still_a_job_directory(tmp_path: Path) -> None:
+    result = run("verify", str(tmp_path / "nothing-here"))
+    assert result.exit_code == 1 and "spark" not in result.stderr.lower()
