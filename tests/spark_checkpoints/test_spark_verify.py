@@ -207,3 +207,13 @@ def test_a_job_directory_or_an_empty_one_is_no_spark_checkpoint(tmp_path: Path) 
     write(tmp_path, "metadata", json.dumps({"id": "x"}))
     with pytest.raises(NotASparkCheckpointError):
         open_spark_checkpoint(str(tmp_path))
+
+
+def test_a_typed_changelog_ends_with_a_record_type_of_zero() -> None:
+    """Changelogs with column families (v2, v4: transformWithState) end with type 0."""
+    from tests.support.spark_checkpoint_files import utf
+
+    typed = utf("v2") + b"\x01" + records([(b"k", b"v")])[:-4] + b"\x00"
+    assert check_stream(iter([lz4_stream(typed)]), "1.changelog") is not None
+    with pytest.raises(SparkCheckpointError, match="do not end"):
+        check_stream(iter([lz4_stream(typed[:-1])]), "1.changelog")

@@ -30,7 +30,8 @@ ZIP_METADATA_VERSION = 2
 _MAGIC = b"LZ4Block"
 _HEADER = struct.Struct("<Biii")  # token, compressed length, decompressed length, checksum
 _RAW, _LZ4 = 0x10, 0x20
-#: The records of every stream end with a length of -1.
+#: The records of a stream end with a key length of -1; those of the typed changelogs
+#: (v2, v4: with column families) with a record type of 0.
 _END_OF_RECORDS = b"\xff\xff\xff\xff"
 
 
@@ -114,7 +115,10 @@ def check_stream(chunks: Iterator[bytes], key: str, codec: str = "lz4") -> Strea
         if len(head) < 65_536:
             head += block[: 65_536 - len(head)]
         tail = (tail + block)[-4:]
-    if size and tail != _END_OF_RECORDS:
+    header = _utf(head, 0)
+    typed = header is not None and header[0] in ("v2", "v4")
+    ends = tail.endswith(b"\x00") if typed else tail == _END_OF_RECORDS
+    if size and not ends:
         raise SparkCheckpointError(f"{key}: the records do not end (truncated?)")
     return StreamCheck(size, head)
 
