@@ -1,0 +1,271 @@
+"""Roll a Spark checkpoint location back to batch N: the query's next start reprocesses
+from batch N+1 with its state as of N.
+
+Spark restarts from the newest batch in ``offsets/`` and ``commits/``; a file source
+lists again what its own log does not name; a store loads version N+1 from the newest
+snapshot at or below it. So a rollback removes what the batches after N wrote:
+``offsets/M`` and ``commits/M`` (M > N), the sources' log entries after what batch N
+read, state version files above N+1 (snapshots, zips, changelogs, deltas, with or
+without unique ids), operator metadata v2 / schema v3 files of batches after N, and
+with `sink` a file sink's ``_spark_metadata`` entries after N. SSTs are left to gc:
+they are shared between versions.
+
+Before any delete: N must be restartable (its logs and its state are held); the query
+must not look alive (no log or state file written within `grace_seconds`; a query
+whose trigger interval is longer than that is not noticed, so stop it first or give a
+larger grace); a compacted log after N must not hold entries of batches up to N whose
+plain files are gone (the rollback could not restore them). Then what is removed is
+kept first as a savepoint of the newest restartable batch (`keep`), so the rollback can
+be undone by starting from it. Logs go first, newest batch first, commit before
+offsets: a rollback cut short leaves a location restartable at a batch between N and
+where it was (run it again). Every delete is checked by the deletion rule
+(`statehold.cleanup.spark_policy.check_rollback_deletable`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from statehold import clock
+from statehold.cleanup.spark_policy import check_rollback_deletable
+from statehold.format.spark_layout import (
+    COMMITS_DIR,
+    OFFSETS_DIR,
+    SOURCES_DIR,
+    STATE_DIR,
+    VERSION_FILES,
+)
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.location import SparkCheckpoint
+from statehold.spark_checkpoints.savepoint import (
+    companions,
+    newest_restartable,
+    operator_file_batch,
+    savepoint,
+    source_limits,
+)
+from statehold.spark_checkpoints.scan import Scan
+from statehold.storage import Storage, StorageError, open_storage
+
+#: A file written this recently means the query may be running: twice Spark's default
+#: state store maintenance interval (60 s), and far longer than a default trigger.
+DEFAULT_GRACE_SECONDS = 120.0
+SINK_LOG_DIR = "_spark_metadata"
+_LIVE_DIRS = (OFFSETS_DIR, COMMITS_DIR, SOURCES_DIR, STATE_DIR)
+
+
+class RollbackReport(BaseModel):
+    checkpoint: str
+    to_batch: int
+    #: The newest committed batch before the rollback.
+    from_batch: int | None
+    #: The savepoint keeping what was there (None: nothing was removed).
+    kept: str | None = None
+    kept_batch: int | None = None
+    deleted: list[str] = Field(default_factory=list)
+    sink: str | None = None
+    sink_deleted: list[str] = Field(default_factory=list)
+    #: Sinks that would skip or duplicate the replayed batches, and why.
+    sinks: list[str] = Field(default_factory=list)
+
+
+def rollback(
+    checkpoint: SparkCheckpoint,
+    to_batch: int,
+    *,
+    keep: str | None = None,
+    force: bool = False,
+    sink: str | None = None,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    storage_options: Mapping[str, Any] | None = None,
+) -> RollbackReport:
+    """Roll `checkpoint` back so its next start reprocesses from batch `to_batch` + 1
+    (see the module's docstring). `keep`: where the savepoint of what is removed goes
+    (default: ``<checkpoint>-before-rollback-<UTC yyyymmddThhmmss>`` beside it); `sink`:
+    a file sink's output directory whose ``_spark_metadata`` log is rolled back too;
+    `storage_options`: for opening `keep` and `sink`. Refused with the reason, nothing
+    deleted, when the rollback cannot be done safely."""
+    options = dict(storage_options or {})
+    found = checkpoint.scan()
+    needs = checkpoint.restart_needs(found, to_batch)
+    if not needs.ok:
+        more = f" (and {len(needs.problems) - 1} more)" if len(needs.problems) > 1 else ""
+        raise SparkCheckpointError(
+            f"cannot roll back to batch {to_batch}: {needs.problems[0]}{more}"
+        )
+    if not force:
+        _refuse_alive(found, grace_seconds)
+    plan = _plan(checkpoint, found, to_batch)
+    sink_storage = _open(sink, options) if sink else None
+    sink_plan = _plan_sink(sink_storage, to_batch) if sink_storage else []
+    for key in [*plan, *sink_plan]:
+        check_rollback_deletable(key)
+    newest = found.newest_committed
+    report = RollbackReport(
+        checkpoint=checkpoint.uri,
+        to_batch=to_batch,
+        from_batch=newest,
+        sink=sink_storage.uri if sink_storage else None,
+        sinks=_sink_notes(to_batch, newest, sink_storage is not None),
+    )
+    if not plan and not sink_plan:
+        return report
+    kept = savepoint(
+        checkpoint,
+        _open(keep or _default_keep(checkpoint), options),
+        batch=newest_restartable(checkpoint, found).batch,
+    )
+    _delete(checkpoint.storage, plan)
+    if sink_storage is not None:
+        _delete(sink_storage, sink_plan)
+    return report.model_copy(
+        update={
+            "kept": kept.dest,
+            "kept_batch": kept.batch,
+            "deleted": plan,
+            "sink_deleted": sink_plan,
+        }
+    )
+
+
+def _refuse_alive(found: Scan, grace_seconds: float) -> None:
+    since = found.started_at - grace_seconds
+    recent = [
+        i for i in found.files.values() if i.key.split("/", 1)[0] in _LIVE_DIRS and i.mtime > since
+    ]
+    if recent:
+        newest = max(recent, key=lambda i: i.mtime)
+        age = max(0.0, found.started_at - newest.mtime)
+        raise SparkCheckpointError(
+            f"the query looks alive: {newest.key} was written {age:.0f} s ago (within "
+            f"{grace_seconds:.0f} s); stop it, or force the rollback"
+        )
+
+
+def _plan(checkpoint: SparkCheckpoint, found: Scan, to_batch: int) -> list[str]:
+    """The keys to delete, in the order to delete them."""
+    logs: list[str] = []
+    for batch in sorted({*found.offsets, *found.commits}, reverse=True):
+        if batch > to_batch:
+            logs += [k for k in (found.commits.get(batch), found.offsets.get(batch)) if k]
+    rest = _source_logs(checkpoint, found, to_batch)
+    for key, name in sorted(found.names.items()):
+        if name.kind in VERSION_FILES and name.version is not None and name.version > to_batch + 1:
+            rest.append(key)
+        written_by = operator_file_batch(key)
+        if written_by is not None and written_by > to_batch:
+            rest.append(key)
+    _refuse_orphaned_operators(found, to_batch)
+    out: list[str] = []
+    for key in [*logs, *rest]:
+        out += [*companions(key, found), key]
+    return out
+
+
+def _source_logs(checkpoint: SparkCheckpoint, found: Scan, to_batch: int) -> list[str]:
+    limits = source_limits(checkpoint, to_batch)
+    out: list[str] = []
+    for source, log in sorted(found.sources.items()):
+        limit = limits.get(source, to_batch)
+        out += _roll_log(
+            {b: k for b, k in log.items()}, limit, f"{SOURCES_DIR}/{source}", found.names
+        )
+    return out
+
+
+def _roll_log(
+    log: dict[int, str], limit: int, where: str, names: Mapping[str, Any] | None = None
+) -> list[str]:
+    """The files of a file log (``N`` and ``N.compact``) after `limit`, refused when one
+    of them is a compaction whose entries up to `limit` are not all still in the files
+    that stay."""
+    after = sorted(b for b in log if b > limit)
+    compacted_after = [log[b] for b in after if log[b].endswith(".compact")]
+    if compacted_after:
+        kept = sorted(b for b in log if b <= limit)
+        base = max((b for b in kept if log[b].endswith(".compact")), default=-1)
+        gaps = [b for b in range(base + 1, limit + 1) if b not in log]
+        if gaps:
+            raise SparkCheckpointError(
+                f"cannot roll back {where}: {compacted_after[0]} holds the entries of "
+                f"batches up to {limit}, but the log files of batches {gaps[0]}"
+                f"{'-' + str(gaps[-1]) if len(gaps) > 1 else ''} are gone"
+            )
+    return [log[b] for b in reversed(after)]
+
+
+def _refuse_orphaned_operators(found: Scan, to_batch: int) -> None:
+    """An operator with metadata v2 keeps one written at or before the batch."""
+    by_op: dict[str, list[int]] = {}
+    for key in found.operator_files:
+        written_by = operator_file_batch(key)
+        if written_by is not None and "/_metadata/v2/" in key:
+            by_op.setdefault(key.split("/")[1], []).append(written_by)
+    for op, batches in sorted(by_op.items()):
+        if min(batches) > to_batch:
+            raise SparkCheckpointError(
+                f"cannot roll back to batch {to_batch}: operator {op}'s metadata of batch "
+                f"{min(batches)} is its oldest (none of a batch up to {to_batch} is held)"
+            )
+
+
+def _plan_sink(sink: Storage, to_batch: int) -> list[str]:
+    log: dict[int, str] = {}
+    for info in sink.list(SINK_LOG_DIR):
+        leaf = info.key.rsplit("/", 1)[-1]
+        stem = leaf.removesuffix(".compact")
+        if stem.isdigit() and "/" not in info.key[len(SINK_LOG_DIR) + 1 :]:
+            log[int(stem)] = info.key
+    keys = _roll_log(log, to_batch, f"{sink.uri}/{SINK_LOG_DIR}")
+    crcs = {info.key for info in sink.list(SINK_LOG_DIR)}
+    out: list[str] = []
+    for key in keys:
+        head, leaf = key.rsplit("/", 1)
+        out += [c for c in (f"{head}/.{leaf}.crc",) if c in crcs] + [key]
+    return out
+
+
+def _sink_notes(to_batch: int, newest: int | None, file_sink_rolled: bool) -> list[str]:
+    replayed = f"batches {to_batch + 1}-{newest}" if newest and newest > to_batch else "none"
+    file_sink = (
+        "file sink: its _spark_metadata log was rolled back too, so the replayed batches "
+        "are written again (the files the removed entries named stay, unlisted)"
+        if file_sink_rolled
+        else f"file sink: Spark skips batch ids its _spark_metadata log already holds "
+        f"({replayed}): give the sink's directory to roll it back too"
+    )
+    return [
+        "the checkpoint does not record which sink the query writes to; check yours:",
+        file_sink,
+        f"foreachBatch: the function is called again with batch ids {to_batch + 1} on "
+        "(a write keyed by batch id overwrites; an append duplicates)",
+        "Kafka and other appending sinks: the replayed batches' rows are written again "
+        "(duplicates)",
+    ]
+
+
+def _default_keep(checkpoint: SparkCheckpoint) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(clock.now()))
+    return f"{checkpoint.uri.rstrip('/')}-before-rollback-{stamp}"
+
+
+def _open(uri: str, options: Mapping[str, Any]) -> Storage:
+    try:
+        return open_storage(uri, **dict(options))
+    except (StorageError, ValueError) as e:
+        raise SparkCheckpointError(f"{uri}: cannot open ({e})") from None
+
+
+def _delete(storage: Storage, keys: list[str]) -> None:
+    for key in keys:
+        check_rollback_deletable(key)
+        try:
+            storage.delete_many([key])
+        except StorageError as e:
+            raise SparkCheckpointError(
+                f"rollback of {storage.uri} stopped at {key} ({e}); run it again"
+            ) from None
