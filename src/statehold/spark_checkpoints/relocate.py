@@ -148,13 +148,13 @@ def relocate(
     )
     changed: list[_Doc] = []
     for doc in docs:
+        report.others += [
+            BoundPath(key=doc.key, path=p, where=doc.where) for p in doc.paths() if change(p) == p
+        ]
         count = doc.rewrite(change)
         if count:
             changed.append(doc)
             report.paths += count
-        report.others += [
-            BoundPath(key=doc.key, path=p, where=doc.where) for p in doc.paths() if change(p) == p
-        ]
     report.files = [d.key for d in changed]
     if not dry_run:
         for doc in changed:
