@@ -20,8 +20,8 @@ def test_relocated_checkpoint_continues_with_its_moved_input(
     spark, tmp_path: Path  # noqa: F811
 ) -> None:
     write_inputs(tmp_path / "ref-in", 0, 6)
-    run_query(spark, "dedup", "rocksdb", tmp_path / "ref", tmp_path / "ref-in", tmp_path / "ref-out")
-    reference = read_output(tmp_path / "ref-out")
+    run_query(spark, "dedup", "rocksdb", tmp_path / "ref", tmp_path / "ref-in", tmp_path / "r")
+    reference = read_output(tmp_path / "r")
     old_in, new_in = tmp_path / "old" / "in", tmp_path / "new" / "in"
     write_inputs(old_in, 0, 3)
     run_query(spark, "dedup", "rocksdb", tmp_path / "ckpt", old_in, tmp_path / "out")

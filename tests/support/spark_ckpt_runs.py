@@ -78,7 +78,9 @@ def _join(session: Any, inputs: Path) -> Any:
     left = _read(session, inputs, "a").selectExpr("k", "v", "ts AS left_ts")
     right = _read(session, inputs, "b").selectExpr("k AS rk", "v AS rv", "ts AS right_ts")
     joined = left.join(right, (left.k == right.rk) & (left.v == right.rv))
-    return joined.selectExpr("k", "v", "cast(left_ts AS string) AS lt", "cast(right_ts AS string) AS rt")
+    return joined.selectExpr(
+        "k", "v", "cast(left_ts AS string) AS lt", "cast(right_ts AS string) AS rt"
+    )
 
 
 QUERIES: dict[str, Callable[[Any, Path], Any]] = {
