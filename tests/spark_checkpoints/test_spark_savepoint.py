@@ -10,7 +10,7 @@ import pytest
 
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.savepoint import savepoint
-from tests.support.spark_ckpt_runs import read_output, run_query, write_inputs
+from tests.support.spark_ckpt_runs import all_rows, read_output, run_query, write_inputs
 from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
@@ -102,4 +102,6 @@ def test_savepoint_local_to_s3_and_back_restarts_locally(
     assert up.bytes_written == up.bytes and down.files == up.files
     write_inputs(tmp_path / "in2", 3, 3)
     run_query(spark, "window", PROVIDER, tmp_path / "back", tmp_path / "in2", tmp_path / "out")
-    assert read_output(tmp_path / "out") == reference
+    # The stop after batch 2 ran one more batch (availableNow ends with a batch without
+    # data that moves the watermark), so the rows compare, not the batch ids.
+    assert all_rows(tmp_path / "out") == sorted(r for rows in reference.values() for r in rows)

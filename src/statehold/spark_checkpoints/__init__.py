@@ -10,6 +10,9 @@ What each key is lives below, in `statehold.format.spark_layout`.
     stores.py     which files a version of a store needs (the one resolution)
     scan.py       one listing, every key named and grouped
     location.py   `SparkCheckpoint`: the location opened once, and what a restart needs
+    savepoint.py  a new location holding exactly what a restart at a batch needs
+    rollback.py   make the next start reprocess from a batch (what it removes kept first)
+    relocate.py   the absolute paths that bind a location to its place, rewritten
 """
 
 from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError

@@ -93,6 +93,8 @@ class _Doc:
 
     def _walk(self, fn: Callable[[str], str]) -> None:
         for doc in self.docs:
+            if not isinstance(doc, dict):
+                continue
             if self.where == "operator metadata":
                 for info in doc.get("stateStoreInfo") or []:
                     paths = info.get("stateSchemaFilePaths")
