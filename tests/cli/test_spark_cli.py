@@ -73,3 +73,26 @@ def test_du_and_history(tmp_path: Path) -> None:
 def test_a_job_directory_is_still_a_job_directory(tmp_path: Path) -> None:
     result = run("verify", str(tmp_path / "nothing-here"))
     assert result.exit_code == 1 and "spark" not in result.stderr.lower()
+
+
+def test_savepoint_rollback_and_relocate_are_commands(tmp_path: Path) -> None:
+    root = make(tmp_path / "ckpt")
+    saved = run_json("savepoint", str(root), str(tmp_path / "sp"), "--batch", "5")
+    assert saved["batch"] == 5 and saved["verified"] is True
+    assert run_json("verify", str(tmp_path / "sp"))["batch"] == 5
+    alive = run("rollback", str(root), "--to-batch", "4")  # just written: looks alive
+    assert alive.exit_code == 1 and "looks alive" in alive.stderr
+    assert sorted(os.listdir(root / "commits")) == ["3", "4", "5", "6"]
+    rolled = run_json("rollback", str(root), "--to-batch", "4", "--force", "--keep",
+                      str(tmp_path / "kept"))
+    assert rolled["from_batch"] == 6 and rolled["kept"].endswith("/kept")
+    assert sorted(os.listdir(root / "commits")) == ["3", "4"]
+    assert run_json("list", str(tmp_path / "kept"))["restart_batch"] == 6
+    moved = run_json("relocate", str(root), "--from", "file:///data/in", "--to", "file:///new/in")
+    assert moved["paths"] == 2  # the source's log up to batch 4: files 3 and 4
+    assert run_json("verify", str(root))["bound_to"] == {"file:///new/in": 2}
+
+
+def test_savepoint_of_a_job_directory_says_what_it_takes(tmp_path: Path) -> None:
+    result = run("savepoint", str(tmp_path), str(tmp_path / "dest"))
+    assert result.exit_code == 1 and "not a Spark checkpoint location" in result.stderr

@@ -21,12 +21,13 @@ import sys
 
 import typer
 
-from statehold.cli import gc, history, jobs, state
+from statehold.cli import gc, history, jobs, spark_checkpoints, state
 from statehold.cli.output import UNWRAPPED, PlainWhenPiped
 
 app = typer.Typer(
     name="statehold",
-    help="Inspect, verify, measure, export and dispose statehold checkpoints.",
+    help="Inspect, verify, measure, export and dispose statehold checkpoints, and own the "
+    "checkpoint location of any Structured Streaming query (savepoint, rollback, gc).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -34,7 +35,7 @@ app = typer.Typer(
     context_settings={"terminal_width": UNWRAPPED},
 )
 
-for group in (jobs, gc, state, history):
+for group in (jobs, gc, state, history, spark_checkpoints):
     group.register(app)
 
 

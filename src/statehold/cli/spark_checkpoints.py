@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from statehold.cli.common import error_line, fail
-from statehold.cli.output import say, size, table, when
+from statehold.cli.common import JsonOption, emit, error_line, fail, handle_errors
+from statehold.cli.output import RichProgress, say, size, table, when
 from statehold.spark_checkpoints import history as spark_history
 from statehold.spark_checkpoints import reports
 from statehold.spark_checkpoints.location import SparkCheckpoint, looks_like_spark_checkpoint
@@ -155,3 +155,141 @@ def _versions(versions: list[int]) -> str:
 def not_for_spark(command: str, as_json: bool) -> None:
     fail(f"statehold {command} works on statehold job directories, not on a Spark checkpoint "
          "location", as_json=as_json)
+
+
+CheckpointLocationArg = Annotated[
+    str,
+    typer.Argument(
+        help="A Spark checkpoint location (a query's checkpointLocation: path, file://, "
+        "s3://, s3a://, gs://, az://)."
+    ),
+]
+
+
+def _require(location: str, command: str, as_json: bool) -> SparkCheckpoint:
+    checkpoint = spark_checkpoint_at(location)
+    if checkpoint is None:
+        fail(
+            f"{location}: not a Spark checkpoint location (statehold {command} works on a "
+            "query's checkpointLocation: offsets/, commits/ and metadata)",
+            as_json=as_json,
+        )
+    return checkpoint
+
+
+def savepoint_command(
+    location: CheckpointLocationArg,
+    dest: Annotated[
+        str, typer.Argument(help="An empty or absent destination (path, file://, s3://, ...).")
+    ],
+    batch: Annotated[
+        int | None,
+        typer.Option("--batch", min=0, help="The batch to restart after (default: the newest "
+                     "committed one a restart can start after)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """A Spark checkpoint location: write a new checkpoint location at DEST holding
+    exactly what a restart after --batch needs (hard links on a local disk, server-side
+    copies on object stores; the source is never modified). A query started with
+    checkpointLocation=DEST continues from the next batch. (A running statehold job takes
+    its savepoints in its driver: job.savepoint(name).)"""
+    from statehold.spark_checkpoints.savepoint import savepoint
+
+    with handle_errors(as_json), RichProgress(not as_json) as progress:
+        checkpoint = _require(location, "savepoint", as_json)
+        result = savepoint(checkpoint, dest, batch=batch, progress=progress)
+
+    def render() -> None:
+        say(
+            f"savepoint of batch {result.batch}: {result.dest} ({result.files} files, "
+            f"{size(result.bytes)} of the source's {size(result.source_bytes)}; "
+            f"{size(result.bytes_written)} written, {result.linked} hard links)"
+            + (", verified" if result.verified else "")
+        )
+
+    emit(result, as_json, render)
+
+
+def rollback_command(
+    location: CheckpointLocationArg,
+    to_batch: Annotated[
+        int, typer.Option("--to-batch", min=0, help="The batch whose state the next start "
+                          "has; it reprocesses from the batch after it.")
+    ],
+    keep: Annotated[
+        str | None,
+        typer.Option("--keep", help="Where the savepoint of what is removed goes (default: "
+                     "<location>-before-rollback-<UTC time>, beside the location)."),
+    ] = None,
+    sink: Annotated[
+        str | None,
+        typer.Option("--sink", help="A file sink's output directory: roll its _spark_metadata "
+                     "log back too, or Spark skips the batch ids it already has."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Roll back even though the query looks alive.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Make a stopped query's next start reprocess from batch N+1 with state as of N:
+    the logs, the sources' logs and the state versions after N are removed, after a
+    savepoint of them (the command says where, so a rollback can be undone). Refuses when
+    N's state is no longer held, or when the query looks alive (without --force)."""
+    from statehold.spark_checkpoints.rollback import rollback
+
+    with handle_errors(as_json):
+        checkpoint = _require(location, "rollback", as_json)
+        result = rollback(checkpoint, to_batch, keep=keep, force=force, sink=sink)
+
+    def render() -> None:
+        say(
+            f"rolled {result.checkpoint} back from batch {result.from_batch} to "
+            f"{result.to_batch}: {len(result.deleted)} files removed"
+            + (f", {len(result.sink_deleted)} from the sink's log" if result.sink else "")
+        )
+        if result.kept:
+            say(f"what was removed is kept as a savepoint of batch {result.kept_batch}: "
+                f"{result.kept}")
+        for note in result.sinks:
+            say(note)
+
+    emit(result, as_json, render)
+
+
+def relocate_command(
+    location: CheckpointLocationArg,
+    from_prefix: Annotated[str, typer.Option("--from", help="The old prefix of the paths.")],
+    to_prefix: Annotated[str, typer.Option("--to", help="The new prefix.")],
+    sink: Annotated[
+        str | None,
+        typer.Option("--sink", help="A file sink's output directory whose _spark_metadata "
+                     "log is rewritten too."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would be rewritten; write nothing.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Rewrite the absolute paths that bind a Spark checkpoint location to its old place
+    (the file source's log, a file sink's log, Spark 4's schema paths) from one prefix to
+    another, after the location (or its input) moved. `statehold verify` names them."""
+    from statehold.spark_checkpoints.relocate import relocate
+
+    with handle_errors(as_json):
+        checkpoint = _require(location, "relocate", as_json)
+        result = relocate(checkpoint, from_prefix, to_prefix, sink=sink, dry_run=dry_run)
+
+    def render() -> None:
+        verb = "would rewrite" if result.dry_run else "rewrote"
+        say(f"{verb} {result.paths} paths in {len(result.files)} files")
+        for other in result.others:
+            say(f"still bound elsewhere: {other.key}: {other.path}")
+
+    emit(result, as_json, render)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("savepoint")(savepoint_command)
+    app.command("rollback")(rollback_command)
+    app.command("relocate")(relocate_command)
