@@ -94,6 +94,8 @@ def test_a_spared_store_keeps_everything() -> None:
     spared = frozenset({StoreId(0, 1)})
     assert verdict(f"{STORE}/SSTs/orphan.sst", spared=spared) is Verdict.REFERENCED
     assert verdict(f"{STORE}/3.zip", spared=spared) is Verdict.REFERENCED
+    assert verdict(f"{STORE}/.3.zip.crc", spared=spared) is Verdict.REFERENCED
+    assert verdict(f"{STORE}/SSTs/.o.sst.crc", spared=spared) is Verdict.REFERENCED
     assert verdict("state/0/0/3.zip", spared=spared) is Verdict.DELETABLE
 
 

@@ -76,7 +76,7 @@ def judge(
     verdict (None: the subject is not in the listing)."""
     if info.symlink or name.kind is Kind.UNKNOWN:
         return Verdict.FOREIGN
-    if info.key in view.needed or (name.store is not None and name.store in view.spared):
+    if info.key in view.needed or (view.spared and _store(name) in view.spared):
         return Verdict.REFERENCED
     if name.kind in KEPT_KINDS:
         return Verdict.KEPT
@@ -89,6 +89,13 @@ def judge(
     if name.kind is Kind.CRC and subject is not None and subject is not Verdict.DELETABLE:
         return subject
     return Verdict.DELETABLE
+
+
+def _store(name: Name) -> StoreId | None:
+    """The store a file belongs to (a checksum: its subject's)."""
+    if name.kind is Kind.CRC and name.of is not None:
+        return parse(name.of).store
+    return name.store
 
 
 def judge_names(

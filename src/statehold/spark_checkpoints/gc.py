@@ -194,7 +194,8 @@ def _needed(
 ) -> tuple[set[str], set[StoreId]]:
     """The keys every retained batch's state versions need, and the stores spared whole
     (their problems in the report). Retained versions Spark no longer holds are fine
-    while they are the oldest ones (its maintenance deletes from the oldest up); one
+    while they are the oldest ones (its maintenance deletes from the oldest up, and a
+    restart from them is impossible already): what is left of them is not kept. One
     missing after a held one is a gap: the store is spared."""
     needed: set[str] = set()
     spared: set[StoreId] = set()
@@ -212,8 +213,8 @@ def _needed(
         try:
             for batch, commit in commits.items():
                 needs = resolve(files, batch + 1, checkpoint, unique_id(commit, store, order))
-                mine.update(k for k in needs.files if k in found.files)
                 if needs.ok:
+                    mine.update(needs.files)
                     held = True
                 elif held:
                     raise SparkCheckpointError(needs.problems[0])
