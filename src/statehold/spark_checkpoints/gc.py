@@ -161,7 +161,9 @@ def _list(storage: Storage) -> tuple[Scan, dict[str, _Dir]]:
             hit = shared[directory] = shared_dir_store(directory) is not None
         return hit
 
-    for page in storage.list_stat_pages(""):
+    # pages of 100,000: a local disk hands each page's names over in inode order, and
+    # unlinking in that order is faster (see `storage.local_listing`)
+    for page in storage.list_stat_pages("", page_size=100_000):
         for info in page.infos:
             directory = info.key.rpartition("/")[0]
             if not info.symlink and is_shared(directory):
@@ -403,13 +405,14 @@ def _delete(
             _check_commits(storage, newest, report)
             names = check_deletable_names(directory, [e[0] for e in batch])
             now = storage.stat_names(directory, names)
+            oldest = min(view.listed_at, view.now - view.grace)  # `SparkView.young`
             same = [
                 e
                 for e, cur in zip(batch, now, strict=True)
                 if cur is not None
                 and cur.size == e[1]
                 and abs(cur.mtime - e[2]) <= _MTIME_SLACK
-                and not view.young(cur.mtime)
+                and cur.mtime < oldest
             ]
             report.changed += len(batch) - len(same)
             failed: dict[str, BaseException] = {}
@@ -419,14 +422,12 @@ def _delete(
                 failed = e.failed
                 report.problems.append(f"{directory}: {e}")
             prefix = f"{directory}/" if directory else ""
-            for name, size, _mtime in same:
-                key = prefix + name
-                if key in failed:
-                    continue
-                report.deleted += 1
-                report.deleted_bytes += size
-                if len(report.deleted_keys) < SAMPLE:
-                    report.deleted_keys.append(key)
+            done = [(prefix + n, size) for n, size, _m in same if prefix + n not in failed]
+            report.deleted += len(done)
+            report.deleted_bytes += sum(size for _k, size in done)
+            room = SAMPLE - len(report.deleted_keys)
+            if room > 0:
+                report.deleted_keys.extend(k for k, _s in done[:room])
             if progress is not None:
                 progress(report.deleted, report.deleted_bytes)
 
