@@ -1,22 +1,185 @@
-"""The deletion rule for Spark checkpoint locations: what statehold may delete there.
+"""The deletion rule for Spark's own checkpoint locations (`statehold gc CKPT`), beside
+the job directory's rule in `policy`: every delete in a Spark checkpoint location asks
+it. It judges one listed file from plain data (`SparkView`), in this order:
 
-`check_rollback_deletable` is the rule for a rollback: it may delete only what a later
-batch wrote and Spark would write again when it reruns from the rolled-back batch (the
-offsets and commit logs, the sources' and a file sink's logs, state version files,
-operator metadata v2 and schema v3 files), and their checksum companions. Never the
-query's ``metadata``, a store's ``_metadata/schema``, SSTs or RocksDB logs (they are
-shared between versions; gc decides about them), nor a name Spark does not write. Which
-*batches* may go is the caller's decision (everything after the batch rolled back to);
-this rule guarantees a rollback cannot delete a kind of file it has no business with,
-whatever its planning got wrong.
+* **Foreign**: symlinks and names Spark does not write; reported, never deleted.
+* **Referenced**: a file some batch Spark may still restart from (or be rolled back to)
+  needs, and every file of a store whose needs could not be resolved (spared whole).
+* **Kept**: the query's ``metadata``, ``offsets/``, ``commits/``, ``sources/``, operator
+  metadata and state schemas: Spark purges them itself, by its own retention.
+* **Protected** (may be in flight): a file modified at or after the listing began, or
+  younger than the grace; a version file above the newest committed version (a batch
+  running now writes it).
+* A ``.crc`` (Hadoop's checksum beside a file) follows its subject: kept while the
+  subject is kept, deletable once the subject is gone or being deleted.
+* **Deletable**: the rest: orphan SSTs and RocksDB logs, zips, changelogs, deltas and
+  snapshots no retained version needs, old temp files.
+
+`check_deletable` is the last line, run on every key just before gc deletes it.
+
+A rollback (`statehold rollback`) deletes what the batches after the one it rolls back to
+wrote, and `check_rollback_deletable` is its last line: the offsets and commit logs, the
+sources' and a file sink's logs, state version files, operator metadata v2 and schema v3
+files, and their checksums. Never the query's ``metadata``, a store's schema, SSTs or
+RocksDB logs (shared between versions: gc decides about them), nor a name Spark does not
+write. Which *batches* go is the caller's decision; this rule guarantees a rollback
+cannot delete a kind of file it has no business with, whatever its planning got wrong.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
+from statehold.cleanup.policy import Verdict
 from statehold.errors import StateholdError
-from statehold.format.spark_layout import Kind, parse
+from statehold.format.spark_layout import VERSION_FILES, Kind, Name, StoreId, parse
+from statehold.storage.base import FileInfo, UnsafePathError, check_key
+
+#: A file younger than this may be an upload, a maintenance run or an atomic write still
+#: under way (Spark's maintenance runs every minute by default; a slow task's upload can
+#: take longer): never deleted.
+SPARK_GC_GRACE_SECONDS = 3600.0
+
+#: Spark purges these itself (by ``minBatchesToRetain``); gc never deletes them.
+KEPT_KINDS = frozenset(
+    {
+        Kind.QUERY_METADATA,
+        Kind.OFFSETS,
+        Kind.COMMITS,
+        Kind.SOURCE_LOG,
+        Kind.OPERATOR_METADATA,
+        Kind.STORE_SCHEMA,
+    }
+)
+#: The only kinds gc ever deletes.
+DELETABLE_KINDS = frozenset({*VERSION_FILES, Kind.SST, Kind.ROCKSDB_LOG, Kind.CRC, Kind.TEMP})
+#: The store subdirectories whose files `judge_names` decides by name and mtime.
+SHARED_DIRS = {"SSTs": ".sst", "logs": ".log"}
+
+
+@dataclass(frozen=True)
+class SparkView:
+    """What a judgment relies on, made once per gc from one listing."""
+
+    #: Every key a batch Spark may restart from (or be rolled back to) needs.
+    needed: frozenset[str]
+    #: When the listing began: a file modified since was written during it.
+    listed_at: float
+    now: float
+    grace: float = SPARK_GC_GRACE_SECONDS
+    #: The state version the newest committed batch wrote (batch N writes N+1); None with
+    #: no committed batch. Version files above it are in flight.
+    newest_version: int | None = None
+    #: Stores whose needs could not be resolved: every file of them is spared.
+    spared: frozenset[StoreId] = field(default_factory=frozenset)
+
+    def young(self, mtime: float) -> bool:
+        return mtime >= self.listed_at or self.now - mtime < self.grace
+
+
+def judge(
+    info: FileInfo, name: Name, view: SparkView, *, subject: Verdict | None = None
+) -> Verdict:
+    """The rule's decision for one listed file. For a ``.crc``, `subject` is its subject's
+    verdict (None: the subject is not in the listing)."""
+    if info.symlink or name.kind is Kind.UNKNOWN:
+        return Verdict.FOREIGN
+    if info.key in view.needed or (view.spared and _store(name) in view.spared):
+        return Verdict.REFERENCED
+    if name.kind in KEPT_KINDS:
+        return Verdict.KEPT
+    if view.young(info.mtime):
+        return Verdict.PROTECTED
+    if name.kind in VERSION_FILES and (
+        view.newest_version is None or (name.version or 0) > view.newest_version
+    ):
+        return Verdict.PROTECTED
+    if name.kind is Kind.CRC and subject is not None and subject is not Verdict.DELETABLE:
+        return subject
+    return Verdict.DELETABLE
+
+
+def _store(name: Name) -> StoreId | None:
+    """The store a file belongs to (a checksum: its subject's)."""
+    if name.kind is Kind.CRC and name.of is not None:
+        return parse(name.of).store
+    return name.store
+
+
+def judge_names(
+    directory: str, names: list[str], mtimes: list[float], view: SparkView
+) -> dict[Verdict | None, list[int]]:
+    """`judge` for the plain files of one store's ``SSTs/`` or ``logs/`` directory at
+    once (by index into `names`), for a gc over 100,000s of orphans: the same decisions.
+    Names that are not plain SSTs or logs (checksums, temp files, odd names) come back
+    under None, to be parsed and given to `judge`, after every other name (a checksum
+    follows its subject)."""
+    out: dict[Verdict | None, list[int]] = {v: [] for v in (*Verdict, None)}
+    store = shared_dir_store(directory)
+    if store is None:
+        out[None] = list(range(len(names)))
+        return out
+    if store in view.spared:
+        out[Verdict.REFERENCED] = list(range(len(names)))
+        return out
+    suffix = SHARED_DIRS[directory.rsplit("/", 1)[1]]
+    needed, listed_at, oldest = view.needed, view.listed_at, view.now - view.grace
+    referenced, protected, deletable, undecided = (
+        out[Verdict.REFERENCED], out[Verdict.PROTECTED], out[Verdict.DELETABLE], out[None]
+    )
+    prefix = directory + "/"
+    for i, name in enumerate(names):
+        if not name.endswith(suffix) or name.startswith("."):
+            undecided.append(i)
+        elif prefix + name in needed:
+            referenced.append(i)
+        elif mtimes[i] >= listed_at or mtimes[i] > oldest:
+            protected.append(i)
+        else:
+            deletable.append(i)
+    return out
+
+
+def shared_dir_store(directory: str) -> StoreId | None:
+    """The store whose ``SSTs/`` or ``logs/`` `directory` is, else None."""
+    leaf = directory.rsplit("/", 1)[-1]
+    suffix = SHARED_DIRS.get(leaf)
+    if suffix is None:
+        return None
+    name = parse(f"{directory}/x{suffix}")
+    return name.store if name.kind in (Kind.SST, Kind.ROCKSDB_LOG) else None
+
+
+def check_deletable(key: str) -> str:
+    """Refuse (UnsafePathError) a key whose kind gc never deletes, or that is not a safe
+    key: the last line, before anything is deleted, below every decision."""
+    kind = parse(check_key(key)).kind
+    if kind not in DELETABLE_KINDS:
+        raise UnsafePathError(
+            f"refusing to delete {key!r} ({kind}): the Spark deletion rule never does"
+        )
+    return key
+
+
+_PLAIN = re.compile(r"(?:[A-Za-z0-9_.-]+\n)*[A-Za-z0-9_.-]+")
+
+
+def check_deletable_names(directory: str, names: list[str]) -> list[str]:
+    """`check_deletable` for many files of one directory: in a store's ``SSTs/`` or
+    ``logs/`` every plain name with the directory's suffix is checked by one regex."""
+    store = shared_dir_store(directory)
+    if store is not None and names:
+        suffix = SHARED_DIRS[directory.rsplit("/", 1)[1]]
+        if _PLAIN.fullmatch("\n".join(names)) and all(
+            n.endswith(suffix) and not n.startswith(".") for n in names
+        ):
+            return names
+    for name in names:
+        check_deletable(f"{directory}/{name}" if directory else name)
+    return names
+
+
 
 #: Kinds a rollback removes (the batches after the one it rolls back to).
 ROLLBACK_KINDS = {
@@ -62,3 +225,19 @@ def _rollback_kind(key: str) -> bool:
     if _SINK_LOG.match(key) or _BATCH_NAMED_OPERATOR_FILE.match(key):
         return True
     return parse(key).kind in ROLLBACK_KINDS
+
+
+__all__ = [
+    "DELETABLE_KINDS",
+    "KEPT_KINDS",
+    "ROLLBACK_KINDS",
+    "SPARK_GC_GRACE_SECONDS",
+    "DeletionRefusedError",
+    "SparkView",
+    "check_deletable",
+    "check_deletable_names",
+    "check_rollback_deletable",
+    "judge",
+    "judge_names",
+    "shared_dir_store",
+]

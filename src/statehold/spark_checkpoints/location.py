@@ -174,6 +174,10 @@ class SparkCheckpoint:
             needs.problems.append(str(e))
             return None
 
+    def store_order(self, found: Scan, operator: int) -> list[str]:
+        """An operator's store names in Spark's order (the order of a commit's ids)."""
+        return self._store_order(found, operator)
+
     def expected_stores(self, found: Scan) -> list[StoreId]:
         """The stores found, and those the operators' metadata says exist (a partition
         whose directory is gone is still expected)."""
@@ -214,6 +218,12 @@ class SparkCheckpoint:
                 except (ValueError, AttributeError, SparkCheckpointError):
                     return []
         return []
+
+
+def unique_id(commit: Commit | None, store: StoreId, order: list[str]) -> str | None:
+    """The unique id (checkpoint format v2) of the version of `store` the batch of
+    `commit` wrote (`order`: `SparkCheckpoint.store_order`); None for format v1."""
+    return _unique_id(commit, store, order)
 
 
 def _unique_id(commit: Commit | None, store: StoreId, order: list[str]) -> str | None:

@@ -194,6 +194,23 @@ class Storage(abc.ABC):
         self.delete_many([f"{base}/{n}" if base else n for n in names])
         return 0
 
+    def stat_names(self, directory: str, names: list[str]) -> list[FileInfo | None]:
+        """`stat` of the files `names` of `directory` ('' = the root), in order (None:
+        absent), for a re-check just before a batch of deletes. This default stats a few
+        keys one by one and lists a backend that lists in key order from the first of
+        many (one listing call per page, not one call per file)."""
+        base = check_prefix(directory).rstrip("/")
+        keys = [f"{base}/{n}" if base else n for n in check_names(names)]
+        if len(keys) <= 16 or not self.lists_in_key_order:
+            return [self.stat(k) for k in keys]
+        wanted, last = set(keys), max(keys)
+        found: dict[str, FileInfo] = {}
+        for page in self.list_name_pages(base, start=min(keys)):
+            found.update((i.key, i) for i in page.infos if i.key in wanted)
+            if page.infos and page.infos[-1].key >= last:
+                break
+        return [found.get(k) for k in keys]
+
     def list(self, prefix: str = "") -> Iterator[FileInfo]:
         for page in self.list_pages(prefix):
             yield from page

@@ -171,6 +171,23 @@ class LocalStorage(Storage):
             raise DeleteError(failed)
         return freed
 
+    def stat_names(self, directory: str, names: list[str]) -> list[FileInfo | None]:
+        """See Storage: the directory is checked for links once and opened with
+        `O_NOFOLLOW`; each name is lstat'ed relative to it (no path walk per file). A
+        link or other non-regular file is returned as absent, as `stat` does."""
+        directory = check_prefix(directory).rstrip("/")
+        check_names(names)
+        try:
+            fd = os.open(self._dir(directory), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
+            return [None] * len(names)
+        except OSError as e:
+            raise StorageError(f"{directory}: cannot be opened ({e})") from e
+        try:
+            return local_listing.stat_names(fd, directory, names)
+        finally:
+            os.close(fd)
+
     def list_top(self, prefix: str = "") -> tuple[list[str], list[FileInfo]]:
         """See Storage: one `scandir`. A link is listed as a file (never descended)."""
         prefix = check_prefix(prefix).rstrip("/")

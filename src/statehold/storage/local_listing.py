@@ -143,3 +143,19 @@ def unlink_names(
         except OSError as e:
             failed[key] = e
     return freed, failed
+
+
+def stat_names(dir_fd: int, directory: str, names: list[str]) -> list[FileInfo | None]:
+    """The lstat of each name relative to the open directory `dir_fd` (None: absent, or
+    not a regular file)."""
+    prefix = directory + "/" if directory else ""
+    out: list[FileInfo | None] = []
+    append, lstat, is_reg = out.append, os.stat, stat.S_ISREG
+    for name in names:
+        try:
+            st = lstat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            append(None)
+            continue
+        append(FileInfo(prefix + name, st.st_size, st.st_mtime) if is_reg(st.st_mode) else None)
+    return out

@@ -1,0 +1,450 @@
+"""Safe garbage collection of a Spark checkpoint location (`statehold gc CKPT`), beside a
+query that may be running.
+
+One listing (its start time noted) is judged by the Spark deletion rule
+(`cleanup.spark_policy`) against what every retained batch needs: for each store, the
+resolution (`stores.resolve`) of the state version of every batch in the commit log
+(batch B restarts from version B+1; with checkpoint format v2 the version's unique id is
+the one commits/B recorded), plus the files every zip it keeps lists. A store whose
+retained versions cannot be resolved (an unreadable zip, a bad lineage, a gap after a
+held version) is spared whole and named, one line each.
+
+Before each batch of deletes (one directory's files, at most `batch_size`) it re-checks:
+the commit log's newest batch has not gone back (a rollback or a restart from an older
+checkpoint: it stops, `SparkGcInterruptedError`), and each file still has the size and
+mtime it was judged by (a changed or vanished one is left). Deletes go through the
+storage's bulk delete (`Storage.delete_names`), a file's ``.crc`` right after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from pydantic import BaseModel, Field
+
+from statehold import clock
+from statehold.cleanup.policy import Verdict
+from statehold.cleanup.spark_policy import (
+    SPARK_GC_GRACE_SECONDS,
+    SparkView,
+    check_deletable_names,
+    judge,
+    judge_names,
+    shared_dir_store,
+)
+from statehold.format.spark_layout import COMMITS_DIR, Kind, StoreId, crc_of, parse
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.location import SparkCheckpoint, unique_id
+from statehold.spark_checkpoints.logs import Commit
+from statehold.spark_checkpoints.scan import Scan
+from statehold.spark_checkpoints.stores import resolve
+from statehold.storage.base import DeleteError, FileInfo, Storage, StorageError
+
+#: Called after each batch of deletes: (files deleted so far, bytes freed so far).
+Progress = Callable[[int, int], None]
+#: At most this many keys are named in each of a report's key lists.
+SAMPLE = 1000
+#: Files a batch of deletes holds: one re-check each (a local disk; an object store
+#: deletes 1,000 keys a request and re-checks by listing the same range).
+LOCAL_BATCH = 20_000
+OBJECT_STORE_BATCH = 1000
+#: A file's mtime may read back this much apart from its listing's (an object store's
+#: HEAD gives whole seconds, its listing milliseconds).
+_MTIME_SLACK = 1.0
+
+
+class SparkGcInterruptedError(SparkCheckpointError):
+    """The query was rolled back or restarted from an older batch while gc ran; gc
+    stopped before its next batch of deletes. Run it again."""
+
+
+class SparkGcReport(BaseModel):
+    """What gc found and did. Key lists are samples of at most `SAMPLE` keys; counts
+    count every file."""
+
+    uri: str
+    dry_run: bool
+    listed: int = 0
+    #: The newest committed batch and the oldest in the commit log (None: none).
+    newest_batch: int | None = None
+    oldest_batch: int | None = None
+    referenced: int = 0
+    kept: int = 0
+    protected: int = 0
+    foreign: int = 0
+    foreign_keys: list[str] = Field(default_factory=list)
+    #: Judged deletable (what a dry run would delete), by kind.
+    deletable: int = 0
+    deletable_bytes: int = 0
+    deletable_by_kind: dict[str, int] = Field(default_factory=dict)
+    deleted: int = 0
+    deleted_bytes: int = 0
+    deleted_keys: list[str] = Field(default_factory=list)
+    #: Left at the re-check: changed, grown young or gone since the listing.
+    changed: int = 0
+    #: Stores spared whole, and why (one line each).
+    spared_stores: list[str] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list)
+    #: Retained batches whose state Spark no longer holds (its own maintenance deleted
+    #: it): nothing to protect.
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class _Dir:
+    """A store's ``SSTs/`` or ``logs/``: names with their stat, judged in bulk."""
+
+    names: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    mtimes: list[float] = field(default_factory=list)
+
+
+#: A file to delete: (name in its directory, size, mtime), by directory.
+_Plan = dict[str, list[tuple[str, int, float]]]
+
+
+def gc(
+    checkpoint: SparkCheckpoint,
+    *,
+    dry_run: bool = False,
+    grace_seconds: float = SPARK_GC_GRACE_SECONDS,
+    progress: Progress | None = None,
+    batch_size: int | None = None,
+) -> SparkGcReport:
+    """Delete what no batch Spark may still restart from (or be rolled back to) needs,
+    and what the rule says is no longer in flight. Raises SparkCheckpointError, deleting
+    nothing, for a commit log it cannot read (an unknown version); SparkGcInterruptedError
+    if the query was rolled back while it deleted."""
+    storage = checkpoint.storage
+    found, bulk = _list(storage)
+    report = SparkGcReport(uri=checkpoint.uri, dry_run=dry_run)
+    report.listed = len(found.files) + sum(len(d.names) for d in bulk.values())
+    commits = {b: checkpoint.commit(b) for b in sorted(found.commits)}
+    report.newest_batch, report.oldest_batch = max(commits, default=None), min(
+        commits, default=None
+    )
+    needed, spared = _needed(checkpoint, found, commits, report)
+    newest = report.newest_batch
+    view = SparkView(
+        needed=frozenset(needed),
+        listed_at=found.started_at,
+        now=clock.now(),
+        grace=grace_seconds,
+        newest_version=None if newest is None else newest + 1,
+        spared=frozenset(spared),
+    )
+    view = _keep_what_kept_zips_list(checkpoint, found, view, report)
+    plan = _judge(found, bulk, view, report)
+    if dry_run or not plan:
+        return report
+    size = batch_size or (OBJECT_STORE_BATCH if storage.lists_in_key_order else LOCAL_BATCH)
+    _delete(storage, plan, view, newest, size, report, progress)
+    return report
+
+
+# -- the listing -------------------------------------------------------------------------
+def _list(storage: Storage) -> tuple[Scan, dict[str, _Dir]]:
+    """One listing: the stores' ``SSTs/`` and ``logs/`` files as names with their stat
+    (there may be 100,000s of orphans), every other file into a `Scan`."""
+    found = Scan(started_at=clock.now())
+    bulk: dict[str, _Dir] = {}
+    shared: dict[str, bool] = {}
+
+    def is_shared(directory: str) -> bool:
+        hit = shared.get(directory)
+        if hit is None:
+            hit = shared[directory] = shared_dir_store(directory) is not None
+        return hit
+
+    # pages of 100,000: a local disk hands each page's names over in inode order, and
+    # unlinking in that order is faster (see `storage.local_listing`)
+    for page in storage.list_stat_pages("", page_size=100_000):
+        for info in page.infos:
+            directory = info.key.rpartition("/")[0]
+            if not info.symlink and is_shared(directory):
+                entry = bulk.setdefault(directory, _Dir())
+                entry.names.append(info.key.rpartition("/")[2])
+                entry.sizes.append(info.size)
+                entry.mtimes.append(info.mtime)
+            else:
+                found.add(info)
+        if not page.names:
+            continue
+        if is_shared(page.directory):
+            entry = bulk.setdefault(page.directory, _Dir())
+            entry.names += page.names
+            entry.sizes += page.sizes
+            entry.mtimes += page.mtimes
+        else:
+            prefix = f"{page.directory}/" if page.directory else ""
+            for name, size, mtime in zip(page.names, page.sizes, page.mtimes, strict=True):
+                found.add(FileInfo(prefix + name, size, mtime))
+    return found, bulk
+
+
+# -- what retained batches need ----------------------------------------------------------
+def _needed(
+    checkpoint: SparkCheckpoint,
+    found: Scan,
+    commits: dict[int, Commit],
+    report: SparkGcReport,
+) -> tuple[set[str], set[StoreId]]:
+    """The keys every retained batch's state versions need, and the stores spared whole
+    (their problems in the report). Retained versions Spark no longer holds are fine
+    while they are the oldest ones (its maintenance deletes from the oldest up, and a
+    restart from them is impossible already): what is left of them is not kept. One
+    missing after a held one is a gap: the store is spared."""
+    needed: set[str] = set()
+    spared: set[StoreId] = set()
+    orders: dict[int, list[str]] = {}
+    for store in checkpoint.expected_stores(found):
+        files = found.stores.get(store)
+        if files is None:
+            continue
+        order = orders.get(store.operator)
+        if order is None:
+            order = orders[store.operator] = checkpoint.store_order(found, store.operator)
+        mine: set[str] = set()
+        unheld: list[int] = []
+        held = False
+        try:
+            for batch, commit in commits.items():
+                needs = resolve(files, batch + 1, checkpoint, unique_id(commit, store, order))
+                if needs.ok:
+                    mine.update(needs.files)
+                    held = True
+                elif held:
+                    raise SparkCheckpointError(needs.problems[0])
+                else:
+                    unheld.append(batch)
+            if commits and not held:
+                raise SparkCheckpointError(
+                    f"{store}: the newest committed batch's version is not held"
+                )
+        except SparkCheckpointError as e:
+            spared.add(store)
+            line = f"{store}: spared, nothing in it deleted ({e})"
+            report.spared_stores.append(line)
+            report.problems.append(line)
+            continue
+        if unheld:
+            report.notes.append(
+                f"{store}: the state of retained batches {unheld[0]}-{unheld[-1]} is no "
+                "longer held (Spark's own maintenance deleted it)"
+            )
+        needed |= mine
+    return needed, spared
+
+
+def _keep_what_kept_zips_list(
+    checkpoint: SparkCheckpoint, found: Scan, view: SparkView, report: SparkGcReport
+) -> SparkView:
+    """Every zip the rule keeps though no retained version needs it (in flight, young)
+    keeps the SSTs and logs it lists: a version being written may reuse old SSTs. A zip
+    that cannot be read spares its store."""
+    extra: set[str] = set()
+    spared = set(view.spared)
+    for store, files in found.stores.items():
+        if store in spared:
+            continue
+        for (kind, _v, _u), info in files.versions.items():
+            if kind is not Kind.ZIP or info.key in view.needed:
+                continue
+            if judge(info, found.names[info.key], view) is Verdict.DELETABLE:
+                continue
+            try:
+                listed = checkpoint.zip_files(info.key)
+            except SparkCheckpointError as e:
+                spared.add(store)
+                line = f"{store}: spared, nothing in it deleted ({e})"
+                report.spared_stores.append(line)
+                report.problems.append(line)
+                break
+            extra.update(f"{store.prefix}/{rel}" for rel in listed)
+    if not extra and spared == view.spared:
+        return view
+    return replace(view, needed=view.needed | extra, spared=frozenset(spared))
+
+
+# -- judging -----------------------------------------------------------------------------
+def _judge(
+    found: Scan, bulk: dict[str, _Dir], view: SparkView, report: SparkGcReport
+) -> _Plan:
+    """Every listed file's verdict, counted in the report; the deletable ones by
+    directory, each ``.crc`` right after its subject."""
+    verdicts: dict[str, Verdict] = {}
+    crcs: list[str] = []
+    for key, info in found.files.items():
+        name = found.names[key]
+        if name.kind is Kind.CRC and not info.symlink:
+            crcs.append(key)
+        else:
+            verdicts[key] = judge(info, name, view)
+    for key in crcs:
+        name = found.names[key]
+        subject = verdicts.get(name.of or "") or _bulk_verdict(bulk, name.of or "", view)
+        verdicts[key] = judge(found.files[key], name, view, subject=subject)
+    deletable: list[tuple[str, int, float]] = []
+    for key, verdict in verdicts.items():
+        info = found.files[key]
+        _count(report, key, verdict, info.size, found.names[key].kind)
+        if verdict is Verdict.DELETABLE:
+            deletable.append((key, info.size, info.mtime))
+    plan = _by_directory(deletable)
+    for directory, entries in bulk.items():
+        _judge_bulk(directory, entries, view, report, plan)
+    return {d: _crc_after_subject(e) for d, e in plan.items() if e}
+
+
+def _judge_bulk(
+    directory: str, entries: _Dir, view: SparkView, report: SparkGcReport, plan: _Plan
+) -> None:
+    out = judge_names(directory, entries.names, entries.mtimes, view)
+    names, sizes, mtimes = entries.names, entries.sizes, entries.mtimes
+    report.referenced += len(out[Verdict.REFERENCED])
+    report.protected += len(out[Verdict.PROTECTED])
+    doomed = out[Verdict.DELETABLE]
+    if doomed:
+        kind = Kind.SST if directory.endswith("/SSTs") else Kind.ROCKSDB_LOG
+        nbytes = sum(sizes[i] for i in doomed)
+        report.deletable += len(doomed)
+        report.deletable_bytes += nbytes
+        report.deletable_by_kind[kind] = report.deletable_by_kind.get(kind, 0) + len(doomed)
+        plan.setdefault(directory, []).extend((names[i], sizes[i], mtimes[i]) for i in doomed)
+    if not out[None]:
+        return
+    index = {n: i for i, n in enumerate(names)}
+    verdict_of = {i: v for v, ids in out.items() if v is not None for i in ids}
+    for i in sorted(out[None], key=lambda i: names[i].endswith(".crc")):  # subjects first
+        key = f"{directory}/{names[i]}"
+        name = parse(key)
+        subject = None
+        if name.kind is Kind.CRC and name.of is not None:
+            j = index.get(name.of.rpartition("/")[2])
+            subject = verdict_of.get(j) if j is not None else None
+        verdict = judge(FileInfo(key, sizes[i], mtimes[i]), name, view, subject=subject)
+        verdict_of[i] = verdict
+        _count(report, key, verdict, sizes[i], name.kind)
+        if verdict is Verdict.DELETABLE:
+            plan.setdefault(directory, []).append((names[i], sizes[i], mtimes[i]))
+
+
+def _bulk_verdict(bulk: dict[str, _Dir], key: str, view: SparkView) -> Verdict | None:
+    """The verdict of a ``SSTs/`` or ``logs/`` file (a checksum's subject outside its
+    directory's bulk judgment); None if not listed."""
+    directory, _, leaf = key.rpartition("/")
+    entries = bulk.get(directory)
+    if entries is None or leaf not in entries.names:
+        return None
+    i = entries.names.index(leaf)
+    info = FileInfo(key, entries.sizes[i], entries.mtimes[i])
+    return judge(info, parse(key), view)
+
+
+def _count(report: SparkGcReport, key: str, verdict: Verdict, size: int, kind: Kind) -> None:
+    if verdict is Verdict.REFERENCED:
+        report.referenced += 1
+    elif verdict is Verdict.KEPT:
+        report.kept += 1
+    elif verdict is Verdict.PROTECTED:
+        report.protected += 1
+    elif verdict is Verdict.FOREIGN:
+        report.foreign += 1
+        if len(report.foreign_keys) < SAMPLE:
+            report.foreign_keys.append(key)
+    else:
+        report.deletable += 1
+        report.deletable_bytes += size
+        report.deletable_by_kind[kind] = report.deletable_by_kind.get(kind, 0) + 1
+
+
+def _by_directory(entries: Iterable[tuple[str, int, float]]) -> _Plan:
+    plan: _Plan = {}
+    for key, size, mtime in entries:
+        directory, _, name = key.rpartition("/")
+        plan.setdefault(directory, []).append((name, size, mtime))
+    return plan
+
+
+def _crc_after_subject(entries: list[tuple[str, int, float]]) -> list[tuple[str, int, float]]:
+    """Each deletable ``.NAME.crc`` right after NAME, so a batch deletes both."""
+    crcs = {e[0]: e for e in entries if e[0].startswith(".") and e[0].endswith(".crc")}
+    if not crcs:
+        return entries
+    out: list[tuple[str, int, float]] = []
+    names = set(crcs)
+    for entry in entries:
+        if entry[0] in names:
+            continue
+        out.append(entry)
+        sibling = crcs.pop(crc_of(entry[0]), None)
+        if sibling is not None:
+            out.append(sibling)
+    out.extend(crcs.values())  # checksums whose subject is gone or kept: already judged
+    return out
+
+
+# -- deleting ----------------------------------------------------------------------------
+def _delete(
+    storage: Storage,
+    plan: _Plan,
+    view: SparkView,
+    newest: int | None,
+    batch_size: int,
+    report: SparkGcReport,
+    progress: Progress | None,
+) -> None:
+    for directory, entries in plan.items():
+        for start in range(0, len(entries), batch_size):
+            batch = entries[start : start + batch_size]
+            _check_commits(storage, newest, report)
+            names = check_deletable_names(directory, [e[0] for e in batch])
+            now = storage.stat_names(directory, names)
+            oldest = min(view.listed_at, view.now - view.grace)  # `SparkView.young`
+            same = [
+                e
+                for e, cur in zip(batch, now, strict=True)
+                if cur is not None
+                and cur.size == e[1]
+                and abs(cur.mtime - e[2]) <= _MTIME_SLACK
+                and cur.mtime < oldest
+            ]
+            report.changed += len(batch) - len(same)
+            failed: dict[str, BaseException] = {}
+            try:
+                storage.delete_names(directory, [e[0] for e in same], count_bytes=False)
+            except DeleteError as e:
+                failed = e.failed
+                report.problems.append(f"{directory}: {e}")
+            prefix = f"{directory}/" if directory else ""
+            done = [(prefix + n, size) for n, size, _m in same if prefix + n not in failed]
+            report.deleted += len(done)
+            report.deleted_bytes += sum(size for _k, size in done)
+            room = SAMPLE - len(report.deleted_keys)
+            if room > 0:
+                report.deleted_keys.extend(k for k, _s in done[:room])
+            if progress is not None:
+                progress(report.deleted, report.deleted_bytes)
+
+
+def _check_commits(storage: Storage, newest: int | None, report: SparkGcReport) -> None:
+    """Stop if the commit log's newest batch went back since the listing."""
+    if newest is None:
+        return
+    try:
+        _dirs, files = storage.list_top(COMMITS_DIR)
+    except StorageError as e:
+        raise SparkGcInterruptedError(f"{COMMITS_DIR}: cannot be listed ({e})") from None
+    batches = [int(n) for f in files if (n := f.key.rpartition("/")[2]).isdigit()]
+    now = max(batches, default=None)
+    if now is None or now < newest:
+        raise SparkGcInterruptedError(
+            f"{COMMITS_DIR}: the newest committed batch went from {newest} to {now} while gc "
+            "ran (the query was rolled back or restarted from an older checkpoint); gc "
+            f"stopped after deleting {report.deleted} files. Run it again."
+        )

@@ -1,0 +1,366 @@
+"""gc of Spark's own checkpoint locations, written by real Structured Streaming queries
+(HDFS-backed and RocksDB providers, changelog off and on, checkpoint format v2): planted
+orphans go, nothing a retained batch needs goes (checked by listing and by
+`restart_needs` of every retained batch), young, foreign and linked files stay, a dry run
+deletes nothing, and the query restarts from the gc'd checkpoint with the same output as
+from an untouched copy. Bad input spares the store (or refuses) and deletes nothing it
+should not. One run on S3 (moto)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import time
+import uuid
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyspark
+import pytest
+
+from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
+from statehold.spark_checkpoints.gc import SparkGcReport, gc
+from statehold.storage import open_storage
+from tests.support.s3 import S3Server
+from tests.support.spark_session import spark  # noqa: F401
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = [pytest.mark.spark]
+
+SPARK_4 = int(pyspark.__version__.split(".")[0]) >= 4
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+COMMON = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.streaming.minBatchesToRetain": "3",
+    "spark.sql.streaming.stateStore.minDeltasForSnapshot": "2",
+    "spark.sql.streaming.stateStore.maintenanceInterval": "500ms",
+}
+PROVIDERS: dict[str, dict[str, str]] = {
+    "hdfs": {"spark.sql.streaming.stateStore.providerClass": HDFS},
+    "rocksdb": {"spark.sql.streaming.stateStore.providerClass": ROCKSDB, CHANGELOG: "false"},
+    "rocksdb_changelog": {
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB, CHANGELOG: "true",
+    },
+}
+if SPARK_4:
+    PROVIDERS["rocksdb_v2"] = {
+        **PROVIDERS["rocksdb_changelog"],
+        "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
+    }
+TWO_HOURS = 7200.0
+FIRST_FILES = 6
+
+
+# -- a minimal real query -------------------------------------------------------------------
+def write_inputs(directory: Path, first: int, count: int) -> None:
+    """Input files `first`.. (one per batch), mtimes in name order."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(first, first + count):
+        rows = [{"key": f"k{(i + j) % 5}", "value": i * 10 + j} for j in range(8)]
+        tmp = directory / f".{i:05d}.tmp"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.utime(tmp, (1_700_000_000 + i, 1_700_000_000 + i))
+        tmp.rename(directory / f"{i:05d}.json")
+
+
+def run_query(
+    spark: SparkSession,  # noqa: F811
+    provider: str,
+    ckpt: Path,
+    inputs: Path,
+    out: Path,
+) -> None:
+    """A running count and sum per key over every input file, until idle."""
+    from pyspark.sql import functions as F
+
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    if not spark.streams.active:  # maintenance restarts with this query's interval
+        jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
+    session = spark.newSession()
+    for k, v in {**COMMON, **PROVIDERS[provider]}.items():
+        session.conf.set(k, v)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def write(df: Any, batch_id: int) -> None:
+        rows = sorted(json.dumps(r.asDict(), sort_keys=True) for r in df.collect())
+        (out / f"batch-{batch_id}.json").write_text("\n".join(rows))
+
+    source = (
+        session.readStream.schema("key STRING, value BIGINT")
+        .option("maxFilesPerTrigger", 1).json(str(inputs))
+    )
+    counts = source.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total"))
+    query = (
+        counts.writeStream.outputMode("update").foreachBatch(write)
+        .option("checkpointLocation", str(ckpt)).trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        time.sleep(1.5)  # a maintenance run: snapshots, Spark's own cleanup
+        query.processAllAvailable()
+    finally:
+        query.stop()
+
+
+def outputs(out: Path) -> list[str]:
+    """Every row written, in one sorted list."""
+    return sorted(r for p in out.glob("batch-*.json") for r in p.read_text().splitlines() if r)
+
+
+def listing(root: Path) -> dict[str, tuple[int, float]]:
+    found = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            found[os.path.relpath(path, root)] = (st.st_size, st.st_mtime)
+    return found
+
+
+def backdate(root: Path, seconds: float) -> None:
+    for rel in listing(root):
+        path = root / rel
+        if not path.is_symlink():
+            st = path.stat()
+            os.utime(path, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
+def needs_of_retained(ckpt: Path) -> dict[int, set[str]]:
+    """The files a restart at each retained batch reads (those that can restart)."""
+    checkpoint = open_spark_checkpoint(str(ckpt))
+    found = checkpoint.scan()
+    out = {}
+    for batch in sorted(found.commits):
+        needs = checkpoint.restart_needs(found, batch)
+        if needs.ok:
+            out[batch] = set(needs.files)
+    return out
+
+
+@pytest.fixture(scope="module")
+def base(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:  # noqa: F811
+    """One checkpoint per provider, batches 0-5 done, every file two hours old."""
+    root = tmp_path_factory.mktemp("spark-gc")
+    made = {}
+    for provider in PROVIDERS:
+        ckpt = root / provider / "ckpt"
+        write_inputs(root / provider / "inputs", 0, FIRST_FILES)
+        run_query(spark, provider, ckpt, root / provider / "inputs", root / provider / "out")
+        backdate(ckpt, TWO_HOURS)
+        made[provider] = ckpt
+    return made
+
+
+def copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, symlinks=True)  # copystat: the same mtimes
+    return dst
+
+
+def store_dir(ckpt: Path, partition: int = 0) -> Path:
+    return ckpt / "state" / "0" / str(partition)
+
+
+def zips(ckpt: Path, partition: int = 0) -> list[Path]:
+    found = store_dir(ckpt, partition).glob("*.zip")
+    return sorted(found, key=lambda p: int(p.name.split("_")[0].split(".")[0]))
+
+
+def plant(path: Path, data: bytes = b"x" * 100, age: float = TWO_HOURS) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    t = time.time() - age
+    os.utime(path, (t, t))
+    return path
+
+
+def plant_orphans(ckpt: Path, provider: str) -> tuple[set[str], set[str]]:
+    """Old orphans gc must delete, and young, foreign and linked files it must keep."""
+    store = store_dir(ckpt)
+    doomed = {
+        plant(store / "SSTs" / f"{uuid.uuid4()}.sst"),
+        plant(store_dir(ckpt, 1) / "SSTs" / f"000123-{uuid.uuid4()}.sst"),
+        plant(store / f".5.delta.{uuid.uuid4()}.tmp"),
+        plant(store / ".97.changelog.crc"),  # a checksum whose subject is gone
+        plant(ckpt / "offsets" / f".9.{uuid.uuid4()}.tmp"),
+    }
+    if provider.startswith("rocksdb"):  # a stale zip of an old version, a copy of a real one
+        stale = f"1_{uuid.uuid4()}.zip" if provider == "rocksdb_v2" else "1.zip"
+        if not (store / stale).exists():
+            doomed.add(plant(store / stale, zips(ckpt)[0].read_bytes()))
+    kept = {
+        plant(store / "SSTs" / f"young-{uuid.uuid4()}.sst", age=5.0),
+        plant(store / "notes.txt"),
+        plant(ckpt / "README"),
+    }
+    link = store / "SSTs" / "linked.sst"
+    link.symlink_to(next(iter(doomed)))
+    kept.add(link)
+    rel = {str(p.relative_to(ckpt)) for p in doomed}, {str(p.relative_to(ckpt)) for p in kept}
+    return rel
+
+
+@pytest.mark.parametrize("provider", sorted(PROVIDERS))
+def test_gc_removes_orphans_keeps_needs_and_the_query_continues(
+    spark: SparkSession,  # noqa: F811
+    base: dict[str, Path],
+    tmp_path: Path,
+    provider: str,
+) -> None:
+    ckpt = copy(base[provider], tmp_path / "ckpt")
+    untouched = copy(base[provider], tmp_path / "untouched")
+    doomed, kept = plant_orphans(ckpt, provider)
+    needs_before = needs_of_retained(ckpt)
+    assert needs_before, "no batch to restart from"
+    before = listing(ckpt)
+
+    dry = gc(open_spark_checkpoint(str(ckpt)), dry_run=True)
+    assert listing(ckpt) == before, "a dry run deleted"
+    assert dry.deleted == 0 and dry.deletable >= len(doomed) and dry.ok, dry.problems
+
+    report = gc(open_spark_checkpoint(str(ckpt)))
+    after = listing(ckpt)
+    gone = set(before) - set(after)
+    assert report.ok, report.problems
+    assert doomed <= gone, doomed - gone
+    assert not kept & gone, kept & gone
+    assert report.deleted == len(gone) == dry.deletable
+    needed = set().union(*needs_before.values())
+    assert not needed & gone, sorted(needed & gone)[:5]
+    assert needs_of_retained(ckpt).keys() == needs_before.keys()
+    assert {k for k in after if k.endswith((".zip", ".changelog", ".delta"))}, "gc took all"
+
+    # the gc'd checkpoint restarts like the untouched one
+    inputs = base[provider].parent / "inputs"  # the paths the source's log recorded
+    write_inputs(inputs, FIRST_FILES, 3)
+    run_query(spark, provider, ckpt, inputs, tmp_path / "out-gc")
+    run_query(spark, provider, untouched, inputs, tmp_path / "out-untouched")
+    assert outputs(tmp_path / "out-gc") == outputs(tmp_path / "out-untouched")
+    assert outputs(tmp_path / "out-gc"), "no output after the restart"
+
+
+def test_young_files_of_spark_are_kept_by_the_grace(base: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = copy(base["rocksdb_changelog"], tmp_path / "ckpt")
+    backdate(ckpt, -TWO_HOURS + 60)  # a minute old
+    orphan = plant(store_dir(ckpt) / "SSTs" / "orphan.sst", age=TWO_HOURS)
+    before = listing(ckpt)
+    report = gc(open_spark_checkpoint(str(ckpt)))
+    assert set(before) - set(listing(ckpt)) == {str(orphan.relative_to(ckpt))}
+    assert report.protected > 0
+
+
+# -- bad input ----------------------------------------------------------------------------
+def assert_store_spared(ckpt: Path, report: SparkGcReport, partition: int = 0) -> None:
+    assert len(report.problems) == 1, report.problems
+    assert f"partition {partition}" in report.problems[0] and "spared" in report.problems[0]
+
+
+def rocks_with_orphans(base: dict[str, Path], tmp_path: Path) -> tuple[Path, Path, Path]:
+    ckpt = copy(base["rocksdb_changelog"], tmp_path / "ckpt")
+    zero = plant(store_dir(ckpt) / "SSTs" / "orphan-a.sst")
+    one = plant(store_dir(ckpt, 1) / "SSTs" / "orphan-b.sst")
+    return ckpt, zero, one
+
+
+def gc_sparing_partition_0(ckpt: Path, zero: Path, one: Path) -> SparkGcReport:
+    before = listing(ckpt)
+    report = gc(open_spark_checkpoint(str(ckpt)))
+    gone = set(before) - set(listing(ckpt))
+    assert zero.exists(), "a file of the spared store was deleted"
+    assert not one.exists(), "the other store was not collected"
+    assert not [k for k in gone if k.startswith("state/0/0/")], gone
+    return report
+
+
+def test_a_truncated_needed_zip_spares_its_store(base: dict[str, Path], tmp_path: Path) -> None:
+    ckpt, zero, one = rocks_with_orphans(base, tmp_path)
+    newest = zips(ckpt)[-1]
+    st = newest.stat()
+    newest.write_bytes(newest.read_bytes()[: st.st_size // 2])
+    os.utime(newest, (st.st_atime, st.st_mtime))
+    report = gc_sparing_partition_0(ckpt, zero, one)
+    assert_store_spared(ckpt, report)
+    assert "zip" in report.problems[0]
+
+
+def test_a_changelog_gap_spares_its_store(base: dict[str, Path], tmp_path: Path) -> None:
+    ckpt, zero, one = rocks_with_orphans(base, tmp_path)
+    needed = set().union(*needs_of_retained(ckpt).values())
+    changelogs = sorted(k for k in needed if k.startswith("state/0/0/") and "changelog" in k)
+    assert changelogs, "no retained version of partition 0 replays a changelog"
+    (ckpt / changelogs[-1]).unlink()  # a retained version's chain now has a gap
+    report = gc_sparing_partition_0(ckpt, zero, one)
+    assert_store_spared(ckpt, report)
+
+
+@pytest.mark.parametrize("bad", ["../x.sst", "/etc/x.sst"])
+def test_an_sst_list_naming_another_place_spares_its_store(
+    base: dict[str, Path], tmp_path: Path, bad: str
+) -> None:
+    ckpt, zero, one = rocks_with_orphans(base, tmp_path)
+    victim = plant(ckpt / "state" / "0" / "x.sst")  # what "../x.sst" would name
+    for path in zips(ckpt):
+        st = path.stat()
+        with zipfile.ZipFile(io.BytesIO(path.read_bytes())) as src:
+            members = {n: src.read(n) for n in src.namelist()}
+        version, _, body = members["metadata"].decode().partition("\n")
+        meta = json.loads(body)
+        meta.setdefault("sstFiles", []).append(
+            {"localFileName": "000999.sst", "dfsSstFileName": bad, "sizeBytes": 100}
+        )
+        members["metadata"] = f"{version}\n{json.dumps(meta)}".encode()
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as dst:
+            for name, data in members.items():
+                dst.writestr(name, data)
+        path.write_bytes(buffer.getvalue())
+        os.utime(path, (st.st_atime, st.st_mtime))
+    report = gc_sparing_partition_0(ckpt, zero, one)
+    assert_store_spared(ckpt, report)
+    assert "unsafe" in report.problems[0]
+    assert victim.exists()
+
+
+def test_an_unknown_commit_log_version_refuses(base: dict[str, Path], tmp_path: Path) -> None:
+    ckpt, _zero, _one = rocks_with_orphans(base, tmp_path)
+    commits = sorted((ckpt / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
+    commits[-1].write_text('v9\n{"nextBatchWatermarkMs":0}')
+    before = listing(ckpt)
+    with pytest.raises(SparkCheckpointError, match="v9") as e:
+        gc(open_spark_checkpoint(str(ckpt)))
+    assert "\n" not in str(e.value)
+    assert listing(ckpt) == before
+
+
+# -- S3 -----------------------------------------------------------------------------------
+def test_gc_on_s3(base: dict[str, Path], tmp_path: Path, s3_server: S3Server) -> None:
+    local = copy(base["rocksdb_changelog"], tmp_path / "ckpt")
+    orphan = plant(store_dir(local) / "SSTs" / "orphan.sst")
+    stale = plant(store_dir(local) / "1.zip", zips(local)[0].read_bytes())
+    needs_before = needs_of_retained(local)
+    uri = f"s3://{s3_server.bucket}/spark-gc-{uuid.uuid4().hex}"
+    s3 = open_storage(uri, **s3_server.options)
+    for rel in listing(local):
+        s3.write(rel, (local / rel).read_bytes())
+    time.sleep(1.1)  # LastModified has whole seconds: every upload before the listing
+    checkpoint = open_spark_checkpoint(uri, **s3_server.options)
+    before = {i.key for i in s3.list()}
+    dry = gc(checkpoint, dry_run=True, grace_seconds=0.0)
+    assert {i.key for i in s3.list()} == before and dry.deletable > 0
+    report = gc(checkpoint, grace_seconds=0.0, batch_size=3)
+    gone = before - {i.key for i in s3.list()}
+    assert report.ok, report.problems
+    assert {str(orphan.relative_to(local)), str(stale.relative_to(local))} <= gone
+    needed = set().union(*needs_before.values())
+    assert not needed & gone
+    found = checkpoint.scan()
+    for batch in needs_before:
+        assert checkpoint.restart_needs(found, batch).ok, batch
