@@ -44,6 +44,7 @@ def test_names_of_every_kind() -> None:
     assert name.store == StoreId(1, 3, "left-keyToNumValues")
     assert parse("state/0/0/SSTs/000008-x.sst").store == StoreId(0, 0)
     assert parse("state/0/0/.4.zip.crc").of == "state/0/0/4.zip"
+    assert parse("state/0/0/4_a-1.zip.crc").of == "state/0/0/4_a-1.zip"
     assert parse("offsets/.3.7f1e.tmp").kind is Kind.TEMP
     assert parse("state/0/0/notes.txt").kind is Kind.UNKNOWN
 

@@ -19,8 +19,9 @@ A checkpoint location (the ``checkpointLocation`` of a Structured Streaming quer
 
 Batch N's state is version N+1 of every store: the batch loads version N and commits N+1.
 
-Hadoop's local file system writes a ``.NAME.crc`` beside each file, and Spark's atomic
-writes go through ``.NAME.<uuid>.tmp``. Any other name is *unknown*: reported, never
+Hadoop's local file system writes a ``.NAME.crc`` beside each file, Spark 4 a
+``V_<id>.zip.crc`` (its own checksum) beside state files, and Spark's atomic writes go
+through ``.NAME.<uuid>.tmp``. Any other name is *unknown*: reported, never
 deleted.
 """
 
@@ -117,6 +118,8 @@ def parse(key: str) -> Name:
     leaf = parts[-1]
     if leaf.endswith(".crc") and leaf.startswith("."):
         return Name(key, Kind.CRC, of="/".join([*parts[:-1], leaf[1:-4]]))
+    if leaf.endswith(".crc") and _VERSIONED.match(leaf[:-4]):  # Spark 4's own checksums
+        return Name(key, Kind.CRC, of="/".join([*parts[:-1], leaf[:-4]]))
     if _TEMP.search(leaf):
         return Name(key, Kind.TEMP)
     if len(parts) == 1:
