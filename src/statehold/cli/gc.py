@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from statehold.cleanup.gc import GcAllReport, GcProgress, GcReport, gc, job_locations
+from statehold.cleanup.spark_policy import SPARK_GC_GRACE_SECONDS
 from statehold.cli.common import (
     HaOption,
     JobArg,
@@ -17,6 +18,7 @@ from statehold.cli.common import (
     open_job_for,
 )
 from statehold.cli.output import RichProgress, say
+from statehold.cli.spark_checkpoints import gc_spark, spark_checkpoint_at
 from statehold.errors import StateholdError
 from statehold.job.directory import open_job
 from statehold.job.locate import split_location
@@ -59,9 +61,17 @@ def gc_command(
     master: MasterOption = None,
     all_jobs: AllJobsOption = False,
     as_json: JsonOption = False,
+    grace: GraceOption = SPARK_GC_GRACE_SECONDS,
 ) -> None:
     """Delete every file no retained checkpoint or savepoint references. Safe while the
-    job runs: files of its in-flight checkpoints are spared while its lease is fresh."""
+    job runs: files of its in-flight checkpoints are spared while its lease is fresh. On
+    a Spark checkpoint location: delete only files no batch Spark may still restart
+    from needs (orphan SSTs, versions beyond retention, temp and .crc leftovers), never
+    one younger than --grace or newer than gc's own listing; safe beside the query."""
+    if (checkpoint := spark_checkpoint_at(job_dir)) is not None:
+        with handle_errors(as_json):
+            gc_spark(checkpoint, as_json, dry_run=dry_run, grace=grace)
+        return
     if all_jobs:
         _gc_all(job_dir, dry_run=dry_run, spark=spark, master=master, as_json=as_json)
         return
@@ -73,6 +83,17 @@ def gc_command(
             with RichProgress(not as_json) as progress, open_job_for(job_dir, ha) as job:
                 report = gc(job, dry_run=dry_run, progress=_shown(progress, job.uri))
     emit(report, as_json, lambda: _render(report))
+
+
+GraceOption = Annotated[
+    float,
+    typer.Option(
+        "--grace",
+        min=0,
+        help="A Spark checkpoint location only: never delete a file younger than this many "
+        "seconds (an upload or a maintenance run may still be under way).",
+    ),
+]
 
 
 def _shown(progress: RichProgress, job_uri: str) -> GcProgress:

@@ -109,15 +109,58 @@ def verify_spark(checkpoint: SparkCheckpoint, as_json: bool, batch: int | None) 
 
 
 def du_spark(checkpoint: SparkCheckpoint, as_json: bool) -> None:
+    from statehold.spark_checkpoints.gc import gc
+
     result = reports.du(checkpoint)
+    unreferenced = gc(checkpoint, dry_run=True, grace_seconds=0.0)
+    result = result.model_copy(
+        update={
+            "unreferenced_bytes": unreferenced.deletable_bytes,
+            "unreferenced_files": unreferenced.deletable,
+        }
+    )
     if as_json:
         emit_json(result)
         return
     say(f"{result.uri}: {size(result.total_bytes)}")
-    table(
-        ("kind", "files", "bytes"),
-        [(k, str(result.files[k]), size(result.bytes[k])) for k in sorted(result.bytes)],
+    rows = [(k, str(result.files[k]), size(result.bytes[k])) for k in sorted(result.bytes)]
+    rows.append(
+        ("unreferenced (gc's)", str(result.unreferenced_files),
+         size(result.unreferenced_bytes or 0))
     )
+    table(("kind", "files", "bytes"), rows)
+
+
+def gc_spark(checkpoint: SparkCheckpoint, as_json: bool, *, dry_run: bool, grace: float) -> None:
+    from statehold.spark_checkpoints.gc import gc
+
+    with RichProgress(not as_json) as progress:
+        advance = progress.counter(f"gc {checkpoint.uri}: deleted", "files")
+        done = [0]
+
+        def deleted(files: int, _bytes: int) -> None:
+            advance(files - done[0])
+            done[0] = files
+
+        result = gc(checkpoint, dry_run=dry_run, grace_seconds=grace, progress=deleted)
+    if as_json:
+        emit_json(result)
+        return
+    verb = "would delete" if result.dry_run else "deleted"
+    count, amount = (
+        (result.deletable, result.deletable_bytes)
+        if result.dry_run
+        else (result.deleted, result.deleted_bytes)
+    )
+    say(
+        f"{result.uri}: {verb} {count} file(s), {size(amount)}; kept {result.referenced} "
+        f"a retained batch needs, {result.kept} logs and metadata, {result.protected} "
+        "young or in flight"
+    )
+    for line in [*result.problems, *result.notes]:
+        say(line)
+    for key in result.foreign_keys:
+        say(f"left alone (not Spark's): {key}")
 
 
 def history_spark(checkpoint: SparkCheckpoint, as_json: bool, limit: int) -> None:

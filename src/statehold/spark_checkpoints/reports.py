@@ -82,11 +82,14 @@ class SparkVerifyReport(_Result):
 
 class SparkUsage(_Result):
     uri: str
-    #: Bytes by kind: logs, sources, snapshots, changelogs, ssts, metadata, other; and
-    #: ``unreferenced``: files no batch a restart may start from needs (gc's candidates).
+    #: Bytes and files by kind: logs, sources, snapshots, changelogs, ssts, metadata, other.
     bytes: dict[str, int]
     files: dict[str, int]
     total_bytes: int
+    #: Of those, what no batch a restart may start from needs: gc's candidates, whatever
+    #: their age (None where not computed).
+    unreferenced_bytes: int | None = None
+    unreferenced_files: int | None = None
 
 
 def batches(checkpoint: SparkCheckpoint, found: Scan) -> list[SparkBatch]:
@@ -262,18 +265,14 @@ _DU_KIND = {
 }
 
 
-def du(checkpoint: SparkCheckpoint, needed: set[str] | None = None) -> SparkUsage:
-    """Bytes by kind; with `needed` (what retained batches need), state files outside it
-    count as ``unreferenced``."""
+def du(checkpoint: SparkCheckpoint) -> SparkUsage:
+    """Bytes and files by kind."""
     found = checkpoint.scan()
     sizes: dict[str, int] = defaultdict(int)
     counts: dict[str, int] = defaultdict(int)
     for key, info in found.files.items():
         kind = found.names[key].kind
         bucket = _DU_KIND.get(kind, "other")
-        state = found.names[key].store is not None and kind is not Kind.STORE_SCHEMA
-        if needed is not None and state and key not in needed:
-            bucket = "unreferenced"
         sizes[bucket] += info.size
         counts[bucket] += 1
     return SparkUsage(
