@@ -9,18 +9,22 @@ What each key is lives below, in `statehold.format.spark_layout`.
     state_files.py snapshot zips' file lists, compressed streams proven whole, lineage
     stores.py     which files a version of a store needs (the one resolution)
     scan.py       one listing, every key named and grouped
-    location.py   `SparkCheckpoint`: the location opened once, and what a restart needs
+    location.py   `SparkCheckpoint`: reading a location, and what a restart at a batch needs
     savepoint.py  a new location holding exactly what a restart at a batch needs
     rollback.py   make the next start reprocess from a batch (what it removes kept first)
     relocate.py   the absolute paths that bind a location to its place, rewritten
+    reports.py    read-only views: list, inspect, verify, du
+    history.py    per batch: time, watermark, offsets, state bytes per operator
+    gc.py         delete what no batch Spark may restart from needs, beside the query
+    api.py        `open_spark_checkpoint`: the location opened once, every operation a method
 """
 
+from statehold.spark_checkpoints.api import SparkCheckpointLocation, open_spark_checkpoint
 from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
 from statehold.spark_checkpoints.location import (
     RestartNeeds,
     SparkCheckpoint,
     looks_like_spark_checkpoint,
-    open_spark_checkpoint,
 )
 
 __all__ = [
@@ -28,6 +32,7 @@ __all__ = [
     "RestartNeeds",
     "SparkCheckpoint",
     "SparkCheckpointError",
+    "SparkCheckpointLocation",
     "looks_like_spark_checkpoint",
     "open_spark_checkpoint",
 ]

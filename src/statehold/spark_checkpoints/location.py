@@ -11,8 +11,6 @@ savepoint copies and what gc never deletes.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -24,7 +22,7 @@ from statehold.format.spark_layout import (
     QUERY_METADATA,
     StoreId,
 )
-from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
+from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.logs import (
     Commit,
     FileEntry,
@@ -36,7 +34,7 @@ from statehold.spark_checkpoints.logs import (
 from statehold.spark_checkpoints.scan import Scan, scan
 from statehold.spark_checkpoints.state_files import check_stream, lineage, read_zip_metadata
 from statehold.spark_checkpoints.stores import Needs, resolve
-from statehold.storage import Storage, StorageError, open_storage
+from statehold.storage import Storage, StorageError
 
 _RETAIN_CONF = "spark.sql.streaming.minBatchesToRetain"
 _CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
@@ -235,19 +233,3 @@ def _unique_id(commit: Commit | None, store: StoreId, order: list[str]) -> str |
         return per_store[order.index(store.name) if store.name in order else 0]
     except (KeyError, IndexError):
         return None
-
-
-def open_spark_checkpoint(uri: str, **storage_options: Any) -> SparkCheckpoint:
-    """Open the checkpoint location at `uri` (path, file://, s3://, s3a://, gs://, az://);
-    NotASparkCheckpointError if it holds none."""
-    storage = open_storage(uri, **storage_options)
-    if not looks_like_spark_checkpoint(storage):
-        raise NotASparkCheckpointError(
-            f"{uri}: not a Spark checkpoint location (no metadata, offsets/ or commits/)"
-        )
-    return SparkCheckpoint(storage)
-
-
-@contextmanager
-def opened(uri: str, **storage_options: Any) -> Iterator[SparkCheckpoint]:
-    yield open_spark_checkpoint(uri, **storage_options)

@@ -1,0 +1,96 @@
+"""The Python API: a Spark checkpoint location opened once, with every operation on it
+as a method (the CLI's commands, for scripts and notebooks).
+
+    location = open_spark_checkpoint("s3://bucket/checkpoints/orders")
+    location.verify().ok
+    location.savepoint("s3://bucket/savepoints/orders-before-upgrade")
+    location.rollback(41, sink="s3://bucket/tables/orders")
+    location.gc(dry_run=True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from statehold.cleanup.spark_policy import SPARK_GC_GRACE_SECONDS
+from statehold.spark_checkpoints.errors import NotASparkCheckpointError
+from statehold.spark_checkpoints.gc import SparkGcReport, gc
+from statehold.spark_checkpoints.history import SparkHistory, history
+from statehold.spark_checkpoints.location import SparkCheckpoint, looks_like_spark_checkpoint
+from statehold.spark_checkpoints.relocate import BoundPath, RelocateReport, absolute_paths, relocate
+from statehold.spark_checkpoints.reports import (
+    SparkListing,
+    SparkUsage,
+    SparkVerifyReport,
+    du,
+    listing,
+    verify,
+)
+from statehold.spark_checkpoints.rollback import DEFAULT_GRACE_SECONDS, RollbackReport, rollback
+from statehold.spark_checkpoints.savepoint import SavepointReport, savepoint
+from statehold.storage import open_storage
+
+
+class SparkCheckpointLocation(SparkCheckpoint):
+    """A query's ``checkpointLocation``. Reads never leave it; writes (gc, rollback,
+    relocate) delete or rewrite only what the deletion rule allows."""
+
+    def listing(self) -> SparkListing:
+        """The batches, which a restart can start after, each store's versions."""
+        return listing(self)
+
+    def verify(self, batch: int | None = None) -> SparkVerifyReport:
+        """Every file a restart after `batch` (default: the newest committed) needs is
+        there and whole."""
+        return verify(self, batch)
+
+    def du(self) -> SparkUsage:
+        return du(self)
+
+    def history(self, limit: int | None = None) -> SparkHistory:
+        return history(self, limit)
+
+    def gc(
+        self, *, dry_run: bool = False, grace_seconds: float = SPARK_GC_GRACE_SECONDS
+    ) -> SparkGcReport:
+        """Delete what no batch Spark may still restart from needs; safe beside the query."""
+        return gc(self, dry_run=dry_run, grace_seconds=grace_seconds)
+
+    def savepoint(self, dest: str, *, batch: int | None = None) -> SavepointReport:
+        """A new checkpoint location at `dest` with exactly what a restart after `batch`
+        needs; a query started on it continues from the next batch."""
+        return savepoint(self, dest, batch=batch)
+
+    def rollback(
+        self,
+        to_batch: int,
+        *,
+        keep: str | None = None,
+        force: bool = False,
+        sink: str | None = None,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    ) -> RollbackReport:
+        """The next start reprocesses from `to_batch` + 1 with state as of `to_batch`;
+        what is removed is kept first as a savepoint (`keep`)."""
+        return rollback(
+            self, to_batch, keep=keep, force=force, sink=sink, grace_seconds=grace_seconds
+        )
+
+    def absolute_paths(self, sink: str | None = None) -> list[BoundPath]:
+        return absolute_paths(self, sink=sink)
+
+    def relocate(
+        self, from_prefix: str, to_prefix: str, *, sink: str | None = None, dry_run: bool = False
+    ) -> RelocateReport:
+        return relocate(self, from_prefix, to_prefix, sink=sink, dry_run=dry_run)
+
+
+def open_spark_checkpoint(uri: str, **storage_options: Any) -> SparkCheckpointLocation:
+    """Open the checkpoint location at `uri` (path, file://, s3://, s3a://, gs://, az://);
+    NotASparkCheckpointError if it holds none (a statehold job directory included)."""
+    storage = open_storage(uri, **storage_options)
+    if not looks_like_spark_checkpoint(storage):
+        raise NotASparkCheckpointError(
+            f"{uri}: not a Spark checkpoint location (no metadata, offsets/ or commits/)"
+        )
+    return SparkCheckpointLocation(storage)
