@@ -12,7 +12,9 @@ held version) is spared whole and named, one line each.
 Before each batch of deletes (one directory's files, at most `batch_size`) it re-checks:
 the commit log's newest batch has not gone back (a rollback or a restart from an older
 checkpoint: it stops, `SparkGcInterruptedError`), and each file still has the size and
-mtime it was judged by (a changed or vanished one is left). Deletes go through the
+mtime it was judged by (a changed or vanished one is left). SSTs and RocksDB logs skip
+that second check: their names carry the uploading task's UUID, so no later write can
+reuse one, and a file the listing saw is the file being deleted. Deletes go through the
 storage's bulk delete (`Storage.delete_names`), a file's ``.crc`` right after it.
 """
 
@@ -404,16 +406,11 @@ def _delete(
             batch = entries[start : start + batch_size]
             _check_commits(storage, newest, report)
             names = check_deletable_names(directory, [e[0] for e in batch])
-            now = storage.stat_names(directory, names)
-            oldest = min(view.listed_at, view.now - view.grace)  # `SparkView.young`
-            same = [
-                e
-                for e, cur in zip(batch, now, strict=True)
-                if cur is not None
-                and cur.size == e[1]
-                and abs(cur.mtime - e[2]) <= _MTIME_SLACK
-                and cur.mtime < oldest
-            ]
+            same = (
+                batch
+                if unique_names(directory)
+                else _unchanged(storage, directory, names, batch, view)
+            )
             report.changed += len(batch) - len(same)
             failed: dict[str, BaseException] = {}
             try:
@@ -430,6 +427,32 @@ def _delete(
                 report.deleted_keys.extend(k for k, _s in done[:room])
             if progress is not None:
                 progress(report.deleted, report.deleted_bytes)
+
+
+def _unchanged(
+    storage: Storage,
+    directory: str,
+    names: list[str],
+    batch: list[tuple[str, int, float]],
+    view: SparkView,
+) -> list[tuple[str, int, float]]:
+    """The files of `batch` still as the listing saw them, and still not young."""
+    now = storage.stat_names(directory, names)
+    oldest = min(view.listed_at, view.now - view.grace)  # `SparkView.young`
+    return [
+        e
+        for e, cur in zip(batch, now, strict=True)
+        if cur is not None
+        and cur.size == e[1]
+        and abs(cur.mtime - e[2]) <= _MTIME_SLACK
+        and cur.mtime < oldest
+    ]
+
+
+def unique_names(directory: str) -> bool:
+    """A store's ``SSTs/`` or ``logs/``: every name there is written once (it carries the
+    uploading task's UUID)."""
+    return shared_dir_store(directory) is not None
 
 
 def _check_commits(storage: Storage, newest: int | None, report: SparkGcReport) -> None:

@@ -1,0 +1,66 @@
+"""gc's re-check before each batch of deletes, beside a query that keeps writing: a
+version file rewritten after the listing is left, and a commit log that went back (a
+rollback, a restart from an older point) stops gc."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statehold.spark_checkpoints import open_spark_checkpoint
+from statehold.spark_checkpoints.gc import SparkGcInterruptedError
+from tests.support.spark_checkpoint_files import hdfs_store, logs, write
+
+STORE = "state/0/0"
+OLD = time.time() - 86_400
+
+
+def old_checkpoint(root: Path) -> None:
+    """Batches 3-6 retained, HDFS store versions 1-7, snapshot at 4: versions 1-3 and
+    their checksums are gc's, everything a day old."""
+    logs(root, range(3, 7))
+    hdfs_store(root, STORE, range(1, 8), {4})
+    for v in (1, 2, 3):
+        write(root, f"{STORE}/.{v}.delta.crc", b"crc")
+    for path in root.rglob("*"):
+        os.utime(path, (OLD, OLD))
+
+
+def test_a_file_rewritten_after_the_listing_is_left(tmp_path: Path) -> None:
+    old_checkpoint(tmp_path)
+    location = open_spark_checkpoint(str(tmp_path))
+    storage: Any = location.storage
+    restat = storage.stat_names
+
+    def rewritten_meanwhile(directory: str, names: list[str]) -> Any:
+        write(tmp_path, f"{STORE}/2.delta", b"written again by a rerun")
+        return restat(directory, names)
+
+    storage.stat_names = rewritten_meanwhile
+    report = location.gc(grace_seconds=60)
+    assert (tmp_path / STORE / "2.delta").read_bytes() == b"written again by a rerun"
+    assert not (tmp_path / STORE / "1.delta").exists() and report.changed == 1
+
+
+def test_a_commit_log_gone_back_stops_gc(tmp_path: Path) -> None:
+    old_checkpoint(tmp_path)
+    location = open_spark_checkpoint(str(tmp_path))
+    storage: Any = location.storage
+    delete = storage.delete_names
+
+    def rolled_back_meanwhile(directory: str, names: list[str], **options: Any) -> int:
+        os.unlink(tmp_path / "commits" / "6")
+        storage.delete_names = delete
+        return int(delete(directory, names, **options))
+
+    storage.delete_names = rolled_back_meanwhile
+    from statehold.spark_checkpoints.gc import gc
+
+    with pytest.raises(SparkGcInterruptedError):
+        gc(location, grace_seconds=60, batch_size=1)
+    left = sorted(p.name for p in (tmp_path / STORE).glob("*.delta"))
+    assert len(left) == 6  # one delete went through, then gc stopped
