@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import pytest
@@ -20,9 +20,10 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def make_session() -> SparkSession:
+def make_session(conf: Mapping[str, str] | None = None) -> SparkSession:
     """A local[2] session whose Python workers run this interpreter (so they see the
-    editable statehold install and the same pyarrow/rocksdict)."""
+    editable statehold install and the same pyarrow/rocksdict); `conf`: more settings (the
+    class path ones only take effect in a new JVM)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     # Functions defined in test modules and in tests.support are pickled by reference:
@@ -30,7 +31,7 @@ def make_session() -> SparkSession:
     os.environ["PYTHONPATH"] = python_path([ROOT, *module_dirs()])
     from pyspark.sql import SparkSession
 
-    return (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("statehold-tests")
         .config("spark.ui.enabled", "false")
@@ -40,8 +41,10 @@ def make_session() -> SparkSession:
         .config("spark.driver.memory", "1g")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
     )
+    for name, value in (conf or {}).items():
+        builder = builder.config(name, value)
+    return builder.getOrCreate()
 
 
 @pytest.fixture(scope="session")

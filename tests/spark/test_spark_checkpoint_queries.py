@@ -1,0 +1,153 @@
+"""Spark's own stateful queries on their checkpoints (tests/support/spark_checkpoint_queries):
+every query on every state store layout it runs on stops after a few batches, restarts on
+the same checkpoint with more input, and writes the same rows as one uninterrupted run. The
+baseline of the tests that inspect, savepoint, roll back and collect Spark's checkpoints:
+their interventions must keep this equality.
+
+The full matrix runs (23 pairs on PySpark 4, 12 on 3.5; about 2 minutes on 2 cores): the
+reference run of each query is shared by its layouts, whose output does not depend on the
+state store. One more test (under a minute) runs the driver process twice with its
+checkpoint on S3 (s3a, the moto server).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.spark_checkpoint_queries import (
+    PROVIDERS,
+    QUERIES,
+    QueryFailed,
+    Row,
+    all_rows,
+    driver_cmd,
+    driver_env,
+    read_output,
+    run_query,
+    unsupported,
+    write_inputs,
+)
+from tests.support.spark_session import spark  # noqa: F401
+
+pytestmark = [pytest.mark.spark]
+
+FIRST = 4  # input files of the first run
+MORE = 4  # input files added before the restart
+PAIRS = [(q, p) for q in QUERIES for p in PROVIDERS if unsupported(q, p) is None]
+
+
+@pytest.fixture(scope="module")
+def reference(
+    spark: Any,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[str], list[Row]]:
+    """The rows of one run of a query over all FIRST + MORE files (each query run once)."""
+    root = tmp_path_factory.mktemp("reference")
+    inputs = root / "input"
+    write_inputs(inputs, 0, FIRST + MORE)
+
+    @functools.cache
+    def rows(query: str) -> list[Row]:
+        provider = next(p for p in PROVIDERS if unsupported(query, p) is None)
+        out = root / query / "output"
+        run_query(spark, query, provider, str(root / query / "checkpoint"), inputs, out, 0)
+        return all_rows(out)
+
+    return rows
+
+
+def check_batches(output: Path, first_stop: int, last: int) -> None:
+    """The batch ids are 0..last without a gap, the restart carried on after first_stop."""
+    batches = read_output(output)
+    assert sorted(batches) == list(range(last + 1)), sorted(batches)
+    assert FIRST - 1 <= first_stop < last
+
+
+@pytest.mark.parametrize(("query", "provider"), PAIRS)
+def test_stop_and_restart_equals_an_uninterrupted_run(
+    spark: Any,  # noqa: F811
+    reference: Callable[[str], list[Row]],
+    tmp_path: Path,
+    query: str,
+    provider: str,
+) -> None:
+    inputs, output, checkpoint = tmp_path / "input", tmp_path / "output", tmp_path / "ckpt"
+    write_inputs(inputs, 0, FIRST)
+    first_stop = run_query(spark, query, provider, str(checkpoint), inputs, output, FIRST - 1)
+    write_inputs(inputs, FIRST, MORE)
+    last = run_query(spark, query, provider, str(checkpoint), inputs, output, first_stop + MORE)
+    check_batches(output, first_stop, last)
+    expected = reference(query)
+    assert expected, f"{query}: the reference run wrote nothing"
+    assert all_rows(output) == expected
+    assert (checkpoint / "state" / "0").is_dir()
+
+
+def test_transform_with_state_on_hdfs_is_refused(
+    spark: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    if "transform" not in QUERIES:
+        pytest.skip("transformWithStateInPandas needs PySpark 4")
+    write_inputs(tmp_path / "input", 0, 1)
+    with pytest.raises(QueryFailed, match="STORE_BACKEND_NOT_SUPPORTED_FOR_TWS"):
+        run_query(spark, "transform", "hdfs", str(tmp_path / "ckpt"), tmp_path / "input",
+                  tmp_path / "output", 0, timeout=120)
+
+
+def s3_keys(server: Any, prefix: str) -> list[str]:
+    import boto3
+
+    client = boto3.client(
+        "s3", endpoint_url=server.endpoint, region_name=server.region,
+        aws_access_key_id=server.access_key_id, aws_secret_access_key=server.secret_access_key,
+    )
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=server.bucket, Prefix=prefix)
+    return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+
+
+@pytest.mark.timeout(900)  # two driver processes, each a JVM with the AWS SDK
+def test_driver_process_with_its_checkpoint_on_s3(
+    reference: Callable[[str], list[Row]],
+    s3_server: Any,
+    tmp_path: Path,
+) -> None:
+    from tests.support.infra import provision
+
+    provision.require("hadoop-aws")
+    query, provider = "window", "rocksdb_changelog"
+    prefix = f"spark-queries-{tmp_path.name}"
+    checkpoint = f"s3a://{s3_server.bucket}/{prefix}/ckpt"
+    inputs, output = tmp_path / "input", tmp_path / "output"
+
+    def drive(until: int) -> int:
+        done = subprocess.run(
+            driver_cmd(
+                "--query", query, "--provider", provider, "--checkpoint", checkpoint,
+                "--input", str(inputs), "--output", str(output), "--until-batch", str(until),
+                "--s3-endpoint", s3_server.endpoint,
+            ),
+            env=driver_env(s3_server.env), capture_output=True, text=True, timeout=600,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+        last: int = json.loads(done.stdout.strip().splitlines()[-1])["last_batch"]
+        return last
+
+    write_inputs(inputs, 0, FIRST)
+    first_stop = drive(FIRST - 1)
+    write_inputs(inputs, FIRST, MORE)
+    last = drive(first_stop + MORE)
+    check_batches(output, first_stop, last)
+    assert all_rows(output) == reference(query)
+    keys = s3_keys(s3_server, f"{prefix}/ckpt/")
+    assert f"{prefix}/ckpt/commits/{last}" in keys
+    stores = [k for k in keys if "/state/0/" in k]
+    assert any(k.endswith(".changelog") for k in stores), stores
+    assert not list(tmp_path.glob("s3a*"))  # nothing went to a local "s3a:" folder
