@@ -67,9 +67,19 @@ def report_command(
 ) -> None:
     """Write the web view of a job directory as one self-contained HTML file (charts of
     the checkpoint history, retained checkpoints and savepoints, storage, cleanup, verify
-    problems; no network needed to view it)."""
+    problems; no network needed to view it). On a Spark checkpoint location: per batch,
+    its time, watermark, input offsets and state per operator; the stores; verify."""
     from statehold.cli.webview import gather, render_html
 
+    if (spark := spark_checkpoint_at(job_dir)) is not None:
+        from statehold.cli.spark_webview import page
+
+        with handle_errors(as_json):
+            text, summary = page(spark)
+            html.write_text(text, encoding="utf-8")
+        emit(summary.model_copy(update={"html": str(html)}), as_json,
+             lambda: say(f"wrote {html}"))
+        return
     with handle_errors(as_json), open_job_for(job_dir, ha) as job:
         view = gather(job)
         html.write_text(render_html(view), encoding="utf-8")
@@ -84,10 +94,16 @@ def ui_command(
 ) -> None:
     """Serve the web view on http://127.0.0.1:PORT/ (built afresh on every load) until
     interrupted."""
-    from statehold.cli.webview import serve
+    from statehold.cli.webview import make_server, page_server, serve
 
     with handle_errors(False):
-        serve(job_dir, ha, port, announce=say)
+        if (spark := spark_checkpoint_at(job_dir)) is not None:
+            from statehold.cli.spark_webview import page
+
+            server = page_server(lambda: page(spark)[0], port)
+        else:
+            server = make_server(job_dir, ha, port)
+        serve(server, job_dir, announce=say)
 
 
 def register(app: typer.Typer) -> None:

@@ -110,7 +110,7 @@ th{background:#f0f0f0} .bad{color:#c0392b} .ok{color:#3a9a5b}
 """
 
 
-def _table(table_id: str, headers: list[str], rows: list[list[str]], numeric: set[int]) -> str:
+def html_table(table_id: str, headers: list[str], rows: list[list[str]], numeric: set[int]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join(
         "<tr>" + "".join(
@@ -158,7 +158,7 @@ def _history_table(history: list[HistoryRecord]) -> str:
          str(r.keys), str(r.rows), str(r.cleanup_backlog), r.reason or ""]
         for r in reversed(history)
     ]
-    return _table("history", ["checkpoint", "epoch", "outcome", "ended", "seconds",
+    return html_table("history", ["checkpoint", "epoch", "outcome", "ended", "seconds",
                               "snapshot s", "complete s", "bytes uploaded", "files uploaded",
                               "files reused", "bytes downloaded", "state bytes", "keys", "rows",
                               "cleanup backlog", "reason"], rows, set(range(4, 15)) | {0, 1})
@@ -186,28 +186,28 @@ def render_html(view: WebView) -> str:
         f"{escape(running)} · generated {escape(when(view.generated_at))}</p>",
         "<h2>Checkpoint history</h2>", _charts(view.history),
         "<h2>Retained checkpoints and savepoints</h2>",
-        _table("checkpoints", ["kind", "path", "epoch", "completed", "files", "referenced bytes",
-                               "retained", "error"], [
+        html_table("checkpoints", ["kind", "path", "epoch", "completed", "files",
+                                   "referenced bytes", "retained", "error"], [
             [e.kind, e.path, str(e.epoch if e.epoch is not None else ""), when(e.completed_at),
              str(e.file_count), str(e.referenced_bytes), retained(e), e.error or ""]
             for e in [*listing.checkpoints, *listing.savepoints]
         ], {2, 4, 5}),
         f"<h2>Shared files and their holders ({len(held)})</h2>",
-        _table("shared", ["shared file", "bytes", "holders", "held by"],
+        html_table("shared", ["shared file", "bytes", "holders", "held by"],
                held[:MAX_SHARED_ROWS], {1, 2}),
         "<h2>Storage by scope</h2>",
-        _table("usage", ["scope", "bytes"],
+        html_table("usage", ["scope", "bytes"],
                [[k, str(v)] for k, v in sorted(usage.by_scope.items())]
                + [["total", str(usage.total_bytes)],
                   ["unreferenced", str(usage.unreferenced_bytes)]], {1}),
         "<h2>Cleanup</h2>",
-        _table("cleanup", ["backlog files", "backlog dirs", "deleted", "failed attempts"], [[
+        html_table("cleanup", ["backlog files", "backlog dirs", "deleted", "failed attempts"], [[
             str(cleaner.get("pending_keys", 0)), str(cleaner.get("pending_dirs", 0)),
             str(cleaner.get("deleted", 0)), str(cleaner.get("failures", 0))]], {0, 1, 2, 3}),
         "".join(f'<p class="bad">{escape(str(e))}</p>'
                 for e in cleaner.get("last_errors", [])[-5:]),
         "<h2>Verify (sizes)</h2>",
-        (_table("problems", ["path", "problem"], [[p.path, p.problem] for p in view.problems],
+        (html_table("problems", ["path", "problem"], [[p.path, p.problem] for p in view.problems],
                 set()) if view.problems else '<p id="problems" class="ok">no problems</p>'),
         "<h2>History records</h2>", _history_table(view.history),
     ]
@@ -234,12 +234,22 @@ def local_host(header: str | None) -> bool:
 
 
 def make_server(job_dir: str, ha: str | None, port: int) -> ThreadingHTTPServer:
-    """An HTTP server on 127.0.0.1 (only: there is no option to listen elsewhere) whose
-    ``/`` is the page, read afresh on each load; it answers GET and HEAD only, and only
-    requests addressed to 127.0.0.1 or localhost (`local_host`)."""
+    """The server of a job directory's page (`page_server`)."""
     job_uri, _ref = split_location(job_dir)
     with open_job(job_uri, ha):
         pass  # refuse a non-job directory or a wrong HA store before serving anything
+
+    def page() -> str:
+        with open_job(job_uri, ha) as job:
+            return render_html(gather(job))
+
+    return page_server(page, port)
+
+
+def page_server(page: Callable[[], str], port: int) -> ThreadingHTTPServer:
+    """An HTTP server on 127.0.0.1 (only: there is no option to listen elsewhere) whose
+    ``/`` is `page()`, built afresh on each load; it answers GET and HEAD only, and only
+    requests addressed to 127.0.0.1 or localhost (`local_host`)."""
 
     class Handler(BaseHTTPRequestHandler):
         """GET and HEAD of the page; every method that could change something is refused
@@ -269,8 +279,7 @@ def make_server(job_dir: str, ha: str | None, port: int) -> ThreadingHTTPServer:
                 self.send_error(404)
                 return
             try:
-                with open_job(job_uri, ha) as job:
-                    body = render_html(gather(job)).encode()
+                body = page().encode()
                 status = 200
             except Exception as e:  # shown, not fatal: the next load tries again
                 body = f"<p>statehold: error: {escape(str(e))}</p>".encode()
@@ -288,10 +297,11 @@ def make_server(job_dir: str, ha: str | None, port: int) -> ThreadingHTTPServer:
     return ThreadingHTTPServer(("127.0.0.1", port), Handler)
 
 
-def serve(job_dir: str, ha: str | None, port: int, announce: Callable[[str], None]) -> None:
+def serve(
+    server: ThreadingHTTPServer, location: str, announce: Callable[[str], None]
+) -> None:
     """Serve until interrupted (Ctrl-C)."""
-    server = make_server(job_dir, ha, port)
-    announce(f"serving {job_dir} on http://127.0.0.1:{server.server_address[1]}/")
+    announce(f"serving {location} on http://127.0.0.1:{server.server_address[1]}/")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
