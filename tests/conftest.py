@@ -77,6 +77,7 @@ MODULE_NEEDS = {
     "test_s3a": ("hadoop-aws",),
     "test_spark_checkpoint_queries": ("hadoop-aws",),
     "test_webview": ("chromium",),
+    "test_spark_webview": ("chromium",),
 }
 
 
