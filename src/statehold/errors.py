@@ -22,4 +22,40 @@ class CheckpointError(StateholdError):
     """A checkpoint cannot be begun or completed as asked."""
 
 
-__all__ = ["CheckpointError", "InvalidArgumentError", "StateholdError"]
+class MissingExtraError(StateholdError, ImportError):
+    """A feature needs a package of an extra that is not installed (executors install
+    only the core; the driver's extras are named in pyproject.toml)."""
+
+
+def missing_extra(exc: ModuleNotFoundError, extra: str, what: str) -> MissingExtraError:
+    """The one-line error for `what`, whose import failed with `exc`: which package is
+    missing and the ``pip install`` that brings it."""
+    return MissingExtraError(
+        f"{what} needs {exc.name or 'a package'}, which is not installed: "
+        f"pip install 'statehold[{extra}]'"
+    )
+
+
+#: The packages of each extra (pyproject.toml), as imported: a ModuleNotFoundError naming
+#: one of them is a missing extra; any other is a real error and propagates.
+EXTRA_MODULES: dict[str, frozenset[str]] = {
+    "cli": frozenset({"typer", "rich", "click"}),
+    "metrics": frozenset({"prometheus_client"}),
+    "zookeeper": frozenset({"kazoo"}),
+}
+
+
+def is_missing_extra(exc: ModuleNotFoundError, extra: str) -> bool:
+    """Whether `exc` is a package of `extra` missing (its top-level name)."""
+    return (exc.name or "").split(".")[0] in EXTRA_MODULES[extra]
+
+
+__all__ = [
+    "EXTRA_MODULES",
+    "CheckpointError",
+    "InvalidArgumentError",
+    "MissingExtraError",
+    "StateholdError",
+    "is_missing_extra",
+    "missing_extra",
+]

@@ -1,5 +1,5 @@
 """``python -m statehold.cli``."""
 
-from statehold.cli.app import main
+from statehold.cli import main
 
 main()

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import typer
 
+from statehold import __version__
 from statehold.cli import gc, history, jobs, spark_checkpoints, state
 from statehold.cli.output import UNWRAPPED, PlainWhenPiped
 
@@ -34,6 +36,30 @@ app = typer.Typer(
     cls=PlainWhenPiped,
     context_settings={"terminal_width": UNWRAPPED},
 )
+
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"statehold {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print statehold's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    # The options of `statehold` itself, before any command (typer calls this first).
+    pass
+
 
 for group in (jobs, gc, state, history, spark_checkpoints):
     group.register(app)

@@ -15,6 +15,7 @@ from statehold.spark_checkpoints import history as spark_history
 from statehold.spark_checkpoints import reports
 from statehold.spark_checkpoints.location import SparkCheckpoint, looks_like_spark_checkpoint
 from statehold.storage import StorageError, open_storage
+from statehold.storage.local import LocalStorage
 
 BatchOption = Annotated[
     int | None,
@@ -209,11 +210,21 @@ CheckpointLocationArg = Annotated[
 ]
 
 
+def _local_problem(location: str) -> str | None:
+    """Why a local `location` is no directory at all (a file, nothing), else None."""
+    try:
+        storage = open_storage(location)
+    except StorageError:
+        return None
+    return storage.root_problem() if isinstance(storage, LocalStorage) else None
+
+
 def _require(location: str, command: str, as_json: bool) -> SparkCheckpoint:
     checkpoint = spark_checkpoint_at(location)
     if checkpoint is None:
+        problem = _local_problem(location) or "not a Spark checkpoint location"
         fail(
-            f"{location}: not a Spark checkpoint location (statehold {command} works on a "
+            f"{location}: {problem} (statehold {command} works on a "
             "query's checkpointLocation: offsets/, commits/ and metadata)",
             as_json=as_json,
         )

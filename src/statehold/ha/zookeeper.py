@@ -14,12 +14,11 @@ HAStoreError — the driver stops writing until it can re-establish its epoch.
 from __future__ import annotations
 
 import json
-import re
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
@@ -30,15 +29,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from statehold.errors import InvalidArgumentError
 from statehold.format import signed
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
+from statehold.ha.uri import DEFAULT_ROOT, URI_SCHEME, parse_uri
+from statehold.ha.uri import check_root as _check_root
+from statehold.ha.uri import check_segment as _check_segment
 from statehold.storage.base import UnsafePathError, check_key
 
 FORMAT_NAME = "statehold.ha"
 #: Bump on any change a reader of the previous version would misread.
 FORMAT_VERSION = 1
-URI_SCHEME = "zookeeper"
-DEFAULT_ROOT = "/statehold"
-
-_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")
+#: How long opening a store waits for its first connection (seconds): an unreachable
+#: ensemble is reported in one line after this, whatever the per-call `timeout`.
+CONNECT_TIMEOUT = 5.0
 
 
 class _Model(BaseModel):
@@ -57,21 +58,6 @@ class _Document(_Model):
     version: signed.Version
     epoch: signed.Id
     retained: signed.Items[_Pointer]
-
-
-def _check_segment(name: str, what: str) -> str:
-    if not _SEGMENT.match(name) or name in (".", ".."):
-        raise InvalidArgumentError(f"invalid {what} {name!r}: use letters, digits, '_', '.', '-'")
-    return name
-
-
-def _check_root(root: str) -> str:
-    root = root.rstrip("/")
-    if not root.startswith("/"):
-        raise InvalidArgumentError(f"ZooKeeper root must be an absolute path, got {root!r}")
-    for segment in root.split("/")[1:]:
-        _check_segment(segment, "ZooKeeper path segment")
-    return root
 
 
 def _check_pointer(pointer: CheckpointPointer) -> CheckpointPointer:
@@ -140,19 +126,31 @@ def decode(data: bytes, version: int, where: str) -> HAState:
     return HAState(epoch=document.epoch, retained=retained, version=version)
 
 
-def parse_uri(uri: str) -> tuple[str, str]:
-    """`zookeeper://host:port[,host:port]/path` -> (kazoo hosts string, root path)."""
-    parts = urlsplit(uri)
-    if parts.scheme != URI_SCHEME:
-        raise InvalidArgumentError(f"not a {URI_SCHEME}:// URI: {uri!r}")
-    if not parts.netloc or "@" in parts.netloc:
-        raise InvalidArgumentError(
-            f"expected {URI_SCHEME}://host:port[,host:port]/path, got {uri!r}"
-        )
-    if parts.query or parts.fragment:
-        raise InvalidArgumentError(f"query and fragment are not supported in {uri!r}")
-    root = parts.path if parts.path not in ("", "/") else DEFAULT_ROOT
-    return parts.netloc, _check_root(root)
+class _ConnectAttemptLog(logging.Filter):
+    """The log of one client, held back while it makes its first connection.
+
+    kazoo logs every refused or timed-out attempt as a warning (eleven lines before an
+    unreachable ensemble's error); the error line says the same once. Only the last
+    warning's text is kept, for that line. Afterwards records pass to ``kazoo.client``'s
+    handlers as usual (a connection lost later is worth a log line)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quiet = True
+        self.last = ""
+        # Not registered with `logging`: one per client, dropped with it.
+        self.logger = logging.Logger("kazoo.client")
+        self.logger.parent = logging.getLogger("kazoo.client")
+        self.logger.addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.quiet:
+            return True
+        message = record.getMessage()
+        # (the retry policy's final word, logged when `start` gives up, says no more)
+        if record.levelno >= logging.WARNING and not message.startswith("Failed connecting"):
+            self.last = message.removeprefix("Connection dropped: ")
+        return False
 
 
 class ZooKeeperHAStore(HAStore):
@@ -165,11 +163,14 @@ class ZooKeeperHAStore(HAStore):
         job_id: str,
         *,
         timeout: float = 10.0,
+        connect_timeout: float = CONNECT_TIMEOUT,
         client: KazooClient | None = None,
     ) -> None:
         """Connect to `hosts` (kazoo connect string) unless a started `client` is given
         (then the caller owns it). `timeout` bounds every call, including the wait for a
-        lost connection to come back."""
+        lost connection to come back; `connect_timeout` bounds the first connection, after
+        which an unreachable ensemble is one HAStoreError line (the client's own log lines
+        of the attempt are held back: their last warning becomes part of that line)."""
         self.hosts = hosts
         self.root = _check_root(root)
         self.job_id = _check_segment(job_id, "job id")
@@ -178,16 +179,25 @@ class ZooKeeperHAStore(HAStore):
         self._connected = threading.Event()
         self._owns_client = client is None
         if client is None:
+            attempt = _ConnectAttemptLog()
             client = KazooClient(
                 hosts=hosts,
                 timeout=max(timeout, 4.0),
                 connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0),
+                logger=attempt.logger,
             )
             try:
-                client.start(timeout=timeout)
+                client.start(timeout=connect_timeout)
             except KazooTimeoutError as exc:
                 client.close()
-                raise HAStoreError(f"cannot connect to ZooKeeper at {hosts}: {exc}") from exc
+                last = f" (last attempt: {attempt.last})" if attempt.last else ""
+                raise HAStoreError(
+                    f"cannot connect to ZooKeeper at {hosts}: no connection within "
+                    f"{connect_timeout:g} s{last}; check that the ensemble runs and is "
+                    "reachable from here, and the host:port list of the zookeeper:// URI"
+                ) from exc
+            finally:
+                attempt.quiet = False
         self._client: Any = client
         self._closed = False
         client.add_listener(self._on_state)
@@ -195,10 +205,17 @@ class ZooKeeperHAStore(HAStore):
             self._connected.set()
 
     @classmethod
-    def from_uri(cls, uri: str, job_id: str, *, timeout: float = 10.0) -> ZooKeeperHAStore:
+    def from_uri(
+        cls,
+        uri: str,
+        job_id: str,
+        *,
+        timeout: float = 10.0,
+        connect_timeout: float = CONNECT_TIMEOUT,
+    ) -> ZooKeeperHAStore:
         """Open `zookeeper://host:port[,host:port]/path` for `job_id`."""
         hosts, root = parse_uri(uri)
-        return cls(hosts, root, job_id, timeout=timeout)
+        return cls(hosts, root, job_id, timeout=timeout, connect_timeout=connect_timeout)
 
     @property
     def uri(self) -> str:
@@ -320,3 +337,16 @@ class ZooKeeperHAStore(HAStore):
         if self._owns_client:
             self._client.stop()
             self._client.close()
+
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "DEFAULT_ROOT",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "URI_SCHEME",
+    "ZooKeeperHAStore",
+    "decode",
+    "encode",
+    "parse_uri",
+]

@@ -217,8 +217,11 @@ def _kind_of(key: str) -> Kind:
 def require_job_directory(storage: Storage) -> None:
     """Refuse (NotAJobDirectoryError) a location that is not a statehold job directory,
     before anything reads or deletes there."""
-    if isinstance(storage, LocalStorage) and not storage.root.is_dir():
-        raise NotAJobDirectoryError(f"{storage.uri.rstrip('/')}: no such directory")
+    problem = storage.root_problem() if isinstance(storage, LocalStorage) else None
+    if problem is not None:
+        raise NotAJobDirectoryError(
+            f"{storage.uri.rstrip('/')}: {problem} (a job directory is expected)"
+        )
     try:
         for page in storage.list_pages():
             for info in page:

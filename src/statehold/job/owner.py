@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from statehold.errors import InvalidArgumentError
 from statehold.format import layout, signed
 from statehold.ha.open import EMBEDDED
-from statehold.ha.zookeeper import URI_SCHEME, parse_uri
+from statehold.ha.uri import URI_SCHEME, parse_uri
 from statehold.storage.base import Storage
 
 OWNER_KEY: Final = f"{layout.JOB_DIR}/owner.json"

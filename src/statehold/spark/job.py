@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from statehold.backend.keys import check_max_parallelism
 from statehold.checkpoint.coordinator import CheckpointCoordinator
-from statehold.errors import InvalidArgumentError
+from statehold.errors import InvalidArgumentError, is_missing_extra, missing_extra
 from statehold.format.metadata import CheckpointMetadata, EventTime, RestoreMode
 from statehold.ha.base import HAStore
 from statehold.job.directory import open_job
@@ -115,7 +115,12 @@ class StatefulJob:
         #: The newest batches' history records, for `progress_listener`.
         self.recent = RecentRecords()
         if metrics_port is not None:
-            from statehold.spark.metrics import JobMetrics
+            try:
+                from statehold.spark.metrics import JobMetrics
+            except ModuleNotFoundError as exc:
+                if not is_missing_extra(exc, "metrics"):
+                    raise
+                raise missing_extra(exc, "metrics", "metrics_port (Prometheus)") from exc
 
             self.metrics = JobMetrics(job_id, metrics_port, metrics_host)
 

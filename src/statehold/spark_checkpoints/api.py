@@ -29,6 +29,7 @@ from statehold.spark_checkpoints.reports import (
 from statehold.spark_checkpoints.rollback import DEFAULT_GRACE_SECONDS, RollbackReport, rollback
 from statehold.spark_checkpoints.savepoint import SavepointReport, savepoint
 from statehold.storage import open_storage
+from statehold.storage.local import LocalStorage
 
 
 class SparkCheckpointLocation(SparkCheckpoint):
@@ -89,6 +90,11 @@ def open_spark_checkpoint(uri: str, **storage_options: Any) -> SparkCheckpointLo
     """Open the checkpoint location at `uri` (path, file://, s3://, s3a://, gs://, az://);
     NotASparkCheckpointError if it holds none (a statehold job directory included)."""
     storage = open_storage(uri, **storage_options)
+    problem = storage.root_problem() if isinstance(storage, LocalStorage) else None
+    if problem is not None:
+        raise NotASparkCheckpointError(
+            f"{uri}: {problem} (a Spark checkpoint location is expected)"
+        )
     if not looks_like_spark_checkpoint(storage):
         raise NotASparkCheckpointError(
             f"{uri}: not a Spark checkpoint location (no metadata, offsets/ or commits/)"

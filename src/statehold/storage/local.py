@@ -58,6 +58,17 @@ class LocalStorage(Storage):
     def __repr__(self) -> str:
         return f"LocalStorage({str(self.root)!r})"
 
+    def root_problem(self) -> str | None:
+        """Why the root is no directory to open, in the words an error line uses
+        (``is a file, not a directory``, ``no such directory``), or None if it is one."""
+        if self.root.is_dir():
+            return None
+        if self.root.is_file():
+            return "is a file, not a directory"
+        if self.root.exists() or self.root.is_symlink():
+            return "is not a directory"
+        return "no such directory"
+
     def child(self, prefix: str) -> LocalStorage:
         key = prefix.rstrip("/")
         self._path(key)  # refuse a prefix through a link: the child's root would escape
