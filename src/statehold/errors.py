@@ -30,8 +30,9 @@ class MissingExtraError(StateholdError, ImportError):
 def missing_extra(exc: ModuleNotFoundError, extra: str, what: str) -> MissingExtraError:
     """The one-line error for `what`, whose import failed with `exc`: which package is
     missing and the ``pip install`` that brings it."""
+    package = (exc.name or "").split(".")[0] or "a package"
     return MissingExtraError(
-        f"{what} needs {exc.name or 'a package'}, which is not installed: "
+        f"{what} needs {package}, which is not installed: "
         f"pip install 'statehold[{extra}]'"
     )
 

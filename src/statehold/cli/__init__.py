@@ -1,38 +1,39 @@
 """The ``statehold`` command line (`app`, `main`) and the web view.
 
 typer and rich are the ``cli`` extra (``pip install 'statehold[cli]'``), which executors do
-not install: `main`, the console script, imports them only when it runs and says in one
-line how to install them when they are missing; `app` is imported on first use."""
+not install: without them this package still imports, `main` (the console script) says in
+one line how to install them, and `app` raises that line as a MissingExtraError."""
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from statehold.errors import is_missing_extra, missing_extra
+from statehold.errors import MissingExtraError, is_missing_extra, missing_extra
 
-if TYPE_CHECKING:
+_missing: MissingExtraError | None = None
+try:
     from statehold.cli.app import app
+except ModuleNotFoundError as exc:
+    if not is_missing_extra(exc, "cli"):
+        raise
+    _missing = missing_extra(exc, "cli", "the statehold command")
 
 
 def main() -> None:
     """The ``statehold`` console script."""
-    try:
-        from statehold.cli.app import main as run
-    except ModuleNotFoundError as exc:
-        if not is_missing_extra(exc, "cli"):
-            raise
-        error = missing_extra(exc, "cli", "the statehold command")
-        sys.stderr.write(f"statehold: error: {error}\n")
+    if _missing is not None:
+        sys.stderr.write(f"statehold: error: {_missing}\n")
         sys.exit(1)
+    from statehold.cli.app import main as run
+
     run()
 
 
 def __getattr__(name: str) -> Any:
-    if name == "app":
-        from statehold.cli.app import app
-
-        return app
+    # Reached only when the import of `app` above failed.
+    if name == "app" and _missing is not None:
+        raise _missing
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
