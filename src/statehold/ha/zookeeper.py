@@ -163,13 +163,14 @@ class ZooKeeperHAStore(HAStore):
         job_id: str,
         *,
         timeout: float = 10.0,
-        connect_timeout: float = CONNECT_TIMEOUT,
+        connect_timeout: float | None = None,
         client: KazooClient | None = None,
     ) -> None:
         """Connect to `hosts` (kazoo connect string) unless a started `client` is given
         (then the caller owns it). `timeout` bounds every call, including the wait for a
-        lost connection to come back; `connect_timeout` bounds the first connection, after
-        which an unreachable ensemble is one HAStoreError line (the client's own log lines
+        lost connection to come back; `connect_timeout` (default: `timeout`, at most
+        `CONNECT_TIMEOUT`) bounds the first connection, after which an unreachable
+        ensemble is one HAStoreError line (the client's own log lines
         of the attempt are held back: their last warning becomes part of that line)."""
         self.hosts = hosts
         self.root = _check_root(root)
@@ -179,6 +180,8 @@ class ZooKeeperHAStore(HAStore):
         self._connected = threading.Event()
         self._owns_client = client is None
         if client is None:
+            if connect_timeout is None:
+                connect_timeout = min(timeout, CONNECT_TIMEOUT)
             attempt = _ConnectAttemptLog()
             client = KazooClient(
                 hosts=hosts,
@@ -211,7 +214,7 @@ class ZooKeeperHAStore(HAStore):
         job_id: str,
         *,
         timeout: float = 10.0,
-        connect_timeout: float = CONNECT_TIMEOUT,
+        connect_timeout: float | None = None,
     ) -> ZooKeeperHAStore:
         """Open `zookeeper://host:port[,host:port]/path` for `job_id`."""
         hosts, root = parse_uri(uri)
