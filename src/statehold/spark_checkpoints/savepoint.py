@@ -19,11 +19,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel
 
 from statehold.format.spark_layout import COMMITS_DIR, Kind, crc_of
+from statehold.progress import NoProgress, Progress
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import RestartNeeds, SparkCheckpoint
 from statehold.spark_checkpoints.scan import Scan
@@ -35,22 +36,6 @@ from statehold.storage.local import LocalStorage
 _BATCH_NAMED = re.compile(
     r"^state/\d+/(?:_metadata/v2/(?P<meta>\d+)|_stateSchema/[^/]+/(?P<schema>\d+)_[^/]+)$"
 )
-
-
-class Progress(Protocol):
-    """Progress of a long copy (the CLI's progress bar has this shape)."""
-
-    def start(self, description: str, total: int | None, unit: str = "bytes") -> None: ...
-
-    def advance(self, amount: int) -> None: ...
-
-
-class NoProgress:
-    def start(self, description: str, total: int | None, unit: str = "bytes") -> None:
-        pass
-
-    def advance(self, amount: int) -> None:
-        pass
 
 
 class SavepointReport(BaseModel):

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from statehold.cleanup.policy import parse
 from statehold.format.layout import Kind
 from statehold.job.directory import JobDirectory
 from statehold.job.locate import ToolError
+from statehold.progress import NoProgress, Progress
 from statehold.storage import FileInfo, StorageError
 from statehold.storage.base import NamePage
 
@@ -23,24 +24,6 @@ __all__ = [
     "savepoint_keys",
     "stat_pages",
 ]
-
-
-class Progress(Protocol):
-    """Progress reporting for long work (the CLI draws a rich progress bar). Each
-    `start` begins a phase of `total` units (None: not known, e.g. while listing);
-    `unit` is ``"bytes"`` or a noun for what is counted (``"files"``, ``"keys"``)."""
-
-    def start(self, description: str, total: int | None, unit: str = "bytes") -> None: ...
-
-    def advance(self, amount: int) -> None: ...
-
-
-class NoProgress:
-    def start(self, description: str, total: int | None, unit: str = "bytes") -> None:
-        pass
-
-    def advance(self, amount: int) -> None:
-        pass
 
 
 def listing(job: JobDirectory, progress: Progress | None = None) -> list[FileInfo]:
