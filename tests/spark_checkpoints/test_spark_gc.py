@@ -1,5 +1,7 @@
-"""gc of Spark's own checkpoint locations, written by real Structured Streaming queries
-(HDFS-backed and RocksDB providers, changelog off and on, checkpoint format v2): planted
+"""gc of Spark's own checkpoint locations, written by a real Structured Streaming query
+(the windowed aggregation of tests.support.spark_checkpoint_queries; the other queries'
+gc is in test_spark_real_queries) on every state store layout (HDFS-backed and RocksDB
+providers, changelog off and on, checkpoint format v2): planted
 orphans go, nothing a retained batch needs goes (checked by listing and by
 `restart_needs` of every retained batch), young, foreign and linked files stay, a dry run
 deletes nothing, and the query restarts from the gc'd checkpoint with the same output as
@@ -11,20 +13,27 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import time
 import uuid
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import pyspark
 import pytest
 
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.gc import SparkGcReport, gc
 from statehold.storage import open_storage
 from tests.support.s3 import S3Server
+from tests.support.spark_checkpoint_queries import PROVIDERS, all_rows, run_query, write_inputs
+from tests.support.spark_checkpoint_trees import (
+    TWO_HOURS,
+    backdate,
+    copy_tree,
+    listing,
+    needs_of_restartable,
+    plant,
+)
 from tests.support.spark_session import spark  # noqa: F401
 
 if TYPE_CHECKING:
@@ -32,137 +41,29 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.spark]
 
-SPARK_4 = int(pyspark.__version__.split(".")[0]) >= 4
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
-CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
-COMMON = {
-    "spark.sql.shuffle.partitions": "2",
-    "spark.sql.streaming.minBatchesToRetain": "3",
-    "spark.sql.streaming.stateStore.minDeltasForSnapshot": "2",
-    "spark.sql.streaming.stateStore.maintenanceInterval": "500ms",
-}
-PROVIDERS: dict[str, dict[str, str]] = {
-    "hdfs": {"spark.sql.streaming.stateStore.providerClass": HDFS},
-    "rocksdb": {"spark.sql.streaming.stateStore.providerClass": ROCKSDB, CHANGELOG: "false"},
-    "rocksdb_changelog": {
-        "spark.sql.streaming.stateStore.providerClass": ROCKSDB, CHANGELOG: "true",
-    },
-}
-if SPARK_4:
-    PROVIDERS["rocksdb_v2"] = {
-        **PROVIDERS["rocksdb_changelog"],
-        "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
-    }
-TWO_HOURS = 7200.0
+#: The windowed aggregation: one operator (``state/0``), two partitions, a store each.
+QUERY = "window"
 FIRST_FILES = 6
-
-
-# -- a minimal real query -------------------------------------------------------------------
-def write_inputs(directory: Path, first: int, count: int) -> None:
-    """Input files `first`.. (one per batch), mtimes in name order."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for i in range(first, first + count):
-        rows = [{"key": f"k{(i + j) % 5}", "value": i * 10 + j} for j in range(8)]
-        tmp = directory / f".{i:05d}.tmp"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        os.utime(tmp, (1_700_000_000 + i, 1_700_000_000 + i))
-        tmp.rename(directory / f"{i:05d}.json")
-
-
-def run_query(
-    spark: SparkSession,  # noqa: F811
-    provider: str,
-    ckpt: Path,
-    inputs: Path,
-    out: Path,
-) -> None:
-    """A running count and sum per key over every input file, until idle."""
-    from pyspark.sql import functions as F
-
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    if not spark.streams.active:  # maintenance restarts with this query's interval
-        jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
-    session = spark.newSession()
-    for k, v in {**COMMON, **PROVIDERS[provider]}.items():
-        session.conf.set(k, v)
-    out.mkdir(parents=True, exist_ok=True)
-
-    def write(df: Any, batch_id: int) -> None:
-        rows = sorted(json.dumps(r.asDict(), sort_keys=True) for r in df.collect())
-        (out / f"batch-{batch_id}.json").write_text("\n".join(rows))
-
-    source = (
-        session.readStream.schema("key STRING, value BIGINT")
-        .option("maxFilesPerTrigger", 1).json(str(inputs))
-    )
-    counts = source.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total"))
-    query = (
-        counts.writeStream.outputMode("update").foreachBatch(write)
-        .option("checkpointLocation", str(ckpt)).trigger(processingTime="100 milliseconds")
-        .start()
-    )
-    try:
-        query.processAllAvailable()
-        time.sleep(1.5)  # a maintenance run: snapshots, Spark's own cleanup
-        query.processAllAvailable()
-    finally:
-        query.stop()
-
-
-def outputs(out: Path) -> list[str]:
-    """Every row written, in one sorted list."""
-    return sorted(r for p in out.glob("batch-*.json") for r in p.read_text().splitlines() if r)
-
-
-def listing(root: Path) -> dict[str, tuple[int, float]]:
-    found = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            found[os.path.relpath(path, root)] = (st.st_size, st.st_mtime)
-    return found
-
-
-def backdate(root: Path, seconds: float) -> None:
-    for rel in listing(root):
-        path = root / rel
-        if not path.is_symlink():
-            st = path.stat()
-            os.utime(path, (st.st_atime - seconds, st.st_mtime - seconds))
-
-
-def needs_of_retained(ckpt: Path) -> dict[int, set[str]]:
-    """The files a restart at each retained batch reads (those that can restart)."""
-    checkpoint = open_spark_checkpoint(str(ckpt))
-    found = checkpoint.scan()
-    out = {}
-    for batch in sorted(found.commits):
-        needs = checkpoint.restart_needs(found, batch)
-        if needs.ok:
-            out[batch] = set(needs.files)
-    return out
 
 
 @pytest.fixture(scope="module")
 def base(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:  # noqa: F811
-    """One checkpoint per provider, batches 0-5 done, every file two hours old."""
+    """One checkpoint per provider, every input file read, every file two hours old."""
     root = tmp_path_factory.mktemp("spark-gc")
     made = {}
     for provider in PROVIDERS:
         ckpt = root / provider / "ckpt"
         write_inputs(root / provider / "inputs", 0, FIRST_FILES)
-        run_query(spark, provider, ckpt, root / provider / "inputs", root / provider / "out")
+        run_query(spark, QUERY, provider, str(ckpt), root / provider / "inputs",
+                  root / provider / "out", FIRST_FILES - 1)
         backdate(ckpt, TWO_HOURS)
         made[provider] = ckpt
     return made
 
 
 def copy(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst, symlinks=True)  # copystat: the same mtimes
-    return dst
+    """A copy with bytes of its own: some tests damage files in place."""
+    return copy_tree(src, dst, link=False)
 
 
 def store_dir(ckpt: Path, partition: int = 0) -> Path:
@@ -172,14 +73,6 @@ def store_dir(ckpt: Path, partition: int = 0) -> Path:
 def zips(ckpt: Path, partition: int = 0) -> list[Path]:
     found = store_dir(ckpt, partition).glob("*.zip")
     return sorted(found, key=lambda p: int(p.name.split("_")[0].split(".")[0]))
-
-
-def plant(path: Path, data: bytes = b"x" * 100, age: float = TWO_HOURS) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    t = time.time() - age
-    os.utime(path, (t, t))
-    return path
 
 
 def plant_orphans(ckpt: Path, provider: str) -> tuple[set[str], set[str]]:
@@ -218,7 +111,7 @@ def test_gc_removes_orphans_keeps_needs_and_the_query_continues(
     ckpt = copy(base[provider], tmp_path / "ckpt")
     untouched = copy(base[provider], tmp_path / "untouched")
     doomed, kept = plant_orphans(ckpt, provider)
-    needs_before = needs_of_retained(ckpt)
+    needs_before = needs_of_restartable(ckpt)
     assert needs_before, "no batch to restart from"
     before = listing(ckpt)
 
@@ -235,16 +128,17 @@ def test_gc_removes_orphans_keeps_needs_and_the_query_continues(
     assert report.deleted == len(gone) == dry.deletable
     needed = set().union(*needs_before.values())
     assert not needed & gone, sorted(needed & gone)[:5]
-    assert needs_of_retained(ckpt).keys() == needs_before.keys()
+    assert needs_of_restartable(ckpt).keys() == needs_before.keys()
     assert {k for k in after if k.endswith((".zip", ".changelog", ".delta"))}, "gc took all"
 
     # the gc'd checkpoint restarts like the untouched one
     inputs = base[provider].parent / "inputs"  # the paths the source's log recorded
     write_inputs(inputs, FIRST_FILES, 3)
-    run_query(spark, provider, ckpt, inputs, tmp_path / "out-gc")
-    run_query(spark, provider, untouched, inputs, tmp_path / "out-untouched")
-    assert outputs(tmp_path / "out-gc") == outputs(tmp_path / "out-untouched")
-    assert outputs(tmp_path / "out-gc"), "no output after the restart"
+    last = FIRST_FILES + 3 - 1
+    run_query(spark, QUERY, provider, str(ckpt), inputs, tmp_path / "out-gc", last)
+    run_query(spark, QUERY, provider, str(untouched), inputs, tmp_path / "out-untouched", last)
+    assert all_rows(tmp_path / "out-gc") == all_rows(tmp_path / "out-untouched")
+    assert all_rows(tmp_path / "out-gc"), "no output after the restart"
 
 
 def test_young_files_of_spark_are_kept_by_the_grace(base: dict[str, Path], tmp_path: Path) -> None:
@@ -293,7 +187,7 @@ def test_a_truncated_needed_zip_spares_its_store(base: dict[str, Path], tmp_path
 
 def test_a_changelog_gap_spares_its_store(base: dict[str, Path], tmp_path: Path) -> None:
     ckpt, zero, one = rocks_with_orphans(base, tmp_path)
-    needed = set().union(*needs_of_retained(ckpt).values())
+    needed = set().union(*needs_of_restartable(ckpt).values())
     changelogs = sorted(k for k in needed if k.startswith("state/0/0/") and "changelog" in k)
     assert changelogs, "no retained version of partition 0 replays a changelog"
     (ckpt / changelogs[-1]).unlink()  # a retained version's chain now has a gap
@@ -345,7 +239,7 @@ def test_gc_on_s3(base: dict[str, Path], tmp_path: Path, s3_server: S3Server) ->
     local = copy(base["rocksdb_changelog"], tmp_path / "ckpt")
     orphan = plant(store_dir(local) / "SSTs" / "orphan.sst")
     stale = plant(store_dir(local) / "1.zip", zips(local)[0].read_bytes())
-    needs_before = needs_of_retained(local)
+    needs_before = needs_of_restartable(local)
     uri = f"s3://{s3_server.bucket}/spark-gc-{uuid.uuid4().hex}"
     s3 = open_storage(uri, **s3_server.options)
     for rel in listing(local):

@@ -10,7 +10,7 @@ import pytest
 
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.relocate import absolute_paths, relocate
-from tests.support.spark_ckpt_runs import read_output, run_query, write_inputs
+from tests.support.spark_checkpoint_queries import all_rows, run_query, write_inputs
 from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
@@ -20,11 +20,11 @@ def test_relocated_checkpoint_continues_with_its_moved_input(
     spark, tmp_path: Path  # noqa: F811
 ) -> None:
     write_inputs(tmp_path / "ref-in", 0, 6)
-    run_query(spark, "dedup", "rocksdb", tmp_path / "ref", tmp_path / "ref-in", tmp_path / "r")
-    reference = read_output(tmp_path / "r")
+    run_query(spark, "dedup", "rocksdb", str(tmp_path / "ref"), tmp_path / "ref-in",
+              tmp_path / "r", 5)
     old_in, new_in = tmp_path / "old" / "in", tmp_path / "new" / "in"
     write_inputs(old_in, 0, 3)
-    run_query(spark, "dedup", "rocksdb", tmp_path / "ckpt", old_in, tmp_path / "out")
+    run_query(spark, "dedup", "rocksdb", str(tmp_path / "ckpt"), old_in, tmp_path / "out", 2)
     shutil.copytree(tmp_path / "ckpt", tmp_path / "moved")
     new_in.parent.mkdir()
     old_in.rename(new_in)
@@ -39,5 +39,5 @@ def test_relocated_checkpoint_continues_with_its_moved_input(
     assert report.paths == len(bound) and not report.others
     assert all(str(new_in) in b.path for b in absolute_paths(moved))
     write_inputs(new_in, 3, 3)
-    run_query(spark, "dedup", "rocksdb", tmp_path / "moved", new_in, tmp_path / "out")
-    assert read_output(tmp_path / "out") == reference
+    run_query(spark, "dedup", "rocksdb", str(tmp_path / "moved"), new_in, tmp_path / "out", 5)
+    assert all_rows(tmp_path / "out") == all_rows(tmp_path / "r")

@@ -63,7 +63,8 @@ CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabl
 #: Small numbers, so a few batches give several state versions, snapshots and cleanup:
 #: maintenance (snapshots, deletion of old versions) every 500 ms (once per JVM: see
 #: `restart_state_store_maintenance`), a snapshot after 2 deltas, and 3 batches to keep
-#: (the offset and commit logs then hold the last 4).
+#: (the offset and commit logs then hold the last 4). `run_query` stops the maintenance
+#: when it returns, so that a stopped query's checkpoint stays as it is.
 COMMON_CONF = {
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.streaming.minBatchesToRetain": "3",
@@ -432,6 +433,9 @@ def run_query(
     finally:
         timer.cancel()
         running.stop()
+        # Spark's maintenance would go on snapshotting and deleting old versions in the
+        # background: stopped, the checkpoint stays as the query left it.
+        restart_state_store_maintenance(spark)
 
 
 # -- the driver process ------------------------------------------------------------------------
