@@ -190,6 +190,9 @@ def test_each_store_is_held_as_its_provider_writes_it(
     assert ("delta" in exts) == (provider == "hdfs"), exts
     unique_ids = {n for n in state if n.endswith((".zip", ".changelog")) and "_" in n}
     assert bool(unique_ids) == (provider == "rocksdb_v2"), sorted(unique_ids)[:3]
+    # Spark's own checksums beside them (not Hadoop's hidden ``.x.crc``): format v2 only
+    checksums = {n for n in state if n.endswith((".zip.crc", ".changelog.crc")) and n[0] != "."}
+    assert bool(checksums) == (provider == "rocksdb_v2"), sorted(checksums)[:3]
 
 
 def _changelog_version(head: bytes) -> str:
