@@ -358,6 +358,19 @@ def restart_state_store_maintenance(spark: SparkSession) -> None:
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
+    # The stop does not wait for a maintenance run in progress, which may still write a
+    # snapshot or delete old versions (seen with PySpark 3.5): wait for its threads to end.
+    deadline = time.monotonic() + 60
+    while _maintenance_threads(jvm) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _maintenance_threads(jvm: Any) -> list[str]:
+    """The JVM's live state store maintenance threads (Spark names them
+    ``state-store-maintenance-...``)."""
+    threads = jvm.java.lang.Thread.getAllStackTraces().keySet().toArray()
+    return [str(t.getName()) for t in threads
+            if str(t.getName()).startswith("state-store-maintenance") and t.isAlive()]
 
 
 def start_query(
