@@ -45,6 +45,7 @@ from statehold.spark_checkpoints.api import SparkCheckpointLocation
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.gc import SAMPLE
 from statehold.spark_checkpoints.reports import batches
+from tests.support.spark_checkpoint_files import hdfs_store, logs
 from tests.support.spark_checkpoint_queries import (
     PROVIDERS,
     Row,
@@ -55,8 +56,6 @@ from tests.support.spark_checkpoint_queries import (
     write_inputs,
 )
 from tests.support.spark_session import spark  # noqa: F401
-
-pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 QUERY = "multi"
 FILES = 28
@@ -187,6 +186,8 @@ def committed(ckpt: Path) -> int:
     return max((int(n) for n in names if n.isdigit()), default=-1)
 
 
+@pytest.mark.spark
+@pytest.mark.crash
 @pytest.mark.timeout(600)  # a reference run, two driver JVMs, gc passes on a 2-core machine
 @pytest.mark.parametrize("provider", CASES)
 def test_gc_in_a_loop_beside_a_query_killed_and_restarted(
@@ -284,3 +285,29 @@ def assert_no_orphan(location: SparkCheckpointLocation) -> None:
                 continue
         orphans.append(key)
     assert not orphans, orphans
+
+
+def test_a_commit_spark_purges_during_gc_is_not_retained(tmp_path: Path) -> None:
+    """What the loop above found: Spark's retention deleted ``commits/N`` between gc's
+    listing and its read of it, and gc failed ("cannot be read"). Batch N is then no
+    longer one a restart can start from; gc goes on without it."""
+    logs(tmp_path, range(3, 7))
+    hdfs_store(tmp_path, "state/0/0", range(1, 8), {4})
+    old = time.time() - 86_400
+    for path in tmp_path.rglob("*"):
+        os.utime(path, (old, old))
+    location = open_spark_checkpoint(str(tmp_path))
+    read = location.read
+
+    def purged_meanwhile(key: str) -> bytes:
+        if key == "commits/3":
+            (tmp_path / "commits" / "3").unlink()
+            (tmp_path / "offsets" / "3").unlink()
+        return read(key)
+
+    location.read = purged_meanwhile  # type: ignore[method-assign]
+    report = location.gc(grace_seconds=60)
+    assert report.ok and report.oldest_batch == 4 and report.newest_batch == 6
+    # batch 3 (version 4: snapshot 4) was the oldest; 4-6 need snapshot 4 and deltas 5-7
+    left = sorted(p.name for p in (tmp_path / "state/0/0").iterdir() if not p.name.startswith("."))
+    assert left == ["4.snapshot", "5.delta", "6.delta", "7.delta"], left
