@@ -311,3 +311,22 @@ def test_a_commit_spark_purges_during_gc_is_not_retained(tmp_path: Path) -> None
     # batch 3 (version 4: snapshot 4) was the oldest; 4-6 need snapshot 4 and deltas 5-7
     left = sorted(p.name for p in (tmp_path / "state/0/0").iterdir() if not p.name.startswith("."))
     assert left == ["4.snapshot", "5.delta", "6.delta", "7.delta"], left
+
+
+def test_the_temp_file_of_a_version_being_written_is_in_flight() -> None:
+    """What the loop above found at grace 1 s (format v2): a changelog is written into
+    ``.<name>.<uuid>.tmp`` for the whole batch, and gc deleted the temp file of version
+    15 while batch 14 ran (newest committed version 14); the task could not commit and
+    the query failed. A temp file of a version above the newest committed one is
+    protected like the version file, whatever its age; older ones are deletable."""
+    from statehold.cleanup.policy import Verdict
+    from statehold.cleanup.spark_policy import SparkView, judge
+    from statehold.storage.base import FileInfo
+
+    now = time.time()
+    view = SparkView(needed=frozenset(), listed_at=now, now=now, grace=1.0, newest_version=14)
+    tmp = ".{}.changelog.cd126ef3-04a7-4a7e-b405-8d79db8d9755.tmp"
+    for version, verdict in ((15, Verdict.PROTECTED), (14, Verdict.DELETABLE)):
+        for subject in (f"{version}_1c5b1938-e812-41f7-aa4e-7eb565f730ab", str(version)):
+            key = f"state/1/0/{tmp.format(subject)}"
+            assert judge(FileInfo(key, 10, now - 60), parse(key), view) is verdict, key
