@@ -107,6 +107,7 @@ class Watch:
     superseded: int = 0
     #: Passes that spared a store whole (its needs unresolvable from their listing).
     spared: int = 0
+    spared_example: str | None = None
     violations: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -128,6 +129,7 @@ class Watch:
             self.passes += 1
         if report.problems:  # a store spared whole (say a zip Spark deleted meanwhile)
             self.spared += 1
+            self.spared_example = self.spared_example or report.problems[0]
         assert report.deleted <= SAMPLE  # deleted_keys names them all
         self.deleted += report.deleted
         deleted = set(report.deleted_keys)
@@ -250,7 +252,7 @@ def test_gc_in_a_loop_beside_a_query_killed_and_restarted(
         f"{watch.passes} gc passes deleted {watch.deleted} files, {watch.checked_batches} "
         f"batch checks ({watch.superseded} superseded by a newer snapshot), "
         f"{watch.spark_deleted} needed files deleted by Spark itself, {watch.spared} passes "
-        "spared a store"
+        f"spared a store (e.g. {watch.spared_example})"
     )
     assert not watch.errors, watch.errors
     assert not watch.violations, watch.violations
@@ -279,10 +281,10 @@ def assert_no_orphan(location: SparkCheckpointLocation) -> None:
     for key, name in found.names.items():
         if not key.startswith("state/") or key in needed or name.kind in KEPT_KINDS:
             continue
-        if name.kind is Kind.CRC and name.of is not None:
-            subject = parse(name.of)
-            if name.of in needed or subject.kind in KEPT_KINDS:
-                continue
+        while name.kind is Kind.CRC and name.of is not None:  # ``.N_id.zip.crc.crc`` too
+            name = parse(name.of)
+        if name.key in needed or name.kind in KEPT_KINDS:
+            continue
         orphans.append(key)
     assert not orphans, orphans
 
