@@ -268,14 +268,15 @@ def test_gc_in_a_loop_beside_a_query_killed_and_restarted(
 
 
 def assert_no_orphan(location: SparkCheckpointLocation) -> None:
-    """Every state file is needed by a batch in the commit log, or of a kind gc keeps, or
-    the checksum of such a file."""
+    """Every state file is needed by a batch in the commit log (its store's version of
+    it, where held), or of a kind gc keeps, or the checksum of such a file."""
     found = location.scan()
     needed: set[str] = set()
     for batch in found.commits:
-        needs = location.restart_needs(found, batch)
-        if needs.ok:
-            needed |= set(needs.files)
+        # per store, as gc judges: a store whose version of the batch is held
+        for store in location.restart_needs(found, batch).stores:
+            if store.ok:
+                needed |= set(store.files)
     assert needed
     orphans = []
     for key, name in found.names.items():
