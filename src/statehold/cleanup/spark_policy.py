@@ -91,13 +91,36 @@ def judge(
         return Verdict.KEPT
     if view.young(info.mtime):
         return Verdict.PROTECTED
-    if name.kind in VERSION_FILES and (
-        view.newest_version is None or (name.version or 0) > view.newest_version
-    ):
+    if name.kind in VERSION_FILES and _above_newest(name, view):
         return Verdict.PROTECTED
+    if name.kind is Kind.TEMP:
+        target = temp_subject(info.key)
+        if target is not None and target.kind in VERSION_FILES and _above_newest(target, view):
+            return Verdict.PROTECTED  # being written by the running batch: open for its length
     if name.kind is Kind.CRC and subject is not None and subject is not Verdict.DELETABLE:
         return subject
     return Verdict.DELETABLE
+
+
+def _above_newest(name: Name, view: SparkView) -> bool:
+    return view.newest_version is None or (name.version or 0) > view.newest_version
+
+
+#: Spark's atomic writes (``CheckpointFileManager.createAtomic``): ``.<name>.<uuid>.tmp``.
+_ATOMIC_TEMP = re.compile(
+    r"^\.(?P<subject>.+)\.[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\.tmp$"
+)
+
+
+def temp_subject(key: str) -> Name | None:
+    """What a temp file of Spark's atomic write becomes once renamed (None: not one).
+    A state version's file is written in it for the whole task (a changelog as the batch
+    updates the store), so the version rule covers it, whatever its age."""
+    head, _, leaf = key.rpartition("/")
+    match = _ATOMIC_TEMP.match(leaf)
+    if match is None:
+        return None
+    return parse(f"{head}/{match['subject']}" if head else match["subject"])
 
 
 def _store(name: Name) -> StoreId | None:

@@ -145,7 +145,10 @@ def parse(key: str) -> Name:
 
 def _state_file(key: str, operator: int, rest: list[str]) -> Name:
     if rest[0] in ("_metadata", "_stateSchema"):
-        return Name(key, Kind.OPERATOR_METADATA)
+        # a file in them (``_metadata/metadata``, ``_metadata/v2/N``,
+        # ``_stateSchema/STORE/N_ID``); S3A's directory markers list as the bare folders
+        folder = len(rest) < (3 if rest[0] == "_stateSchema" else 2) or rest[1:] == ["v2"]
+        return Name(key, Kind.UNKNOWN if folder else Kind.OPERATOR_METADATA)
     if not rest[0].isdigit() or len(rest) < 2:
         return Name(key, Kind.UNKNOWN)
     partition = int(rest[0])

@@ -126,7 +126,7 @@ def gc(
     found, bulk = _list(storage)
     report = SparkGcReport(uri=checkpoint.uri, dry_run=dry_run)
     report.listed = len(found.files) + sum(len(d.names) for d in bulk.values())
-    commits = {b: checkpoint.commit(b) for b in sorted(found.commits)}
+    commits = _read_commits(checkpoint, found)
     report.newest_batch, report.oldest_batch = max(commits, default=None), min(
         commits, default=None
     )
@@ -190,6 +190,21 @@ def _list(storage: Storage) -> tuple[Scan, dict[str, _Dir]]:
 
 
 # -- what retained batches need ----------------------------------------------------------
+def _read_commits(checkpoint: SparkCheckpoint, found: Scan) -> dict[int, Commit]:
+    """The listed commits. One Spark purged since the listing (its retention deletes the
+    oldest beside a running query) is no longer a batch a restart can start from: left
+    out. The newest gone (a rollback), or one that is there but unreadable, raises."""
+    commits: dict[int, Commit] = {}
+    newest = max(found.commits, default=None)
+    for batch in sorted(found.commits):
+        try:
+            commits[batch] = checkpoint.commit(batch)
+        except SparkCheckpointError:
+            if batch == newest or checkpoint.storage.stat(found.commits[batch]) is not None:
+                raise
+    return commits
+
+
 def _needed(
     checkpoint: SparkCheckpoint,
     found: Scan,

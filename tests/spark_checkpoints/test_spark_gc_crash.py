@@ -1,0 +1,335 @@
+"""gc in a loop beside a running Spark query whose driver is killed -9.
+
+The query (tests/support/spark_checkpoint_queries, `multi`: dropDuplicates then a windowed
+aggregation, two operators of two partitions) runs in a driver process of its own while
+its input files arrive one at a time, so it runs many batches. The test process runs gc
+passes with grace 0 (the adversarial setting: only the listing-start rule, the version
+rule and the resolution protect what is in flight) back to back, and around each pass
+lists the location:
+
+* before the pass, every batch in the commit log and what a restart after it needs
+  (`restart_needs`, one listing), which of them are restartable;
+* after the pass, a new listing: for every batch restartable before and still in the
+  commit log, every file its restart needed is still there, or was deleted by Spark's
+  own maintenance (not among the keys gc deleted); and no file a batch in the commit log
+  needs now (after the pass) is one gc deleted and that is missing (a zip uploaded after
+  gc deleted the SSTs it lists would show here).
+
+At a seeded random moment the driver's process group is killed -9 (the JVM is a child);
+it is restarted on the same checkpoint with the rest of the input while the passes go on,
+and runs to the end. Then: its rows equal one uninterrupted run's (in the shared
+session), a last gc leaves no orphan (every state file is needed by a batch in the
+commit log, or a kind gc keeps, or the checksum of one of them), and verify is ok.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from statehold.cleanup.spark_policy import KEPT_KINDS
+from statehold.format.spark_layout import Kind, parse
+from statehold.spark_checkpoints import open_spark_checkpoint
+from statehold.spark_checkpoints.api import SparkCheckpointLocation
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.gc import SAMPLE
+from statehold.spark_checkpoints.reports import batches
+from tests.support.spark_checkpoint_files import hdfs_store, logs
+from tests.support.spark_checkpoint_queries import (
+    PROVIDERS,
+    Row,
+    all_rows,
+    driver_cmd,
+    driver_env,
+    run_query,
+    write_inputs,
+)
+from tests.support.spark_session import spark  # noqa: F401
+
+QUERY = "multi"
+FILES = 28
+#: Seconds between input files while the first driver runs (a batch takes about 0.5 s).
+PACE = 0.6
+SEED = 2323
+#: gc's grace in these tests. Not 0: with no grace at all gc deletes files of Spark's
+#: atomic writes between their write and their rename (a ``.metadata.<uuid>.tmp`` before
+#: the rename, and the ``..N.<uuid>.tmp.crc`` of a commit between Hadoop's rename of the
+#: file and of its checksum), and the query fails. One second covers those renames.
+GRACE = 1.0
+CASES = [p for p in ("rocksdb_changelog", "rocksdb_v2", "hdfs") if p in PROVIDERS]
+
+
+@pytest.fixture(scope="module")
+def reference(
+    spark: Any,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[], list[Row]]:
+    """The rows of one uninterrupted run over all FILES files (run once)."""
+    root = tmp_path_factory.mktemp("reference")
+
+    @functools.cache
+    def rows() -> list[Row]:
+        write_inputs(root / "input", 0, FILES)
+        out = root / "output"
+        run_query(spark, QUERY, "rocksdb", str(root / "ckpt"), root / "input", out, 0)
+        return all_rows(out)
+
+    return rows
+
+
+@dataclass
+class Watch:
+    """gc passes beside the query, and what the listings around them showed."""
+
+    uri: str
+    #: Opened once, as a script running gc in a loop would.
+    location: SparkCheckpointLocation
+    passes: int = 0
+    deleted: int = 0
+    #: Every key a pass deleted.
+    gone: set[str] = field(default_factory=set)
+    #: Needed files found missing after a pass that gc did not delete (Spark's own
+    #: maintenance deleted them: the batch had fallen out of what Spark keeps).
+    spark_deleted: int = 0
+    checked_batches: int = 0
+    #: Batches some of whose needed files gc deleted once a newer snapshot replaced them.
+    superseded: int = 0
+    #: Passes that spared a store whole (its needs unresolvable from their listing).
+    spared: int = 0
+    spared_example: str | None = None
+    violations: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def probe(self) -> SparkCheckpointLocation:
+        """A fresh opening (no cached zip lists) for the checks."""
+        return open_spark_checkpoint(self.uri)
+
+    def one_pass(self) -> None:
+        probe = self.probe()
+        found = probe.scan()
+        restartable = {b.batch for b in batches(probe, found) if b.restartable}
+        needs = {b: probe.restart_needs(found, b).files for b in restartable}
+        try:
+            report = self.location.gc(grace_seconds=GRACE)
+        except SparkCheckpointError as e:  # gc beside a running query must not fail
+            self.errors.append(f"pass {self.passes}: {type(e).__name__}: {e}")
+            return
+        finally:
+            self.passes += 1
+        if report.problems:  # a store spared whole (say a zip Spark deleted meanwhile)
+            self.spared += 1
+            self.spared_example = self.spared_example or report.problems[0]
+        assert report.deleted <= SAMPLE  # deleted_keys names them all
+        self.deleted += report.deleted
+        deleted = set(report.deleted_keys)
+        self.gone |= deleted
+        after_probe = self.probe()
+        after = after_probe.scan()
+        for batch, files in needs.items():
+            if batch not in after.commits:
+                continue
+            self.checked_batches += 1
+            missing = sorted(k for k in files if k not in after.files)
+            by_gc = [k for k in missing if k in deleted]
+            self.spark_deleted += len(missing) - len(by_gc)
+            if not by_gc:
+                continue
+            # gc may drop what a newer snapshot (written meanwhile) made unneeded: the
+            # batch must still be restartable, from files gc left
+            now = after_probe.restart_needs(after, batch)
+            if not now.ok or set(by_gc) & set(now.files):
+                self.violations.append(
+                    f"pass {self.passes}: gc deleted {by_gc} that batch {batch} "
+                    f"(restartable before the pass) needs; now {now.problems}"
+                )
+            else:
+                self.superseded += 1
+        for batch in sorted(after.commits):
+            files = after_probe.restart_needs(after, batch).files
+            lost = sorted(k for k in files if k in self.gone and k not in after.files)
+            if lost:
+                self.violations.append(
+                    f"pass {self.passes}: batch {batch} (in the commit log after the pass) "
+                    f"needs {lost}, which gc deleted earlier"
+                )
+
+
+def start_driver(
+    ckpt: Path, inputs: Path, output: Path, log: IO[str], until: int
+) -> subprocess.Popen[str]:
+    """The driver runs until it is idle (all input read) with batch `until` committed."""
+    return subprocess.Popen(
+        driver_cmd(
+            "--query", QUERY, "--provider", PROVIDER_OF[ckpt.name], "--checkpoint", str(ckpt),
+            "--input", str(inputs), "--output", str(output), "--until-batch", str(until),
+            "--timeout", "400",
+        ),
+        env=driver_env(), stdout=log, stderr=log, text=True, start_new_session=True,
+    )
+
+
+#: The provider of a case, by its checkpoint directory's name.
+PROVIDER_OF = {f"ckpt-{p}": p for p in CASES}
+
+
+def committed(ckpt: Path) -> int:
+    names = os.listdir(ckpt / "commits") if (ckpt / "commits").is_dir() else []
+    return max((int(n) for n in names if n.isdigit()), default=-1)
+
+
+@pytest.mark.spark
+@pytest.mark.crash
+@pytest.mark.timeout(600)  # a reference run, two driver JVMs, gc passes on a 2-core machine
+@pytest.mark.parametrize("provider", CASES)
+def test_gc_in_a_loop_beside_a_query_killed_and_restarted(
+    reference: Callable[[], list[Row]], tmp_path: Path, provider: str
+) -> None:
+    expected = reference()
+    assert expected
+    rng = random.Random(f"{SEED}-{provider}")
+    kill_after_batch = rng.randint(6, 14)
+    kill_delay = rng.uniform(0.0, 1.0)
+    ckpt, inputs, output = tmp_path / f"ckpt-{provider}", tmp_path / "input", tmp_path / "out"
+    log_path = tmp_path / "driver.log"
+    watch: Watch | None = None
+    written = 0
+    with log_path.open("w") as log:
+        write_inputs(inputs, 0, 1)
+        written = 1
+        driver = start_driver(ckpt, inputs, output, log, 10 * FILES)  # until killed
+        try:
+            # first run: files arrive over time; gc passes once the location exists
+            next_file = 0.0
+            kill_at: float | None = None
+            while True:
+                assert driver.poll() is None, log_path.read_text()[-5000:]
+                now = time.monotonic()
+                # a file at a time, a few ahead of the query: many batches, each with data
+                if written < FILES and now >= next_file and committed(ckpt) >= written - 3:
+                    write_inputs(inputs, written, 1)
+                    written += 1
+                    next_file = now + PACE
+                if kill_at is None and committed(ckpt) >= kill_after_batch:
+                    kill_at = now + kill_delay
+                if kill_at is not None and now >= kill_at:
+                    os.killpg(driver.pid, signal.SIGKILL)
+                    driver.wait()
+                    break
+                if watch is None and committed(ckpt) >= 0:
+                    watch = Watch(str(ckpt), open_spark_checkpoint(str(ckpt)))
+                if watch is not None:
+                    watch.one_pass()
+                else:
+                    time.sleep(0.1)
+            killed_at = committed(ckpt)
+            assert watch is not None and written < FILES, "the driver ended before its kill"
+            # the rest of the input, the driver again on the same checkpoint, gc going on
+            write_inputs(inputs, written, FILES - written)
+            driver = start_driver(ckpt, inputs, output, log, killed_at + 1)
+            while driver.poll() is None:
+                watch.one_pass()
+        finally:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+                driver.wait()
+    tail = log_path.read_text()[-5000:]
+    assert driver.returncode == 0, tail
+    last = json.loads(tail.strip().splitlines()[-1])["last_batch"]
+    print(
+        f"{provider}: killed after batch {killed_at} (chosen {kill_after_batch} + "
+        f"{kill_delay:.2f} s, {written} files written), last batch {last}, "
+        f"{watch.passes} gc passes deleted {watch.deleted} files, {watch.checked_batches} "
+        f"batch checks ({watch.superseded} superseded by a newer snapshot), "
+        f"{watch.spark_deleted} needed files deleted by Spark itself, {watch.spared} passes "
+        f"spared a store (e.g. {watch.spared_example})"
+    )
+    assert not watch.errors, watch.errors
+    assert not watch.violations, watch.violations
+    assert watch.passes > 20 and watch.deleted > 0
+    assert all_rows(output) == expected
+
+    final = open_spark_checkpoint(str(ckpt))
+    report = final.gc(grace_seconds=GRACE)
+    assert report.ok, report.problems
+    assert_no_orphan(final)
+    verified = final.verify()
+    assert verified.ok, verified.problems
+
+
+def assert_no_orphan(location: SparkCheckpointLocation) -> None:
+    """Every state file is needed by a batch in the commit log (its store's version of
+    it, where held), or of a kind gc keeps, or the checksum of such a file."""
+    found = location.scan()
+    needed: set[str] = set()
+    for batch in found.commits:
+        # per store, as gc judges: a store whose version of the batch is held
+        for store in location.restart_needs(found, batch).stores:
+            if store.ok:
+                needed |= set(store.files)
+    assert needed
+    orphans = []
+    for key, name in found.names.items():
+        if not key.startswith("state/") or key in needed or name.kind in KEPT_KINDS:
+            continue
+        while name.kind is Kind.CRC and name.of is not None:  # ``.N_id.zip.crc.crc`` too
+            name = parse(name.of)
+        if name.key in needed or name.kind in KEPT_KINDS:
+            continue
+        orphans.append(key)
+    assert not orphans, orphans
+
+
+def test_a_commit_spark_purges_during_gc_is_not_retained(tmp_path: Path) -> None:
+    """What the loop above found: Spark's retention deleted ``commits/N`` between gc's
+    listing and its read of it, and gc failed ("cannot be read"). Batch N is then no
+    longer one a restart can start from; gc goes on without it."""
+    logs(tmp_path, range(3, 7))
+    hdfs_store(tmp_path, "state/0/0", range(1, 8), {4})
+    old = time.time() - 86_400
+    for path in tmp_path.rglob("*"):
+        os.utime(path, (old, old))
+    location = open_spark_checkpoint(str(tmp_path))
+    read = location.read
+
+    def purged_meanwhile(key: str) -> bytes:
+        if key == "commits/3":
+            (tmp_path / "commits" / "3").unlink()
+            (tmp_path / "offsets" / "3").unlink()
+        return read(key)
+
+    location.read = purged_meanwhile  # type: ignore[method-assign]
+    report = location.gc(grace_seconds=60)
+    assert report.ok and report.oldest_batch == 4 and report.newest_batch == 6
+    # batch 3 (version 4: snapshot 4) was the oldest; 4-6 need snapshot 4 and deltas 5-7
+    left = sorted(p.name for p in (tmp_path / "state/0/0").iterdir() if not p.name.startswith("."))
+    assert left == ["4.snapshot", "5.delta", "6.delta", "7.delta"], left
+
+
+def test_the_temp_file_of_a_version_being_written_is_in_flight() -> None:
+    """What the loop above found at grace 1 s (format v2): a changelog is written into
+    ``.<name>.<uuid>.tmp`` for the whole batch, and gc deleted the temp file of version
+    15 while batch 14 ran (newest committed version 14); the task could not commit and
+    the query failed. A temp file of a version above the newest committed one is
+    protected like the version file, whatever its age; older ones are deletable."""
+    from statehold.cleanup.policy import Verdict
+    from statehold.cleanup.spark_policy import SparkView, judge
+    from statehold.storage.base import FileInfo
+
+    now = time.time()
+    view = SparkView(needed=frozenset(), listed_at=now, now=now, grace=1.0, newest_version=14)
+    tmp = ".{}.changelog.cd126ef3-04a7-4a7e-b405-8d79db8d9755.tmp"
+    for version, verdict in ((15, Verdict.PROTECTED), (14, Verdict.DELETABLE)):
+        for subject in (f"{version}_1c5b1938-e812-41f7-aa4e-7eb565f730ab", str(version)):
+            key = f"state/1/0/{tmp.format(subject)}"
+            assert judge(FileInfo(key, 10, now - 60), parse(key), view) is verdict, key

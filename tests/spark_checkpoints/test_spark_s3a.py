@@ -1,0 +1,190 @@
+"""A checkpoint location Spark itself wrote on S3 through S3A (the moto server): it has
+S3A's directory-marker objects (keys ending in '/') and no ``.crc`` files. Opened as
+``s3://bucket/prefix`` it lists, inspects (the CLI) and verifies; gc deletes planted
+orphans and nothing else; a savepoint S3 -> S3 (server-side copies) and a rollback on S3
+each restart in the driver process with the rest of the input and write what one
+uninterrupted run writes. The marker objects neither break the listing nor get deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statehold.format.spark_layout import Kind, parse
+from statehold.spark_checkpoints import open_spark_checkpoint
+from tests.support.cli_process import statehold_cli
+from tests.support.s3 import S3Server
+from tests.support.spark_checkpoint_queries import (
+    all_rows,
+    driver_cmd,
+    driver_env,
+    read_output,
+    run_query,
+    write_inputs,
+)
+from tests.support.spark_session import spark  # noqa: F401
+
+QUERY, PROVIDER = "window", "rocksdb_changelog"
+FIRST, MORE = 6, 4
+
+
+def s3_client(server: S3Server) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3", endpoint_url=server.endpoint, region_name=server.region,
+        aws_access_key_id=server.access_key_id, aws_secret_access_key=server.secret_access_key,
+    )
+
+
+def s3_keys(server: S3Server, prefix: str) -> set[str]:
+    pages = s3_client(server).get_paginator("list_objects_v2").paginate(
+        Bucket=server.bucket, Prefix=prefix)
+    return {obj["Key"] for page in pages for obj in page.get("Contents", [])}
+
+
+def drive(server: S3Server, checkpoint: str, inputs: Path, output: Path, until: int) -> int:
+    """The driver process on `checkpoint` until it is idle with batch `until` committed."""
+    done = subprocess.run(
+        driver_cmd(
+            "--query", QUERY, "--provider", PROVIDER, "--checkpoint", checkpoint,
+            "--input", str(inputs), "--output", str(output), "--until-batch", str(until),
+            "--s3-endpoint", server.endpoint,
+        ),
+        env=driver_env(server.env), capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    last: int = json.loads(done.stdout.strip().splitlines()[-1])["last_batch"]
+    return last
+
+
+def copy_output(output: Path, dest: Path, up_to: int) -> None:
+    """The sink's batches up to `up_to`: what the sink held when the checkpoint was at it."""
+    dest.mkdir()
+    for batch in read_output(output):
+        if batch <= up_to:
+            shutil.copy(output / f"batch-{batch}.json", dest)
+
+
+def test_directory_markers_are_not_operator_files() -> None:
+    """S3A's markers list as their folder's key (obstore drops the '/'): the operator
+    metadata folders are no file of Spark's, so a savepoint does not try to copy them
+    (it did, and failed: ``state/0/_metadata: no such file``)."""
+    for folder in ("state/0/_metadata", "state/0/_metadata/v2", "state/0/_stateSchema",
+                   "state/0/_stateSchema/default"):
+        assert parse(folder).kind is Kind.UNKNOWN, folder
+    for key in ("state/0/_metadata/metadata", "state/0/_metadata/v2/5",
+                "state/0/_stateSchema/default/0_0f6c8a7e-1d2b-4c3a-9e8f-7a6b5c4d3e2f"):
+        assert parse(key).kind is Kind.OPERATOR_METADATA, key
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)  # a reference run and three driver JVMs with the AWS SDK
+def test_a_checkpoint_spark_wrote_through_s3a(
+    spark: Any,  # noqa: F811
+    s3_server: S3Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.support.infra import provision
+
+    provision.require("hadoop-aws")
+    for name, value in s3_server.env.items():  # for the savepoint's and rollback's targets
+        monkeypatch.setenv(name, value)
+    reference_in = tmp_path / "reference-input"
+    write_inputs(reference_in, 0, FIRST + MORE)
+    run_query(spark, QUERY, PROVIDER, str(tmp_path / "reference-ckpt"), reference_in,
+              tmp_path / "reference-out", 0)
+    expected = all_rows(tmp_path / "reference-out")
+    assert expected
+
+    prefix = f"spark-s3a-{uuid.uuid4().hex[:12]}"
+    bucket = s3_server.bucket
+    inputs, output = tmp_path / "input", tmp_path / "output"
+    write_inputs(inputs, 0, FIRST)
+    stop = drive(s3_server, f"s3a://{bucket}/{prefix}/ckpt", inputs, output, FIRST - 1)
+
+    keys = s3_keys(s3_server, f"{prefix}/ckpt/")
+    markers = {k for k in keys if k.endswith("/")}
+    assert markers, sorted(keys)  # S3A's directory markers
+    assert not [k for k in keys if k.endswith(".crc")]
+    uri = f"s3://{bucket}/{prefix}/ckpt"
+    location = open_spark_checkpoint(uri, **s3_server.options)
+
+    listed = location.listing()
+    assert listed.newest_committed == stop and listed.restart_batch == stop
+    assert listed.stores and all(s.versions for s in listed.stores)
+    inspected = statehold_cli("inspect", uri, "--json")
+    assert inspected.code == 0, inspected.err
+    assert json.loads("\n".join(inspected.out))["restart_batch"] == stop
+    verified = location.verify()
+    assert verified.ok, verified.problems
+    assert verified.files_checked > 0
+
+    # gc: orphans planted (before the listing starts: S3 cannot backdate an mtime)
+    client = s3_client(s3_server)
+    store = f"{prefix}/ckpt/state/0/0"
+    orphans = [
+        f"{store}/SSTs/000999-{uuid.uuid4()}.sst",
+        f"{store}/logs/000999-{uuid.uuid4()}.log",
+        f"{prefix}/ckpt/commits/.{stop}.{uuid.uuid4()}.tmp",
+    ]
+    for key in orphans:
+        client.put_object(Bucket=bucket, Key=key, Body=b"orphan")
+    foreign = f"{prefix}/ckpt/notes.txt"
+    client.put_object(Bucket=bucket, Key=foreign, Body=b"not Spark's")
+    time.sleep(1.5)  # S3's mtimes have whole seconds: strictly before the listing
+    before = s3_keys(s3_server, f"{prefix}/ckpt/")
+    found = location.scan()
+    needed = {
+        f"{prefix}/ckpt/{k}" for b in found.commits for k in location.restart_needs(found, b).files
+    }
+    report = location.gc(grace_seconds=0)
+    assert report.ok, report.problems
+    after = s3_keys(s3_server, f"{prefix}/ckpt/")
+    gone = before - after
+    # the planted orphans, and any Spark left itself (an SST of an interrupted upload)
+    assert set(orphans) <= gone and not gone & needed, sorted(gone)
+    assert all("/state/" in k for k in gone - set(orphans)), sorted(gone)
+    assert markers <= after and foreign in after
+    # the markers are listed (as the key of their directory, '' for the location's own)
+    # and mostly reported as foreign (``state/0/_metadata`` reads as operator metadata,
+    # which gc keeps): never deleted
+    marker_keys = {m[len(f"{prefix}/ckpt/"):].rstrip("/") for m in markers}
+    assert "notes.txt" in report.foreign_keys
+    assert set(report.foreign_keys) - {"notes.txt"} <= marker_keys, report.foreign_keys
+    assert open_spark_checkpoint(uri, **s3_server.options).verify().ok
+
+    # savepoint S3 -> S3, restarted by the driver with the rest of the input
+    saved = location.savepoint(f"s3://{bucket}/{prefix}/savepoint")
+    assert saved.batch == stop
+    assert s3_keys(s3_server, f"{prefix}/ckpt/") == after  # the source is only read
+    assert open_spark_checkpoint(f"s3://{bucket}/{prefix}/savepoint").verify().ok
+    write_inputs(inputs, FIRST, MORE)
+    from_savepoint = tmp_path / "from-savepoint"
+    copy_output(output, from_savepoint, stop)
+    drive(s3_server, f"s3a://{bucket}/{prefix}/savepoint", inputs, from_savepoint, stop + 1)
+    assert all_rows(from_savepoint) == expected
+
+    # rollback on S3 to an older batch, then the rerun
+    older = [b.batch for b in listed.batches if b.restartable and b.batch < stop]
+    assert older, listed.batches
+    to = min(older)
+    rolled = location.rollback(to, keep=f"s3://{bucket}/{prefix}/kept", grace_seconds=0)
+    assert rolled.to_batch == to
+    assert markers <= s3_keys(s3_server, f"{prefix}/ckpt/")
+    after_rollback = open_spark_checkpoint(uri, **s3_server.options).listing()
+    assert after_rollback.newest_committed == to and after_rollback.restart_batch == to
+    rerun = tmp_path / "rerun"
+    copy_output(output, rerun, to)
+    drive(s3_server, f"s3a://{bucket}/{prefix}/ckpt", inputs, rerun, to + 1)
+    assert all_rows(rerun) == expected
+    assert open_spark_checkpoint(uri, **s3_server.options).verify().ok
