@@ -218,3 +218,14 @@ def test_a_typed_changelog_ends_with_a_record_type_of_zero() -> None:
     assert check_stream(iter([lz4_stream(typed)]), "1.changelog") is not None
     with pytest.raises(SparkCheckpointError, match="do not end"):
         check_stream(iter([lz4_stream(typed[:-1])]), "1.changelog")
+
+
+def test_a_zip_rewritten_under_its_name_is_read_again(tmp_path: Path) -> None:
+    """A rerun after a rollback rewrites ``N.zip`` under the same name: a location opened
+    once reads it afresh at its next listing."""
+    ssts = changelog_checkpoint(tmp_path)
+    location = open_spark_checkpoint(str(tmp_path))
+    assert location.verify().ok
+    write(tmp_path, f"{STORE}/5.zip", snapshot_zip({ssts[5][0]: 100, "000777-new.sst": 7}))
+    [problem] = [p.path for p in location.verify().problems]
+    assert problem == f"{STORE}/SSTs/000777-new.sst"

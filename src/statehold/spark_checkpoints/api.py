@@ -57,10 +57,13 @@ class SparkCheckpointLocation(SparkCheckpoint):
         """Delete what no batch Spark may still restart from needs; safe beside the query."""
         return gc(self, dry_run=dry_run, grace_seconds=grace_seconds)
 
-    def savepoint(self, dest: str, *, batch: int | None = None) -> SavepointReport:
+    def savepoint(
+        self, dest: str, *, batch: int | None = None, **dest_options: Any
+    ) -> SavepointReport:
         """A new checkpoint location at `dest` with exactly what a restart after `batch`
-        needs; a query started on it continues from the next batch."""
-        return savepoint(self, dest, batch=batch)
+        needs; a query started on it continues from the next batch. `dest_options`: the
+        destination's storage options (as `open_spark_checkpoint`'s)."""
+        return savepoint(self, dest, batch=batch, dest_options=dest_options or None)
 
     def rollback(
         self,
@@ -70,11 +73,14 @@ class SparkCheckpointLocation(SparkCheckpoint):
         force: bool = False,
         sink: str | None = None,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        **storage_options: Any,
     ) -> RollbackReport:
         """The next start reprocesses from `to_batch` + 1 with state as of `to_batch`;
-        what is removed is kept first as a savepoint (`keep`)."""
+        what is removed is kept first as a savepoint (`keep`). `storage_options`: those of
+        `keep` and `sink`."""
         return rollback(
-            self, to_batch, keep=keep, force=force, sink=sink, grace_seconds=grace_seconds
+            self, to_batch, keep=keep, force=force, sink=sink, grace_seconds=grace_seconds,
+            storage_options=storage_options or None,
         )
 
     def absolute_paths(self, sink: str | None = None) -> list[BoundPath]:

@@ -123,6 +123,7 @@ def gc(
     nothing, for a commit log it cannot read (an unknown version); SparkGcInterruptedError
     if the query was rolled back while it deleted."""
     storage = checkpoint.storage
+    checkpoint.forget_reads()  # a zip read before this listing may have been rewritten
     found, bulk = _list(storage)
     report = SparkGcReport(uri=checkpoint.uri, dry_run=dry_run)
     report.listed = len(found.files) + sum(len(d.names) for d in bulk.values())

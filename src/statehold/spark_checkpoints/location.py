@@ -114,7 +114,14 @@ class SparkCheckpoint:
         return lineage(checked.head, key) if checked else None
 
     def scan(self) -> Scan:
+        """A new listing; what was read before it is read again when asked (a rerun can
+        rewrite ``N.zip`` under the same name)."""
+        self.forget_reads()
         return scan(self.storage)
+
+    def forget_reads(self) -> None:
+        self._zip_files.cache_clear()
+        self._lineage.cache_clear()
 
     # -- what a restart needs --------------------------------------------------------------
     def conf(self, found: Scan) -> dict[str, str]:
