@@ -64,3 +64,18 @@ def test_a_commit_log_gone_back_stops_gc(tmp_path: Path) -> None:
         gc(location, grace_seconds=60, batch_size=1)
     left = sorted(p.name for p in (tmp_path / STORE).glob("*.delta"))
     assert len(left) == 6  # one delete went through, then gc stopped
+
+
+def test_a_commit_written_during_the_listing_puts_its_state_in_flight(tmp_path: Path) -> None:
+    """The listing is in no order: it may see commits/7, written while it ran, and not
+    the state batch 7 wrote before it. That state is in flight for this pass, not a
+    store with a missing version (which would spare the store and report a problem)."""
+    old_checkpoint(tmp_path)
+    write(tmp_path, "offsets/7", (tmp_path / "offsets" / "6").read_text())
+    commit = write(tmp_path, "commits/7", 'v1\n{"nextBatchWatermarkMs":0}')
+    future = time.time() + 3600  # "written after the listing began"
+    os.utime(commit, (future, future))
+    report = open_spark_checkpoint(str(tmp_path)).gc(grace_seconds=60)
+    assert report.problems == [] and report.newest_batch == 6
+    assert not (tmp_path / STORE / "1.delta").exists()  # the pass still collects
+    assert (tmp_path / STORE / "7.delta").exists()

@@ -194,10 +194,14 @@ def _list(storage: Storage) -> tuple[Scan, dict[str, _Dir]]:
 def _read_commits(checkpoint: SparkCheckpoint, found: Scan) -> dict[int, Commit]:
     """The listed commits. One Spark purged since the listing (its retention deletes the
     oldest beside a running query) is no longer a batch a restart can start from: left
-    out. The newest gone (a rollback), or one that is there but unreadable, raises."""
+    out. The newest gone (a rollback), or one that is there but unreadable, raises. One
+    written while the listing ran is left out too: the listing (in no particular order)
+    may not hold the state its batch wrote, which is then in flight for this pass."""
     commits: dict[int, Commit] = {}
     newest = max(found.commits, default=None)
     for batch in sorted(found.commits):
+        if found.files[found.commits[batch]].mtime >= found.started_at:
+            continue
         try:
             commits[batch] = checkpoint.commit(batch)
         except SparkCheckpointError:
