@@ -361,7 +361,11 @@ def test_gc_removes_planted_orphans_and_the_query_restarts_from_what_it_kept(
     assert not (ckpt / "commits" / "0").exists(), "batch 0 is still retained"
     needs = needs_of_restartable(ckpt)
     doomed, stale = plant_orphans(ckpt, provider)
-    assert stale, f"no free version below those retained: {sorted(versions_held(ckpt))}"
+    # A stale version file needs a free version below every retained one's snapshot; a
+    # store whose retained versions all replay from an empty store (no snapshot made
+    # yet: it depends on when Spark's maintenance ran) has none.
+    room = all(base > 1 for base in versions_held(ckpt).values())
+    assert stale or not room, f"no stale file planted: {sorted(versions_held(ckpt).items())}"
     assert needs_of_restartable(ckpt) == needs, "a planted file made a batch restartable"
     before = listing(ckpt)
 
