@@ -75,7 +75,7 @@ MODULE_NEEDS = {
     "test_object_stores": ("azurite",),
     "test_kafka": ("kafka-broker", "spark-kafka", "hadoop-aws"),
     "test_s3a": ("hadoop-aws",),
-    "test_spark_checkpoint_queries": ("hadoop-aws",),
+    "test_spark_s3a": ("hadoop-aws",),
     "test_webview": ("chromium",),
     "test_spark_webview": ("chromium",),
 }

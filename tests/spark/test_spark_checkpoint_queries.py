@@ -6,15 +6,13 @@ their interventions must keep this equality.
 
 The full matrix runs (23 pairs on PySpark 4, 12 on 3.5; about 2 minutes on 2 cores): the
 reference run of each query is shared by its layouts, whose output does not depend on the
-state store. One more test (under a minute) runs the driver process twice with its
-checkpoint on S3 (s3a, the moto server).
+state store. The driver process with its checkpoint on S3 through S3A is tested in
+tests/spark_checkpoints/test_spark_s3a.py.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,8 +25,6 @@ from tests.support.spark_checkpoint_queries import (
     QueryFailed,
     Row,
     all_rows,
-    driver_cmd,
-    driver_env,
     read_output,
     run_query,
     unsupported,
@@ -100,54 +96,3 @@ def test_transform_with_state_on_hdfs_is_refused(
     with pytest.raises(QueryFailed, match="STORE_BACKEND_NOT_SUPPORTED_FOR_TWS"):
         run_query(spark, "transform", "hdfs", str(tmp_path / "ckpt"), tmp_path / "input",
                   tmp_path / "output", 0, timeout=120)
-
-
-def s3_keys(server: Any, prefix: str) -> list[str]:
-    import boto3
-
-    client = boto3.client(
-        "s3", endpoint_url=server.endpoint, region_name=server.region,
-        aws_access_key_id=server.access_key_id, aws_secret_access_key=server.secret_access_key,
-    )
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=server.bucket, Prefix=prefix)
-    return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
-
-
-@pytest.mark.timeout(900)  # two driver processes, each a JVM with the AWS SDK
-def test_driver_process_with_its_checkpoint_on_s3(
-    reference: Callable[[str], list[Row]],
-    s3_server: Any,
-    tmp_path: Path,
-) -> None:
-    from tests.support.infra import provision
-
-    provision.require("hadoop-aws")
-    query, provider = "window", "rocksdb_changelog"
-    prefix = f"spark-queries-{tmp_path.name}"
-    checkpoint = f"s3a://{s3_server.bucket}/{prefix}/ckpt"
-    inputs, output = tmp_path / "input", tmp_path / "output"
-
-    def drive(until: int) -> int:
-        done = subprocess.run(
-            driver_cmd(
-                "--query", query, "--provider", provider, "--checkpoint", checkpoint,
-                "--input", str(inputs), "--output", str(output), "--until-batch", str(until),
-                "--s3-endpoint", s3_server.endpoint,
-            ),
-            env=driver_env(s3_server.env), capture_output=True, text=True, timeout=600,
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-        last: int = json.loads(done.stdout.strip().splitlines()[-1])["last_batch"]
-        return last
-
-    write_inputs(inputs, 0, FIRST)
-    first_stop = drive(FIRST - 1)
-    write_inputs(inputs, FIRST, MORE)
-    last = drive(first_stop + MORE)
-    check_batches(output, first_stop, last)
-    assert all_rows(output) == reference(query)
-    keys = s3_keys(s3_server, f"{prefix}/ckpt/")
-    assert f"{prefix}/ckpt/commits/{last}" in keys
-    stores = [k for k in keys if "/state/0/" in k]
-    assert any(k.endswith(".changelog") for k in stores), stores
-    assert not list(tmp_path.glob("s3a*"))  # nothing went to a local "s3a:" folder
