@@ -33,7 +33,7 @@ from tests.support.spark_checkpoint_queries import (
 from tests.support.spark_session import spark  # noqa: F401
 
 QUERY, PROVIDER = "window", "rocksdb_changelog"
-FIRST, MORE = 5, 3
+FIRST, MORE = 6, 4
 
 
 def s3_client(server: S3Server) -> Any:
