@@ -249,10 +249,7 @@ def _needed(
                     f"{store}: the newest committed batch's version is not held"
                 )
         except SparkCheckpointError as e:
-            spared.add(store)
-            line = f"{store}: spared, nothing in it deleted ({e})"
-            report.spared_stores.append(line)
-            report.problems.append(line)
+            _spare(report, spared, store, e)
             continue
         if unheld:
             report.notes.append(
@@ -261,6 +258,16 @@ def _needed(
             )
         needed |= mine
     return needed, spared
+
+
+def _spare(
+    report: SparkGcReport, spared: set[StoreId], store: StoreId, why: SparkCheckpointError
+) -> None:
+    """Nothing in `store` is deleted this pass; the report says why, in one line."""
+    spared.add(store)
+    line = f"{store}: spared, nothing in it deleted ({why})"
+    report.spared_stores.append(line)
+    report.problems.append(line)
 
 
 def _keep_what_kept_zips_list(
@@ -282,10 +289,7 @@ def _keep_what_kept_zips_list(
             try:
                 listed = checkpoint.zip_files(info.key)
             except SparkCheckpointError as e:
-                spared.add(store)
-                line = f"{store}: spared, nothing in it deleted ({e})"
-                report.spared_stores.append(line)
-                report.problems.append(line)
+                _spare(report, spared, store, e)
                 break
             extra.update(f"{store.prefix}/{rel}" for rel in listed)
     if not extra and spared == view.spared:
