@@ -5,6 +5,9 @@
              .foreachBatch(job.foreach_batch(fn, "key string, total long", sink=write))
              .option("checkpointLocation", job.spark_checkpoint_location)
              .start())
+
+`StatefulJob` is the entry point: `run_batch` for one batch, `foreach_batch` for
+Structured Streaming, `transform_with_state` for a `statehold.processor.StatefulProcessor`.
 """
 
 from statehold.spark.api import (
