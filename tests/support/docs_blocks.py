@@ -20,8 +20,9 @@ from pathlib import Path
 
 #: A marked block: the fence's classes, then its body up to the closing fence.
 MARKED = re.compile(r"^```\{\.(?P<lang>python|bash) \.runs\}\n(?P<code>.*?)^```$", re.M | re.S)
-#: Any fence whose info string mentions "runs" (to catch a misspelt marker).
-MENTIONS_RUNS = re.compile(r"^\s*```[^\n]*\bruns\b[^\n]*$", re.M)
+#: Any fence whose info string mentions "runs" (to catch a misspelt marker; an info string
+#: never holds a backtick, so inline code quoting a fence is not one).
+MENTIONS_RUNS = re.compile(r"^\s*```[^`\n]*\bruns\b[^`\n]*$", re.M)
 
 
 @dataclass(frozen=True)
