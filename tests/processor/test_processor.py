@@ -12,7 +12,6 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from pyspark.sql.streaming import StatefulProcessor as SparkProcessor
 
 from statehold.backend.state import TIMERS_NAME
 from statehold.processor import (
@@ -23,6 +22,7 @@ from statehold.processor import (
 )
 from statehold.spark import StatefulJob, iter_state
 from tests.support import spark_session
+from tests.support.spark_versions import SparkProcessor, needs_transform_with_state
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture
@@ -143,6 +143,7 @@ class SparkCounter(SparkProcessor):  # type: ignore[misc]
         pass
 
 
+@needs_transform_with_state
 def test_spark_style_processor_runs_unchanged(spark: Any, tmp_path: Path) -> None:
     schema = "user string, total long, pages long, log long"
     with StatefulJob(spark, str(tmp_path), "spark", max_parallelism=8, parallelism=2) as job:

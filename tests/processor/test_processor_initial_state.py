@@ -9,20 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import pytest
-from pyspark.sql.streaming.stateful_processor import (
-    StatefulProcessor,
-    StatefulProcessorHandle,
-    TimerValues,
-)
 
 from statehold import processor as sh
 from statehold.spark import StatefulJob, replace_output
 from tests.support import spark_session
 from tests.support.spark_queries import rocksdb_session, run_query, write_batch
+from tests.support.spark_versions import SparkProcessor, needs_transform_with_state
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.stateful_processor import (
+        StatefulProcessorHandle,
+        TimerValues,
+    )
 
 pytestmark = pytest.mark.spark
 spark = spark_session.spark  # the shared session fixture
@@ -32,7 +34,7 @@ INITIAL = [("a", 10), ("b", 5), ("b", 7), ("c", 100)]  # c: only in the initial 
 BATCHES = [["a", "a", "d"], ["a", "b", "c", "d"]]
 
 
-class SeededCount(StatefulProcessor):
+class SeededCount(SparkProcessor):  # type: ignore[misc]
     """Events per user, starting from the initial state's sum for the user."""
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -100,6 +102,7 @@ def run_statehold(spark: Any, work: Path) -> list[tuple[str, int]]:
     return sorted((r[0], r[1]) for r in rows)
 
 
+@needs_transform_with_state
 def test_initial_state_matches_spark(spark: Any, tmp_path: Path) -> None:
     expected = reference()
     assert ("c", 101) in expected and ("b", 13) in expected  # initial-only key; two rows

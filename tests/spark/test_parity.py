@@ -9,22 +9,24 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import pytest
 from pyspark.sql import functions as F
-from pyspark.sql.streaming.stateful_processor import (
-    ExpiredTimerInfo,
-    StatefulProcessor,
-    StatefulProcessorHandle,
-    TimerValues,
-)
 
 from tests.support import spark_session
 from tests.support.spark_queries import rocksdb_session, run_query, write_batch
+from tests.support.spark_versions import SparkProcessor, needs_transform_with_state
 
-pytestmark = pytest.mark.spark
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.stateful_processor import (
+        ExpiredTimerInfo,
+        StatefulProcessorHandle,
+        TimerValues,
+    )
+
+pytestmark = [pytest.mark.spark, needs_transform_with_state]
 spark = spark_session.spark  # the shared session fixture
 
 GAP = 60  # seconds of silence that close a session
@@ -39,7 +41,7 @@ LONG_TTL_MS = 3_600_000  # "L" ids are remembered through the test
 # -- the processors, as a Spark user writes them ------------------------------------------------
 
 
-class Sessions(StatefulProcessor):
+class Sessions(SparkProcessor):  # type: ignore[misc]
     """A user's session: its first and last event time, its event count and pages (typed
     state: timestamps and an array). It closes when the watermark passes last + GAP."""
 
@@ -104,7 +106,7 @@ def _sessions(user: str, sessions: list[Any]) -> pd.DataFrame:
     })
 
 
-class Dedup(StatefulProcessor):
+class Dedup(SparkProcessor):  # type: ignore[misc]
     """The first row of each id; "S" ids are remembered SHORT_TTL_MS, "L" ids LONG_TTL_MS."""
 
     def init(self, handle: StatefulProcessorHandle) -> None:
