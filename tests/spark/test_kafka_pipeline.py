@@ -74,22 +74,15 @@ def test_kill_driver_kafka_s3_zookeeper(
     check_exact(kafka_broker, topic, 2 * PER_BATCH + 30, job, output, tmp_path)
 
 
-def _newest_pyspark() -> bool:
-    import pyspark
-
-    return int(pyspark.__version__.split(".")[0]) >= 4
-
-
-@pytest.mark.skipif(_newest_pyspark(), reason="PySpark 3.5 only (.ci/spark-oldest): on 4.x "
-                    "the Kafka tests above and test_s3a_relocate run the same path")
 @pytest.mark.timeout(900)
 def test_kafka_to_end_exact_local(
     kafka_broker: KafkaBroker,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    """The Kafka pipeline on the oldest PySpark (.ci/spark-oldest), as cheaply as it goes:
+    """The Kafka pipeline without kills, as cheaply as it goes (the one Kafka test of the
+    older PySparks, .ci/spark-matrix, where the kill tests above do not run):
     one driver reads the topic to its end in two batches, job directory on local disk
-    (embedded HA, spark-sql-kafka of the 3.5 line the only jars, Scala 2.12); output and
+    (embedded HA, spark-sql-kafka of the running Spark the only jars); output and
     state exact against the records read back from the broker, storage listed after."""
     topic = new_topic(kafka_broker, "plain")
     produced = PER_BATCH + PER_BATCH // 2

@@ -4,6 +4,14 @@ S3A's directory-marker objects (keys ending in '/') and no ``.crc`` files. Opene
 orphans and nothing else; a savepoint S3 -> S3 (server-side copies) and a rollback on S3
 each restart in the driver process with the rest of the input and write what one
 uninterrupted run writes. The marker objects neither break the listing nor get deleted.
+
+The query keeps its state in Spark's HDFS-backed store, whose files go up through S3A's
+output streams. Spark's RocksDB store uploads its snapshot files as whole local files, and
+those uploads fail against the moto server here: the AWS SDK sends them with
+``Expect: 100-continue`` and reads the server's interim ``100 Continue`` as the final answer
+(``S3Exception: Status Code: 100``), then retries with backoff for minutes and gives up,
+leaving half-written snapshot files behind. Real S3 answers as the SDK expects; RocksDB
+checkpoints are covered on local files by the other tests of this package.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from tests.support.spark_checkpoint_queries import (
 )
 from tests.support.spark_session import spark  # noqa: F401
 
-QUERY, PROVIDER = "window", "rocksdb_changelog"
+QUERY, PROVIDER = "window", "hdfs"
 FIRST, MORE = 6, 4
 
 
@@ -87,7 +95,7 @@ def test_directory_markers_are_not_operator_files() -> None:
 
 
 @pytest.mark.spark
-@pytest.mark.timeout(900)  # a reference run and three driver JVMs with the AWS SDK
+@pytest.mark.timeout(900)  # a reference run and three driver JVMs with the AWS SDK (~1 min each)
 def test_a_checkpoint_spark_wrote_through_s3a(
     spark: Any,  # noqa: F811
     s3_server: S3Server,
@@ -133,8 +141,7 @@ def test_a_checkpoint_spark_wrote_through_s3a(
     client = s3_client(s3_server)
     store = f"{prefix}/ckpt/state/0/0"
     orphans = [
-        f"{store}/SSTs/000999-{uuid.uuid4()}.sst",
-        f"{store}/logs/000999-{uuid.uuid4()}.log",
+        f"{store}/.{stop + 1}.delta.{uuid.uuid4()}.tmp",
         f"{prefix}/ckpt/commits/.{stop}.{uuid.uuid4()}.tmp",
     ]
     for key in orphans:
@@ -151,9 +158,8 @@ def test_a_checkpoint_spark_wrote_through_s3a(
     assert report.ok, report.problems
     after = s3_keys(s3_server, f"{prefix}/ckpt/")
     gone = before - after
-    # the planted orphans, and any Spark left itself (an SST of an interrupted upload)
-    assert set(orphans) <= gone and not gone & needed, sorted(gone)
-    assert all("/state/" in k for k in gone - set(orphans)), sorted(gone)
+    # the planted orphans and nothing else (the HDFS store leaves no file of its own)
+    assert gone == set(orphans) and not gone & needed, sorted(gone)
     assert markers <= after and foreign in after
     # the markers are listed (as the key of their directory, '' for the location's own)
     # and mostly reported as foreign (``state/0/_metadata`` reads as operator metadata,
