@@ -32,8 +32,6 @@ from statehold.errors import StateholdError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from statehold.spark.job import StatefulJob
-
 #: Rows of the query that measures a Connect server's default parallelism: enough for
 #: every one of up to this many partitions to get one.
 _PROBE_ROWS = 1 << 16
@@ -90,10 +88,10 @@ class JobConfig:
     on_phase: Callable[[str, int], None] | None
     history: int
 
-    def open(self, spark: SparkSession) -> StatefulJob:
-        from statehold.spark.job import StatefulJob
-
-        job = StatefulJob(
+    def open(self, job_class: Callable[..., Any], spark: SparkSession) -> Any:
+        """The job in this process: ``job_class`` is `StatefulJob` (handed over by it, as
+        this module does not import the job it serves)."""
+        job = job_class(
             spark, self.checkpoints, self.job_id, max_parallelism=self.max_parallelism,
             parallelism=self.parallelism, retain=self.retain,
             storage_options=self.storage_options, operator=self.operator,
@@ -106,7 +104,7 @@ class JobConfig:
 
 
 #: The jobs `RemoteBatches` opened in this process, and their batch functions, by token.
-_OPENED: dict[str, tuple[StatefulJob, Callable[[DataFrame, int], None]]] = {}
+_OPENED: dict[str, tuple[Any, Callable[[DataFrame, int], None]]] = {}
 _OPENING = threading.Lock()
 
 
@@ -117,6 +115,8 @@ class RemoteBatches:
     data and the user's own picklable functions."""
 
     config: JobConfig
+    #: `StatefulJob` (pickled by reference)
+    job_class: Callable[..., Any]
     process: Any
     output_schema: Any
     options: Mapping[str, Any]
@@ -131,7 +131,7 @@ class RemoteBatches:
         with _OPENING:
             opened = _OPENED.get(self.token)
             if opened is None:
-                job = self.config.open(spark)
+                job = self.config.open(self.job_class, spark)
                 run = job.foreach_batch(self.process, self.output_schema, **self.options)
                 opened = _OPENED[self.token] = (job, run)
                 atexit.register(job.close)

@@ -435,7 +435,7 @@ class StatefulJob:
             history=self.history,
         )
         self._batches_remote = True
-        return RemoteBatches(config, process, output_schema, options)
+        return RemoteBatches(config, type(self), process, output_schema, options)
 
     def _processor_batches(
         self,
