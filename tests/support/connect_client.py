@@ -3,7 +3,7 @@
 
     PYTHONPATH=src:. python -m tests.support.connect_client api URL ROOT RESULT_JSON
     PYTHONPATH=src:. python -m tests.support.connect_client stream URL INPUT OUTPUT ROOT
-        [--pause-at N --mark PATH]
+        [--pause-at N --mark PATH] [--processor]
 
 A process of its own because a Connect session switches PySpark's module functions into
 Connect mode for the whole process (``SPARK_CONNECT_MODE_ENABLED``), which a test process
@@ -15,7 +15,8 @@ what they gave, and the one-line refusals of what cannot work, to RESULT_JSON. `
 runs the keyed totals as a Structured Streaming query through ``foreachBatch`` (one
 input file per micro-batch, ``availableNow``) until the input is done; with
 ``--pause-at N`` the server-side batch N pauses after its sink wrote, once (the MARK file
-says so), for the test to kill the server there.
+says so), for the test to kill the server there. With ``--processor`` the query runs the
+`Count` processor instead.
 """
 
 from __future__ import annotations
@@ -160,7 +161,11 @@ def stream(spark: Any, args: argparse.Namespace) -> None:
                       on_phase=hook)
     rows = (spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
             .json(args.input))
-    run = job.foreach_batch(totals, OUT, sink=replace_output(args.output), order_by=["seq"])
+    if args.processor:
+        run = job.foreach_batch(Count(), COUNT_OUT, sink=replace_output(args.output))
+    else:
+        run = job.foreach_batch(totals, OUT, sink=replace_output(args.output),
+                                order_by=["seq"])
     query = (rows.writeStream.foreachBatch(run)
              .option("checkpointLocation", job.spark_checkpoint_location)
              .trigger(availableNow=True).start())
@@ -194,6 +199,7 @@ def main(argv: list[str]) -> int:
     s.add_argument("root")
     s.add_argument("--pause-at", type=int)
     s.add_argument("--mark")
+    s.add_argument("--processor", action="store_true", help="the Count processor instead")
     args = p.parse_args(argv)
 
     from pyspark.sql import SparkSession
