@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,24 @@ def test_connect_refuses_in_one_line(api_run: tuple[dict[str, Any], Path]) -> No
     assert "statehold gc` without --spark" in refused["gc_on_spark"]
     assert refused["foreach_batch_with_metrics"].startswith(
         "ConnectUnsupportedError: metrics_port with foreach_batch ")
+
+
+def test_connect_gc_spark_cli_refuses(
+    connect_server: ConnectServer, api_run: tuple[dict[str, Any], Path]
+) -> None:
+    """``statehold gc --spark`` given a Connect session (SPARK_REMOTE): one line, no gc."""
+    job_dir = api_run[1] / "api"
+    before = sorted(str(p) for p in job_dir.rglob("*"))
+    done = subprocess.run(
+        [sys.executable, "-m", "statehold", "gc", "--spark", str(job_dir)],
+        env={**client_env(), "SPARK_REMOTE": connect_server.url}, capture_output=True,
+        text=True, timeout=CLIENT_TIMEOUT, stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode != 0, done.stdout
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert "gc --spark does not work under Spark Connect" in lines[0]
+    assert sorted(str(p) for p in job_dir.rglob("*")) == before
 
 
 def _output(folder: Path) -> dict[int, dict[str, Any]]:
