@@ -64,6 +64,7 @@ def storage(storage_factory: StorageFactory) -> Storage:
 #: Fixture names, and what the tests that use them need installed.
 FIXTURE_NEEDS = {
     "spark": ("java",),
+    "connect_server": ("java",),
     "zk_server": ("zookeeper",),
     "azurite_server": ("azurite",),
     "kafka_broker": ("kafka-broker", "spark-kafka"),

@@ -39,6 +39,7 @@ from statehold.errors import StateholdError
 from statehold.format import layout
 from statehold.ha.base import FencedError
 from statehold.job.directory import JobDirectory, open_job
+from statehold.spark.connect import is_connect, refuse
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -221,6 +222,11 @@ def gc_on_spark(
     module docstring). `location` must be reachable from the executors under the same
     name (a shared filesystem path or an object store URI). `splits`: key ranges per big
     data directory (default: twice the cluster's parallelism, at most `MAX_SPLITS`)."""
+    if is_connect(spark):
+        raise refuse(
+            "gc --spark", "its tasks are RDD tasks, and a Connect session has no SparkContext; "
+            "run `statehold gc` without --spark (the same gc, listed and deleted locally)",
+        )
     if splits is None:
         splits = min(MAX_SPLITS, 2 * spark.sparkContext.defaultParallelism)
     with open_job(location, ha, **storage_options) as job:

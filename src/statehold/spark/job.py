@@ -32,6 +32,13 @@ from statehold.spark.api import (
 )
 from statehold.spark.batch import BatchRequest, BatchResult
 from statehold.spark.checkpoint_run import Checkpointing, ReplayCheck, now_ms, run_checkpoint
+from statehold.spark.connect import (
+    JobConfig,
+    RemoteBatches,
+    default_parallelism,
+    is_connect,
+    refuse,
+)
 from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdProgressListener
 from statehold.spark.session import SchemaParser, spark_checkpoint_location
 from statehold.spark.staging import JobSettings, KeptOutput
@@ -85,9 +92,7 @@ class StatefulJob:
         self.spark = spark
         self.job_id = job_id
         self.max_parallelism = max_parallelism
-        self.parallelism = parallelism or min(
-            spark.sparkContext.defaultParallelism, max_parallelism
-        )
+        self.parallelism = parallelism or min(default_parallelism(spark), max_parallelism)
         if not 1 <= self.parallelism <= max_parallelism:
             raise InvalidArgumentError(f"parallelism must be in 1..{max_parallelism}")
         self.retain = retain
@@ -102,6 +107,11 @@ class StatefulJob:
         self.storage: Storage = root.child(job_id)
         self._ha = ha
         self._coordinator: CheckpointCoordinator | None = None
+        #: Spark Connect: set once `foreach_batch` handed the batches to the server's
+        #: foreachBatch process (statehold.spark.connect); set there on the job it opens.
+        self._batches_remote = False
+        self._batches_here = False
+        self._checkpoints = checkpoints
         self._kept = KeptOutput()
         self._schemas = SchemaParser(spark)
         #: A checkpoint, savepoint or job directory of another job to start from (used
@@ -141,6 +151,13 @@ class StatefulJob:
     def coordinator(self) -> CheckpointCoordinator:
         """The attempt's coordinator, started on first use (claims a new epoch)."""
         if self._coordinator is None:
+            if self._batches_remote:
+                raise refuse(
+                    f"job {self.job_id}'s own attempt on the client after foreach_batch",
+                    "its batches run in the Connect server's foreachBatch process, and a "
+                    "second attempt would fence them; stop the query, then open a new "
+                    "StatefulJob (or use the statehold CLI)",
+                )
             # `ha`: a store, a URI ("embedded", "zookeeper://host:port/path"), or None: the
             # one the job directory records (embedded for a new job).
             job = open_job(self.storage, self._ha, job_id=self.job_id, create=True)
@@ -295,7 +312,17 @@ class StatefulJob:
         ``late_rows``, ``initial_state``, ``initial_state_key``) and of
         `statehold.spark.streaming.ProcessorBatches` (``no_data_batches``,
         ``input_schema``); batches that only fire timers take checkpoint ids too, so
-        checkpoint ids are no longer Spark's batch ids (see that module)."""
+        checkpoint ids are no longer Spark's batch ids (see that module).
+
+        Under Spark Connect it returns a `statehold.spark.connect.RemoteBatches`: the
+        batches run in a Python process beside the server, which opens the job itself;
+        `process`, `sink`, `on_batch` and ``on_phase`` are pickled and run there."""
+        if is_connect(self.spark) and not self._batches_here:
+            return self._remote_batches(
+                process, output_schema,
+                dict(sink=sink, key=key, order_by=order_by, input_format=input_format,
+                     vectorized=vectorized, on_batch=on_batch, **processor_options),
+            )
         if is_processor(process):
             return self._processor_batches(
                 process, output_schema, on_batch,
@@ -327,6 +354,12 @@ class StatefulJob:
         """A Spark `StreamingQueryListener` calling ``callback(progress, record)`` with
         Spark's progress of each micro-batch and statehold's history record of it
         (statehold.spark.progress says why not inside Spark's progress itself)."""
+        if is_connect(self.spark):
+            raise refuse(
+                "progress_listener",
+                "the batches' records are made in the server's foreachBatch process, not "
+                "in the client; read them from the job's history (statehold history)",
+            )
         return StateholdProgressListener(self.recent, callback)
 
     def savepoint(self, name: str) -> CheckpointMetadata:
@@ -365,7 +398,45 @@ class StatefulJob:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def use_session(self, spark: SparkSession) -> None:
+        """Run the next batches with `spark` (under Connect, the server's foreachBatch
+        process may be handed a new session per batch)."""
+        self.spark = spark
+        self._schemas.spark = spark
+
     # -- internals -------------------------------------------------------------------------
+    def _remote_batches(
+        self, process: Any, output_schema: StructType | str, options: dict[str, Any]
+    ) -> RemoteBatches:
+        """`foreach_batch` under Spark Connect (statehold.spark.connect): this job's
+        settings, refusing what cannot travel to the server's process."""
+        if self._coordinator is not None:
+            raise refuse(
+                "foreach_batch on a job that already started its attempt in the client",
+                "the server's foreachBatch process starts its own; use a new StatefulJob",
+            )
+        if self.metrics is not None:
+            raise refuse(
+                "metrics_port with foreach_batch",
+                "the batches run in the server's foreachBatch process, not in the client",
+            )
+        if self._ha is not None and not isinstance(self._ha, str):
+            raise refuse(
+                "an HA store object with foreach_batch",
+                "it cannot travel to the server's foreachBatch process; pass ha as a URI",
+            )
+        config = JobConfig(
+            checkpoints=self._checkpoints, job_id=self.job_id,
+            max_parallelism=self.max_parallelism, parallelism=self.parallelism,
+            retain=self.retain, storage_options=self.storage_options,
+            operator=self.operator, local_dir=self.local_dir, ha=self._ha,
+            backend_options=self.backend_options, restore_from=self.restore_from,
+            restore_mode=self.restore_mode.value, on_phase=self.on_phase,
+            history=self.history,
+        )
+        self._batches_remote = True
+        return RemoteBatches(config, type(self), process, output_schema, options)
+
     def _processor_batches(
         self,
         processor: Any,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from statehold.errors import InvalidArgumentError
 from statehold.spark.checkpoint_run import ReplayCheck
+from statehold.spark.connect import is_connect
 from statehold.spark.progress import RecentRecords
 
 if TYPE_CHECKING:
@@ -84,10 +85,15 @@ class ProcessorBatches:
         self.on_batch = on_batch
         self._schema = input_schema
         self._lock = threading.Lock()
+        #: Spark Connect: the newest batch's session (the foreachBatch process may be
+        #: handed a new one per batch), for the empty input of timer batches
+        self._session: SparkSession | None = None
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self._lock:
             self._schema = batch_df.schema
+            if is_connect(batch_df.sparkSession):
+                self._session = batch_df.sparkSession
             done = self.latest_spark_batch()
             self.job.replays.check(batch_id, done, "batch {} recorded")
             ran = None
@@ -119,7 +125,8 @@ class ProcessorBatches:
                     "timers are due but no micro-batch has run in this driver yet: pass "
                     "input_schema= to foreach_batch to fire them without one"
                 )
-            empty = self.job.spark.createDataFrame([], self._schema)
+            spark = self._session or self.job.spark
+            empty = spark.createDataFrame([], self._schema)
             results.append(self._batch(empty, spark_batch, True, processing_time_ms))
         return results
 
