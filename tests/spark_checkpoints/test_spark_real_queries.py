@@ -8,7 +8,7 @@ Each pair's query runs once (`runs`: FILES input files, to its end, the referenc
 the tests that change its checkpoint work on a copy of hard links (`copy_tree`).
 
 Restarts (one Spark run each) only for the pairs below, so that the module takes about
-three minutes of Spark on two cores (PySpark 4.3; one on 3.5, where .ci/spark-oldest runs
+three minutes of Spark on two cores (PySpark 4.3; one on 3.5, where .ci/spark-matrix runs
 it whole with the 12 pairs 3.5 has) and every query and every layout restarts at least
 once:
 - a savepoint and a rollback: pandas_state x hdfs, transform x rocksdb_v2,
