@@ -29,6 +29,7 @@ from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import RestartNeeds, SparkCheckpoint
 from statehold.spark_checkpoints.scan import Scan
 from statehold.storage import Storage, StorageError, open_storage
+from statehold.storage.destination import destination_problem
 from statehold.storage.local import LocalStorage
 
 #: Operator metadata v2 (``_metadata/v2/<batch>``) and state schema v3
@@ -175,16 +176,9 @@ def _open(dest: str | Storage, options: Mapping[str, Any] | None) -> Storage:
 
 
 def _check_destination(checkpoint: SparkCheckpoint, out: Storage) -> None:
-    """`out` is empty (or absent) and neither inside the source nor holding it."""
-    src, dst = checkpoint.uri.rstrip("/") + "/", out.uri.rstrip("/") + "/"
-    if dst.startswith(src) or src.startswith(dst):
-        raise SparkCheckpointError(f"{out.uri}: the destination overlaps {checkpoint.uri}")
-    try:
-        held = next(iter(out.list_pages("", page_size=1)), [])
-    except StorageError as e:
-        raise SparkCheckpointError(f"{out.uri}: cannot list ({e})") from None
-    if held:
-        raise SparkCheckpointError(f"{out.uri}: the destination is not empty")
+    problem = destination_problem(checkpoint.uri, out)
+    if problem:
+        raise SparkCheckpointError(f"{out.uri}: {problem}")
 
 
 def _copy(

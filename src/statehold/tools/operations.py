@@ -40,6 +40,7 @@ from statehold.job.locate import Target, TargetLike, ToolError, opened, read
 from statehold.job.owner import OWNER_KEY, write_owner
 from statehold.storage import Storage, StorageError, open_storage
 from statehold.storage.base import FileInfo
+from statehold.storage.destination import destination_problem
 from statehold.tools.listing import NoProgress, Progress, listing, one_line, savepoint_keys
 from statehold.tools.reports import _verify
 from statehold.tools.results import DisposeReport, ExportReport, Problem
@@ -146,16 +147,9 @@ def _check_exportable(
 
 
 def _check_destination(t: Target, out: Storage) -> None:
-    """The destination is empty and does not overlap the source job directory."""
-    src_uri, dst_uri = t.job.uri + "/", out.uri.rstrip("/") + "/"
-    if dst_uri.startswith(src_uri) or src_uri.startswith(dst_uri):
-        raise ToolError(f"{out.uri}: the destination must not overlap the source job directory")
-    try:
-        not_empty = next(iter(out.list_pages("", page_size=1)), [])
-    except StorageError as e:
-        raise ToolError(f"{out.uri}: cannot list: {e}") from e
-    if not_empty:
-        raise ToolError(f"{out.uri}: the destination is not empty")
+    problem = destination_problem(t.job.uri, out)
+    if problem:
+        raise ToolError(f"{out.uri}: {problem}")
 
 
 def _copy_files(
