@@ -41,14 +41,16 @@ def run_job(
 ) -> int:
     """``body(spark, job)`` in a local session (``--master``; this interpreter as Spark's
     Python, the comma-separated local `jars` on the class path, s3a settings from ``AWS_*``
-    for S3 checkpoints) with the job ``--checkpoints``/``--job-id``; both are closed after
-    it. 130 on ^C."""
+    for S3 checkpoints, ABFS ones from ``AZURE_STORAGE_*`` for Azure) with the job
+    ``--checkpoints``/``--job-id``; both are closed after it. 130 on ^C."""
     from statehold.spark import StatefulJob, local_session
-    from statehold.spark.session import classpath_conf, s3a_conf
+    from statehold.spark.session import abfs_conf, classpath_conf, s3a_conf
 
     conf = classpath_conf([j for j in jars.split(",") if j])
     if args.checkpoints.startswith(("s3://", "s3a://")):
         conf.update(s3a_conf())
+    if args.checkpoints.startswith(("az://", "azure://", "abfs://", "abfss://")):
+        conf.update(abfs_conf())
     spark = local_session(app_name, master=args.master, conf=conf)
     job = StatefulJob(spark, args.checkpoints, args.job_id, max_parallelism=args.max_parallelism,
                       parallelism=args.parallelism, **job_options)

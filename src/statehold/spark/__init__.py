@@ -27,7 +27,13 @@ from statehold.spark.history import read_history_df
 from statehold.spark.job import StatefulJob, replace_output
 from statehold.spark.progress import StateholdProgressListener
 from statehold.spark.reader import iter_state, read_state
-from statehold.spark.session import classpath_conf, local_session, s3a_conf, use_this_python
+from statehold.spark.session import (
+    abfs_conf,
+    classpath_conf,
+    local_session,
+    s3a_conf,
+    use_this_python,
+)
 from statehold.spark.task import MalformedInputError, state_key
 
 __all__ = [
@@ -45,6 +51,7 @@ __all__ = [
     "StateholdProgressListener",
     "TaskStates",
     "ValueState",
+    "abfs_conf",
     "classpath_conf",
     "iter_state",
     "local_session",

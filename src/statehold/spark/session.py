@@ -11,14 +11,22 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
+from statehold.errors import InvalidArgumentError
 from statehold.format import layout
 from statehold.storage import LocalStorage, Storage
+from statehold.storage.azure import AzureStorage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
+
+
+#: The host suffix of Azure's public cloud.
+AZURE_SUFFIX = "core.windows.net"
 
 
 def use_this_python() -> None:
@@ -59,6 +67,77 @@ def s3a_conf(storage_options: Mapping[str, Any] | None = None) -> dict[str, str]
             conf[prefix + "session.token"] = str(token)
             provider = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
         conf[prefix + "aws.credentials.provider"] = provider
+    return conf
+
+
+@dataclass(frozen=True)
+class _AbfsTarget:
+    """How Hadoop's ABFS connector reaches an Azure storage account."""
+
+    account: str
+    #: The account's DFS host, which ABFS URIs name (``<account>.dfs.core.windows.net``).
+    host: str
+    #: ``host:port`` of an emulator (Azurite) or other custom endpoint, else None.
+    emulator: str | None
+    #: ``abfss`` (TLS) unless the endpoint is plain ``http://`` (then ``abfs``).
+    scheme: str
+
+
+def _abfs_target(account: str | None, endpoint: str | None) -> _AbfsTarget:
+    """An account's blob endpoint as ABFS addresses it: an Azure host
+    ``<account>.blob.<suffix>`` becomes ``<account>.dfs.<suffix>``; any other endpoint (an
+    emulator's ``http://127.0.0.1:10000/<account>``) is reached through
+    ``fs.azure.abfs.endpoint``, with the account as the first path segment."""
+    parsed = urlsplit(endpoint) if endpoint else None
+    if account is None and parsed is not None:
+        account = parsed.path.strip("/").split("/", 1)[0] or None
+    if not account:
+        raise InvalidArgumentError(
+            "no Azure account name for Spark's ABFS connector: give account_name (or "
+            "AZURE_STORAGE_ACCOUNT_NAME, or an endpoint URL that names it)"
+        )
+    scheme = "abfs" if parsed is not None and parsed.scheme == "http" else "abfss"
+    host = (parsed.hostname or "") if parsed is not None else ""
+    if parsed is None or ".blob." in host:
+        suffix = host.split(".blob.", 1)[1] if parsed is not None else AZURE_SUFFIX
+        return _AbfsTarget(account, f"{account}.dfs.{suffix}", None, scheme)
+    port = parsed.port or (80 if scheme == "abfs" else 443)
+    return _AbfsTarget(account, f"{account}.dfs.{AZURE_SUFFIX}", f"{host}:{port}", scheme)
+
+
+def abfs_conf(storage_options: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Spark settings for Hadoop's ABFS connector (hadoop-azure, ``abfss://``), so Spark's
+    own files (``<job>/_spark/``) reach the same Azure account as statehold: the
+    `open_storage` Azure options (``account_name``, ``account_key``, ``endpoint``), else
+    the same ``AZURE_STORAGE_*`` variables.
+
+    A shared key is set for the account's DFS host. A custom endpoint (Azurite) is
+    reached through ``fs.azure.abfs.endpoint`` and spoken to on the Blob endpoint
+    (``fs.azure.fns.account.service.type=BLOB``, hadoop-azure 3.4.2 or later), since an
+    emulator serves no DFS endpoint and has no hierarchical namespace. An ``http://``
+    endpoint gets ``abfs://`` without TLS and the JDK's HTTP client (hadoop-azure 3.5.0's
+    Apache client needs a TLS socket factory even for plain HTTP). For ``abfss://`` to an
+    endpoint with a self-signed certificate the JVMs must trust it (a trust store in
+    ``spark.driver.extraJavaOptions`` / ``spark.executor.extraJavaOptions``)."""
+    options = dict(storage_options or {})
+    env = os.environ
+    endpoint = (options.get("endpoint") or env.get("AZURE_STORAGE_ENDPOINT")
+                or env.get("AZURE_ENDPOINT"))
+    account = options.get("account_name") or env.get("AZURE_STORAGE_ACCOUNT_NAME")
+    key = options.get("account_key") or env.get("AZURE_STORAGE_ACCOUNT_KEY")
+    target = _abfs_target(account, str(endpoint) if endpoint else None)
+    prefix = "spark.hadoop.fs.azure."
+    conf: dict[str, str] = {}
+    if target.emulator is not None:
+        conf[prefix + "abfs.endpoint"] = target.emulator
+        conf[prefix + "fns.account.service.type"] = "BLOB"
+        conf[prefix + "account.hns.enabled"] = "false"
+    if target.scheme == "abfs":
+        conf[prefix + "always.use.https"] = "false"
+        conf[prefix + "networking.library"] = "JDK_HTTP_URL_CONNECTION"
+    if key:
+        conf[f"{prefix}account.auth.type.{target.host}"] = "SharedKey"
+        conf[f"{prefix}account.key.{target.host}"] = str(key)
     return conf
 
 
@@ -103,9 +182,14 @@ def local_session(
 
 def spark_checkpoint_location(storage: Storage) -> str:
     """Where Spark's streaming checkpoint of the job directory `storage` goes, as Spark
-    names it: ``_spark/`` inside it (``s3a://`` for S3, Hadoop's connector)."""
+    names it: ``_spark/`` inside it (``s3a://`` for S3, ``abfss://`` for Azure: Hadoop's
+    connectors)."""
     if isinstance(storage, LocalStorage):
         return str(storage.root / layout.SPARK_DIR)
+    if isinstance(storage, AzureStorage):
+        target = _abfs_target(storage.account_name, storage.blob_endpoint)
+        path = "/".join(p for p in (storage.prefix, layout.SPARK_DIR) if p)
+        return f"{target.scheme}://{storage.bucket}@{target.host}/{path}"
     uri = storage.uri
     if uri.startswith("s3://"):
         uri = "s3a://" + uri[len("s3://") :]

@@ -10,12 +10,26 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 import obstore.exceptions as obe
 from obstore.store import AzureStore
 
 from statehold.storage.base import StorageError, check_key
 from statehold.storage.objectstore import ObjectStorage, split_options
+
+
+def _account_from_endpoint(endpoint: str | None) -> str | None:
+    """The account of a blob URL: the host's first label (``acct.blob.core.windows.net``),
+    or the first path segment where the host is an emulator's (``127.0.0.1:10000/acct``)."""
+    if not endpoint:
+        return None
+    parsed = urlsplit(endpoint)
+    segment = parsed.path.strip("/").split("/", 1)[0]
+    if segment:
+        return segment
+    host = parsed.hostname or ""
+    return host.split(".", 1)[0] if ".blob." in host else None
 
 
 class AzureStorage(ObjectStorage):
@@ -63,4 +77,8 @@ class AzureStorage(ObjectStorage):
             raise StorageError(
                 f"cannot configure Azure store for container {container!r}: {e}"
             ) from e
+        #: The account and its blob URL as resolved here (None where obstore finds them
+        #: itself); Spark's ABFS settings are derived from them (`statehold.spark.abfs_conf`).
+        self.account_name: str | None = account_name or _account_from_endpoint(endpoint)
+        self.blob_endpoint: str | None = endpoint
         self._init(store, container, prefix, endpoint or account_name or "")

@@ -58,6 +58,7 @@ CLIENT_KEYS = frozenset(
         "proxy_excludes",
         "randomize_addresses",
         "read_timeout",
+        "root_certificate",
         "timeout",
         "user_agent",
     }

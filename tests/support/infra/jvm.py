@@ -1,6 +1,6 @@
 """JVM artifacts for the tests, fetched with Maven into a cache, never by Spark at test time.
 
-    python -m tests.support.infra.jvm [kafka-broker] [spark-kafka] [hadoop-aws]   # pre-fetch (CI)
+    python -m tests.support.infra.jvm [kafka-broker] [spark-kafka] [hadoop-aws] [hadoop-azure]  # pre-fetch
 
 Three sets: the Kafka broker (``kafka_2.13`` and its runtime dependencies), Spark's Kafka
 source (``spark-sql-kafka-0-10`` for the installed PySpark, with kafka-clients,
@@ -141,7 +141,22 @@ def hadoop_aws() -> ArtifactSet:
     )
 
 
-SETS = {"kafka-broker": kafka_broker, "spark-kafka": spark_kafka, "hadoop-aws": hadoop_aws}
+def hadoop_azure() -> ArtifactSet:
+    """Hadoop's ABFS connector (``abfs://``, ``abfss://``) for Spark's bundled Hadoop
+    client; from 3.4.2 on it can talk to a Blob endpoint (what Azurite serves)."""
+    version = hadoop_version()
+    return ArtifactSet(
+        f"hadoop-azure-{version}", (f"org.apache.hadoop:hadoop-azure:{version}",),
+        skip_spark_jars=True,
+    )
+
+
+SETS = {
+    "kafka-broker": kafka_broker,
+    "spark-kafka": spark_kafka,
+    "hadoop-aws": hadoop_aws,
+    "hadoop-azure": hadoop_azure,
+}
 
 
 # -- fetching -----------------------------------------------------------------------------

@@ -230,6 +230,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "kafka-broker": ("java", "maven"),
     "spark-kafka": ("java", "maven"),
     "hadoop-aws": ("java", "maven"),
+    "hadoop-azure": ("java", "maven"),
 }
 ALL = tuple(NEEDS)
 
