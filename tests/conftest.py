@@ -14,11 +14,12 @@ import pytest
 from hypothesis import settings
 
 from statehold.storage import Storage
-from tests.support.infra.object_stores import azurite_server, gcs_server
+from tests.support.infra.object_stores import azurite_server, azurite_tls_server, gcs_server
 from tests.support.s3 import S3Server
 from tests.support.storages import StorageFactory, storage_factory_for
 
-__all__ = ["azurite_server", "gcs_server"]  # session fixtures, for every test module
+# session fixtures, for every test module
+__all__ = ["azurite_server", "azurite_tls_server", "gcs_server"]
 
 # Property tests check results, never speed: a machine busy with Spark and servers must not
 # turn a slow example into a failure (Hypothesis' default deadline is 200 ms per example).
@@ -67,6 +68,7 @@ FIXTURE_NEEDS = {
     "connect_server": ("java",),
     "zk_server": ("zookeeper",),
     "azurite_server": ("azurite",),
+    "azurite_tls_server": ("azurite",),
     "kafka_broker": ("kafka-broker", "spark-kafka"),
 }
 #: Test modules (name prefixes), and what they need beyond their fixtures.
@@ -77,6 +79,7 @@ MODULE_NEEDS = {
     "test_kafka": ("kafka-broker", "spark-kafka", "hadoop-aws"),
     "test_s3a": ("hadoop-aws",),
     "test_spark_s3a": ("hadoop-aws",),
+    "test_abfs": ("hadoop-azure",),
     "test_webview": ("chromium",),
     "test_spark_webview": ("chromium",),
 }

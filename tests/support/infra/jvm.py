@@ -1,11 +1,12 @@
 """JVM artifacts for the tests, fetched with Maven into a cache, never by Spark at test time.
 
-    python -m tests.support.infra.jvm [kafka-broker] [spark-kafka] [hadoop-aws] [hadoop-azure]  # pre-fetch
+    python -m tests.support.infra.jvm [SET ...]   # pre-fetch (CI); all sets by default
 
-Three sets: the Kafka broker (``kafka_2.13`` and its runtime dependencies), Spark's Kafka
+The sets: the Kafka broker (``kafka_2.13`` and its runtime dependencies), Spark's Kafka
 source (``spark-sql-kafka-0-10`` for the installed PySpark, with kafka-clients,
-commons-pool2 and the token provider) and ``hadoop-aws`` for Spark's bundled Hadoop client
-(with its AWS SDK bundle). The two Spark sets leave out every jar PySpark already ships
+commons-pool2 and the token provider), ``hadoop-aws`` for Spark's bundled Hadoop client
+(with its AWS SDK bundle) and ``hadoop-azure`` for it (ABFS, with azure-storage and
+hadoop-shaded-guava). The Spark sets leave out every jar PySpark already ships
 (same artifact name), so no class comes twice.
 
 Maven resolves each set from a generated pom (``dependency:build-classpath``, runtime

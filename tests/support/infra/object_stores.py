@@ -14,10 +14,13 @@ import hashlib
 import hmac
 import json
 import re
+import ssl
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from email.utils import formatdate
+from pathlib import Path
 
 import pytest
 
@@ -30,32 +33,53 @@ AZURITE_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
 START_TIMEOUT = 60.0
+TRUSTSTORE_PASSWORD = "statehold"
 
 
 @dataclass(frozen=True)
 class AzuriteServer:
-    endpoint: str  # the account's blob URL: http://127.0.0.1:PORT/devstoreaccount1
+    endpoint: str  # the account's blob URL: http(s)://127.0.0.1:PORT/devstoreaccount1
     container: str
+    #: Over TLS: the test CA that signed the server's certificate (PEM) and a PKCS#12
+    #: trust store holding it (password `TRUSTSTORE_PASSWORD`) for JVMs.
+    ca_certificate: Path | None = None
+    truststore: Path | None = None
 
     @property
     def options(self) -> dict[str, object]:
         """Keyword options for `open_storage` on this server."""
-        return {
+        options: dict[str, object] = {
             "endpoint": self.endpoint,
             "account_name": AZURITE_ACCOUNT,
             "account_key": AZURITE_KEY,
-            "allow_http": True,
         }
+        if self.ca_certificate is None:
+            options["allow_http"] = True
+        else:
+            options["root_certificate"] = self.ca_certificate.read_text()
+        return options
 
     @property
     def env(self) -> dict[str, str]:
-        """The same settings as environment variables, for subprocesses."""
-        return {
+        """The same settings as environment variables, for subprocesses (over TLS the
+        CA must be given as the ``root_certificate`` option as well)."""
+        env = {
             "AZURE_STORAGE_ENDPOINT": self.endpoint,
             "AZURE_STORAGE_ACCOUNT_NAME": AZURITE_ACCOUNT,
             "AZURE_STORAGE_ACCOUNT_KEY": AZURITE_KEY,
-            "AZURE_ALLOW_HTTP": "true",
         }
+        if self.ca_certificate is None:
+            env["AZURE_ALLOW_HTTP"] = "true"
+        return env
+
+    @property
+    def jvm_options(self) -> str:
+        """Java options making a JVM trust the server's certificate (empty over HTTP)."""
+        if self.truststore is None:
+            return ""
+        return (f"-Djavax.net.ssl.trustStore={self.truststore} "
+                f"-Djavax.net.ssl.trustStorePassword={TRUSTSTORE_PASSWORD} "
+                "-Djavax.net.ssl.trustStoreType=PKCS12")
 
 
 @dataclass(frozen=True)
@@ -78,7 +102,7 @@ class GCSServer:
         }
 
 
-def create_container(endpoint: str, name: str) -> None:
+def create_container(endpoint: str, name: str, ca_certificate: Path | None = None) -> None:
     """Create a blob container with a Shared Key signed request (no Azure SDK needed)."""
     date, version = formatdate(usegmt=True), "2021-08-06"
     to_sign = (
@@ -97,39 +121,82 @@ def create_container(endpoint: str, name: str) -> None:
             "Content-Length": "0",
         },
     )
-    with urllib.request.urlopen(request, timeout=30):
+    context = ssl.create_default_context(cafile=str(ca_certificate)) if ca_certificate else None
+    with urllib.request.urlopen(request, timeout=30, context=context):
         pass
 
 
-@pytest.fixture(scope="session")
-def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
-    """Azurite's blob service on 127.0.0.1 (a free port it picks and prints)."""
+def tls_files(workdir: Path) -> tuple[Path, Path, Path, Path]:
+    """A test CA, a server certificate it signed for 127.0.0.1 (rustls refuses a
+    self-signed CA certificate as a server's), the server's key, and a PKCS#12 trust store
+    with the CA: (CA, certificate, key, trust store), made with ``openssl`` and the JDK's
+    ``keytool``."""
+    ca, ca_key = workdir / "ca.pem", workdir / "ca-key.pem"
+    cert, key, csr = workdir / "cert.pem", workdir / "key.pem", workdir / "cert.csr"
+    ext, store = workdir / "cert.ext", workdir / "trust.p12"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
+                   "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+    for argv in (
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key),
+         "-out", str(ca), "-days", "7", "-subj", "/CN=statehold test CA"],
+        ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(csr), "-subj", "/CN=127.0.0.1"],
+        ["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+         "-CAcreateserial", "-out", str(cert), "-days", "7", "-extfile", str(ext)],
+        ["keytool", "-importcert", "-noprompt", "-alias", "statehold-test-ca", "-file",
+         str(ca), "-keystore", str(store), "-storetype", "PKCS12", "-storepass",
+         TRUSTSTORE_PASSWORD],
+    ):
+        subprocess.run(argv, check=True, capture_output=True, timeout=60)
+    return ca, cert, key, store
+
+
+def _azurite(tmp_path_factory: pytest.TempPathFactory, tls: bool) -> Iterator[AzuriteServer]:
+    """Azurite's blob service on 127.0.0.1 (a free port it picks and prints); over TLS
+    with a certificate signed by a test CA when `tls`."""
     provision.require("azurite")
     command = provision.azurite_blob_command()
     if not command.exists():  # not provisioned by conftest (e.g. a direct import)
         provision.provision(["azurite"])
         provision.require("azurite")
-    workdir = tmp_path_factory.mktemp("azurite")
+    workdir = tmp_path_factory.mktemp("azurite-tls" if tls else "azurite")
     server = ServerProcess("Azurite", workdir, workdir / "azurite.log")
     port: list[int] = []
+    scheme = "https" if tls else "http"
 
     def listening() -> bool:  # Azurite picks a free port and prints it
-        found = re.search(r"listens on http://127\.0\.0\.1:(\d+)", server.log_text())
+        found = re.search(rf"listens on {scheme}://127\.0\.0\.1:(\d+)", server.log_text())
         port.extend([int(found.group(1))] if found else [])
         return bool(port)
 
+    ca = store = None
+    argv = [str(command), "--blobHost", "127.0.0.1", "--blobPort", "0",
+            "--inMemoryPersistence", "--extentMemoryLimit", "512", "--disableTelemetry",
+            "--skipApiVersionCheck", "--loose", "--silent"]
+    if tls:
+        ca, cert, key, store = tls_files(workdir)
+        argv += ["--cert", str(cert), "--key", str(key)]
     try:
-        server.launch(
-            [str(command), "--blobHost", "127.0.0.1", "--blobPort", "0",
-             "--inMemoryPersistence", "--extentMemoryLimit", "512", "--disableTelemetry",
-             "--skipApiVersionCheck", "--loose", "--silent"],
-            listening, timeout=START_TIMEOUT,
-        )
-        azurite = AzuriteServer(f"http://127.0.0.1:{port[0]}/{AZURITE_ACCOUNT}", "statehold-test")
-        create_container(azurite.endpoint, azurite.container)
+        server.launch(argv, listening, timeout=START_TIMEOUT)
+        azurite = AzuriteServer(f"{scheme}://127.0.0.1:{port[0]}/{AZURITE_ACCOUNT}",
+                                "statehold-test", ca, store)
+        create_container(azurite.endpoint, azurite.container, ca)
         yield azurite
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
+    """Azurite's blob service over plain HTTP."""
+    yield from _azurite(tmp_path_factory, tls=False)
+
+
+@pytest.fixture(scope="session")
+def azurite_tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
+    """Azurite's blob service over HTTPS (what ``abfss://`` needs), with a test CA's
+    certificate for 127.0.0.1."""
+    yield from _azurite(tmp_path_factory, tls=True)
 
 
 @pytest.fixture(scope="session")
