@@ -5,19 +5,34 @@
 
     PYTHONPATH=. python tests/support/processor_stream.py INPUT OUTPUT CHECKPOINTS
         [--spark-checkpoint DIR] [--gap-seconds S] [--watermark-delay-seconds S]
+        [--azure-ca PEM] [--java-options OPTS]
 
 One file per micro-batch (Spark's file source takes files in modification-time order);
 the job's phase hook is `pausing.pause_when_asked`, so ``STATEHOLD_TEST_PAUSE_AT`` stops the
 driver where a test kills it. Prints one ``batch <checkpoint id> ...`` line per batch.
+
+On an ``az://`` job directory Spark's own checkpoint goes through Hadoop's ABFS connector:
+hadoop-azure (tests/support/infra/jvm.py) on the class path, `abfs_conf` from the
+``AZURE_STORAGE_*`` variables; ``--azure-ca`` is the CA an emulator's TLS certificate is
+signed by (for statehold's client; the JVM trusts it through ``--java-options``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
 from statehold.examples.sessions import EVENT_MS, INPUT_SCHEMA, OUTPUT_SCHEMA, Sessions
-from statehold.spark import BatchResult, StatefulJob, local_session, replace_output
+from statehold.spark import (
+    BatchResult,
+    StatefulJob,
+    abfs_conf,
+    classpath_conf,
+    local_session,
+    replace_output,
+)
 from tests.support.pausing import pause_when_asked
 
 
@@ -29,13 +44,28 @@ def main(argv: list[str]) -> int:
     p.add_argument("--spark-checkpoint")
     p.add_argument("--gap-seconds", type=int, default=300)
     p.add_argument("--watermark-delay-seconds", type=int, default=120)
+    p.add_argument("--azure-ca")
+    p.add_argument("--java-options")
     args = p.parse_args(argv)
 
     from pyspark.sql import functions as F
 
-    spark = local_session("statehold-processor-stream")
+    conf: dict[str, str] = {}
+    storage_options: dict[str, Any] = {}
+    if args.checkpoints.startswith("az://"):
+        from tests.support.infra import jvm
+
+        conf.update(classpath_conf([str(j) for j in jvm.fetch(jvm.hadoop_azure())]))
+        conf.update(abfs_conf())
+        if args.azure_ca:
+            storage_options["root_certificate"] = Path(args.azure_ca).read_text()
+    if args.java_options:
+        conf["spark.driver.extraJavaOptions"] = args.java_options
+        conf["spark.executor.extraJavaOptions"] = args.java_options
+    spark = local_session("statehold-processor-stream", conf=conf)
     job = StatefulJob(spark, args.checkpoints, "sessions", max_parallelism=16, parallelism=2,
-                      on_phase=pause_when_asked)
+                      on_phase=pause_when_asked, storage_options=storage_options or None)
+    print(f"spark checkpoint: {job.spark_checkpoint_location}", flush=True)
 
     def said(result: BatchResult) -> None:
         print(f"batch {result.checkpoint_id}: {result.rows_in} rows, {result.timers_fired} "

@@ -9,7 +9,7 @@ missing blob as an error, so a batch that hits one is redone key by key.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 import obstore.exceptions as obe
@@ -82,3 +82,8 @@ class AzureStorage(ObjectStorage):
         self.account_name: str | None = account_name or _account_from_endpoint(endpoint)
         self.blob_endpoint: str | None = endpoint
         self._init(store, container, prefix, endpoint or account_name or "")
+
+    def child(self, prefix: str) -> Self:
+        new = super().child(prefix)
+        new.account_name, new.blob_endpoint = self.account_name, self.blob_endpoint
+        return new
