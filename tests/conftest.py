@@ -79,7 +79,7 @@ MODULE_NEEDS = {
     "test_kafka": ("kafka-broker", "spark-kafka", "hadoop-aws"),
     "test_s3a": ("hadoop-aws",),
     "test_spark_s3a": ("hadoop-aws",),
-    "test_abfs": ("hadoop-azure",),
+    "test_abfs_checkpoint": ("hadoop-azure",),
     "test_webview": ("chromium",),
     "test_spark_webview": ("chromium",),
 }

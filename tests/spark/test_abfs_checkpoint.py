@@ -7,8 +7,9 @@ processor) runs on the job directory, is killed with kill -9 after a checkpoint 
 but before Spark committed its batch, and is restarted to the end: Spark replays the batch
 from the offsets ABFS wrote, and the results are exact. The job directory is then listed
 through statehold's Azure backend (Spark's offsets and commits in ``_spark/``, the retained
-checkpoints complete), and ``_spark/`` is opened as a Spark checkpoint location: ABFS's
-directory-marker blobs are reported as unknown names, never as problems.
+checkpoints complete; statehold's gc deletes none of Spark's files), and ``_spark/`` is
+opened as a Spark checkpoint location: ABFS's directory-marker blobs are unknown names
+there, never problems.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from typing import Any
 
 import pytest
 
+from statehold.cleanup.gc import gc
 from statehold.format import layout
 from statehold.format.spark_layout import Kind, parse
+from statehold.job.directory import open_job
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.storage import open_storage
 from tests.support.example_runs import check_retained_intact
@@ -58,6 +61,14 @@ def test_abfss_spark_checkpoint_on_azurite(tmp_path: Path, azurite_tls_server: A
     markers = {k for k, n in names.items() if n.kind is Kind.UNKNOWN}
     assert markers and all(spark[k] == 0 and any(o.startswith(k + "/") for o in spark)
                            for k in markers), sorted(markers)
+    check_retained_intact(job)
+    # statehold's gc of the job directory leaves Spark's files and the markers alone.
+    with open_job(job) as opened_job:
+        collected = gc(opened_job)
+    assert not [k for k in collected.orphans if k.split("/", 1)[0] == layout.SPARK_DIR]
+    after = {f.key: f.size for f in job.list("")}
+    assert {k: v for k, v in after.items() if k.split("/", 1)[0] == layout.SPARK_DIR} == {
+        k: v for k, v in keys.items() if k.split("/", 1)[0] == layout.SPARK_DIR}
     check_retained_intact(job)
 
     # statehold's tools for Spark checkpoint locations read what ABFS wrote.
