@@ -144,7 +144,8 @@ class StatefulJob:
     def spark_checkpoint_location(self) -> str:
         """Where Spark's streaming checkpoint (source offsets, commits) must go: ``_spark/``
         inside the job directory, so copying the job directory copies a complete restore
-        point. (On S3 Spark needs the hadoop-aws connector for the ``s3a://`` URI.)"""
+        point. (On S3 Spark needs the hadoop-aws connector for the ``s3a://`` URI, on
+        Azure hadoop-azure for the ``abfss://`` one: `s3a_conf`, `abfs_conf`.)"""
         return spark_checkpoint_location(self.storage)
 
     @property
