@@ -23,6 +23,7 @@ from statehold.spark.api import (
     ValueState,
 )
 from statehold.spark.batch import BatchResult
+from statehold.spark.data_source import register_data_source
 from statehold.spark.history import read_history_df
 from statehold.spark.job import StatefulJob, replace_output
 from statehold.spark.progress import StateholdProgressListener
@@ -57,6 +58,7 @@ __all__ = [
     "local_session",
     "read_history_df",
     "read_state",
+    "register_data_source",
     "replace_output",
     "s3a_conf",
     "state_key",

@@ -39,6 +39,7 @@ from statehold.spark.connect import (
     is_connect,
     refuse,
 )
+from statehold.spark.data_source import register_if_supported
 from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdProgressListener
 from statehold.spark.session import SchemaParser, spark_checkpoint_location
 from statehold.spark.staging import JobSettings, KeptOutput
@@ -124,6 +125,8 @@ class StatefulJob:
         self._observed: HistoryRecord | None = None
         #: The newest batches' history records, for `progress_listener`.
         self.recent = RecentRecords()
+        # spark.read.format("statehold") reads job directories in this session (PySpark 4)
+        register_if_supported(spark)
         if metrics_port is not None:
             try:
                 from statehold.spark.metrics import JobMetrics
