@@ -23,11 +23,11 @@ from statehold.spark.api import (
     ValueState,
 )
 from statehold.spark.batch import BatchResult
-from statehold.spark.data_source import register_data_source
 from statehold.spark.history import read_history_df
 from statehold.spark.job import StatefulJob, replace_output
 from statehold.spark.progress import StateholdProgressListener
 from statehold.spark.reader import iter_state, read_state
+from statehold.spark.registration import register_data_source
 from statehold.spark.session import (
     abfs_conf,
     classpath_conf,

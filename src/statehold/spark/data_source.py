@@ -1,6 +1,7 @@
 """``spark.read.format("statehold")``: statehold's state and figures as a Spark data source.
 
     statehold.spark.register_data_source(spark)      # StatefulJob(...) also registers it
+                                                     # (statehold.spark.registration)
     spark.read.format("statehold").load("/ckpt/totals")                       # newest checkpoint
     spark.read.format("statehold").option("savepoint", "v1").option("stateVar", "count") ...
     spark.read.format("statehold").option("view", "history").load("/ckpt/totals")
@@ -64,7 +65,6 @@ from statehold.state.values import column_type, recorded_decoders, typed_decoder
 from statehold.storage import open_storage
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
 NAME = "statehold"
@@ -90,31 +90,6 @@ def data_sources_supported() -> bool:
         return importlib.util.find_spec("pyspark.sql.datasource") is not None
     except ModuleNotFoundError:
         return False
-
-
-def register_data_source(spark: SparkSession) -> None:
-    """Make ``spark.read.format("statehold")`` read in `spark` (classic or Spark Connect).
-    Cheap, and safe to call again. PySpark 3.5 has no Python data sources: refused in
-    one line (use `statehold.spark.read_state` there)."""
-    if not data_sources_supported():
-        import pyspark
-
-        raise DataSourceUnavailableError(
-            f'format("statehold") needs PySpark 4.0 or newer (Python data sources); this is '
-            f"PySpark {pyspark.__version__}: use statehold.spark.read_state(spark, path) instead"
-        )
-    from statehold.spark.data_source_reader import StateholdDataSource
-
-    spark.dataSource.register(StateholdDataSource)
-
-
-def register_if_supported(spark: SparkSession) -> bool:
-    """`register_data_source` where this PySpark has Python data sources (what a new
-    `StatefulJob` does); False where it has none."""
-    if not data_sources_supported():
-        return False
-    register_data_source(spark)
-    return True
 
 
 # -- options -------------------------------------------------------------------------------
@@ -328,6 +303,4 @@ __all__ = [
     "StateReadError",
     "data_sources_supported",
     "plan",
-    "register_data_source",
-    "register_if_supported",
 ]

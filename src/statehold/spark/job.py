@@ -39,8 +39,8 @@ from statehold.spark.connect import (
     is_connect,
     refuse,
 )
-from statehold.spark.data_source import register_if_supported
 from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdProgressListener
+from statehold.spark.registration import register_if_supported
 from statehold.spark.session import SchemaParser, spark_checkpoint_location
 from statehold.spark.staging import JobSettings, KeptOutput
 from statehold.spark.streaming import ProcessorBatches, ProcessorJob, is_processor
