@@ -125,8 +125,10 @@ class StatefulJob:
         self._observed: HistoryRecord | None = None
         #: The newest batches' history records, for `progress_listener`.
         self.recent = RecentRecords()
-        # spark.read.format("statehold") reads job directories in this session (PySpark 4)
-        register_if_supported(spark)
+        # spark.read.format("statehold") reads job directories in this session (PySpark 4;
+        # under Spark Connect only when asked: register_data_source, one call to the server)
+        if not is_connect(spark):
+            register_if_supported(spark)
         if metrics_port is not None:
             try:
                 from statehold.spark.metrics import JobMetrics
