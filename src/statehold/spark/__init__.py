@@ -27,6 +27,7 @@ from statehold.spark.history import read_history_df
 from statehold.spark.job import StatefulJob, replace_output
 from statehold.spark.progress import StateholdProgressListener
 from statehold.spark.reader import iter_state, read_state
+from statehold.spark.registration import register_data_source
 from statehold.spark.session import (
     abfs_conf,
     classpath_conf,
@@ -57,6 +58,7 @@ __all__ = [
     "local_session",
     "read_history_df",
     "read_state",
+    "register_data_source",
     "replace_output",
     "s3a_conf",
     "state_key",

@@ -40,6 +40,7 @@ from statehold.spark.connect import (
     refuse,
 )
 from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdProgressListener
+from statehold.spark.registration import register_if_supported
 from statehold.spark.session import SchemaParser, spark_checkpoint_location
 from statehold.spark.staging import JobSettings, KeptOutput
 from statehold.spark.streaming import ProcessorBatches, ProcessorJob, is_processor
@@ -124,6 +125,10 @@ class StatefulJob:
         self._observed: HistoryRecord | None = None
         #: The newest batches' history records, for `progress_listener`.
         self.recent = RecentRecords()
+        # spark.read.format("statehold") reads job directories in this session (PySpark 4;
+        # under Spark Connect only when asked: register_data_source, one call to the server)
+        if not is_connect(spark):
+            register_if_supported(spark)
         if metrics_port is not None:
             try:
                 from statehold.spark.metrics import JobMetrics

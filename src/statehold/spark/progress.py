@@ -1,15 +1,18 @@
 """statehold's per-batch figures beside Spark's streaming progress.
 
 PySpark gives a `foreachBatch` function no way to add figures to Spark's own
-`StreamingQueryProgress`: ``observe()`` on the batch DataFrame inside it runs as a
-separate job, and its metrics never reach ``progress.observedMetrics`` (checked with
-PySpark 4.3); custom metrics exist only for JVM data sources and sinks. So statehold
-joins them on the driver instead: `StateholdProgressListener` is a Spark
-`StreamingQueryListener` (PySpark 3.4+) that, for every progress event, looks up the
-job's history record of that batch (checkpoint id = Spark batch id, or for a processor
-the checkpoint `statehold.spark.streaming` ran the batch's input in) and hands both to
-your callback. Spark reports a batch's progress after its foreachBatch returned, so the
-record is there (None for a replayed batch statehold skipped).
+`StreamingQueryProgress`: ``observe()`` on the batch DataFrame inside it runs as a query
+of its own (Spark hands the function a new plan over the batch's rows), and its metrics
+never reach ``progress.observedMetrics``, which only the streaming plan's own
+``observe()`` fills; Python data sources report only Spark's built-in Python metrics
+(tests/spark/test_progress_observed.py checks this on PySpark 4). So statehold joins them
+on the driver instead (and ``format("statehold")`` with ``view=history`` has them too):
+`StateholdProgressListener` is a Spark `StreamingQueryListener` (PySpark 3.4+) that,
+for every progress event, looks up the job's history record of that batch (checkpoint id
+= Spark batch id, or for a processor the checkpoint `statehold.spark.streaming` ran the
+batch's input in) and hands both to your callback. Spark reports a batch's progress
+after its foreachBatch returned, so the record is there (None for a replayed batch
+statehold skipped).
 """
 
 from __future__ import annotations

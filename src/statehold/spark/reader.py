@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,68 +159,111 @@ def open_all(src: StateSource) -> Iterator[list[TaskStateBackend]]:
         ]
 
 
-def _json(value: Any) -> str:
+def to_json(value: Any) -> str:
+    """A decoded state value as compact JSON text (what untyped columns show)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 @dataclass(frozen=True)
-class _ReadTask:
-    """The executor side of `read_state`: partition i reads range i (plain data only)."""
+class CheckpointState:
+    """One checkpoint's state of one operator as plain data: what a Spark task needs to
+    open the storage and restore a key-group range itself (nothing open is pickled)."""
 
     storage_uri: str
     storage_options: Mapping[str, Any]
     metadata_key: str
     operator: str
     max_parallelism: int
+    #: the key-group ranges, each a `KeyGroupState` as JSON; a task reads one by index
     ranges: tuple[str, ...]
+    #: the operator's recorded state schemas as JSON (typed variables), if any
+    schemas_json: str | None = None
+
+    @classmethod
+    def of(cls, src: StateSource, storage_options: Mapping[str, Any]) -> CheckpointState:
+        return cls(
+            src.job.uri,
+            dict(storage_options),
+            src.metadata_key,
+            src.operator,
+            src.max_parallelism,
+            tuple(r.model_dump_json() for r in src.ranges),
+            None if src.schemas is None else src.schemas.model_dump_json(),
+        )
+
+    @property
+    def schemas(self) -> OperatorSchemas | None:
+        text = self.schemas_json
+        return None if text is None else OperatorSchemas.model_validate_json(text)
+
+    def rows(
+        self, index: int, decoders: Mapping[str, EntryDecoders]
+    ) -> Iterator[tuple[Key, dict[str, Any]]]:
+        """Every key of range `index` with its state (the range restored into a temporary
+        local RocksDB, deleted after)."""
+        job = open_storage(self.storage_uri, **dict(self.storage_options))
+        kgs = KeyGroupState.model_validate_json(self.ranges[index])
+        with open_range(job, self.metadata_key, self.operator, self.max_parallelism, kgs) as b:
+            yield from b.items(decoders)
+
+
+def state_batches(
+    rows: Iterable[tuple[Key, dict[str, Any]]], schema: pa.Schema | None, key_column: str
+) -> Iterator[pa.RecordBatch]:
+    """`rows` as Arrow batches of at most `_BATCH_ROWS`: with `schema`, exactly its
+    columns (the key column, then the named states, typed); without, the key column and
+    a map of every state's JSON text."""
+    chunk: list[tuple[Key, dict[str, Any]]] = []
+    for item in rows:
+        chunk.append(item)
+        if len(chunk) >= _BATCH_ROWS:
+            yield _batch(chunk, schema, key_column)
+            chunk = []
+    if chunk:
+        yield _batch(chunk, schema, key_column)
+
+
+def _batch(
+    rows: Sequence[tuple[Key, dict[str, Any]]], schema: pa.Schema | None, key_column: str
+) -> pa.RecordBatch:
+    keys = pa.array([key_text(k) for k, _ in rows], pa.string())
+    if schema is None:
+        states = pa.array(
+            [[(n, to_json(v)) for n, v in sorted(s.items())] for _, s in rows],
+            pa.map_(pa.string(), pa.string()),
+        )
+        return pa.RecordBatch.from_arrays([keys, states], names=[key_column, _STATES])
+    arrays: list[pa.Array] = []
+    for f in schema:
+        if f.name == key_column:
+            arrays.append(keys.cast(f.type))
+        else:
+            values = [s.get(f.name) for _, s in rows]
+            try:
+                arrays.append(pa.array(values, f.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+                raise StateReadError(
+                    f"state {f.name!r} does not fit the column type {f.type}: {e}"
+                ) from e
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+@dataclass(frozen=True)
+class _ReadTask:
+    """The executor side of `read_state`: partition i reads range i (plain data only)."""
+
+    state: CheckpointState
     #: None: emit key + a map of JSON strings; else emit exactly this schema.
     schema: pa.Schema | None
     key_column: str
-    #: the operator's recorded state schemas as JSON (plain data for the executors)
-    schemas_json: str | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         indices = [i for b in batches for i in b.column(0).to_pylist()]
-        job = open_storage(self.storage_uri, **dict(self.storage_options))
-        schemas = self.schemas_json
-        decoders = recorded_decoders(
-            None if schemas is None else OperatorSchemas.model_validate_json(schemas)
-        )
+        decoders = recorded_decoders(self.state.schemas)
         for index in indices:
-            kgs = KeyGroupState.model_validate_json(self.ranges[index])
-            with open_range(
-                job, self.metadata_key, self.operator, self.max_parallelism, kgs
-            ) as backend:
-                rows: list[tuple[Key, dict[str, Any]]] = []
-                for item in backend.items(decoders):
-                    rows.append(item)
-                    if len(rows) >= _BATCH_ROWS:
-                        yield self._batch(rows)
-                        rows = []
-                if rows:
-                    yield self._batch(rows)
-
-    def _batch(self, rows: Sequence[tuple[Key, dict[str, Any]]]) -> pa.RecordBatch:
-        keys = pa.array([key_text(k) for k, _ in rows], pa.string())
-        if self.schema is None:
-            states = pa.array(
-                [[(n, _json(v)) for n, v in sorted(s.items())] for _, s in rows],
-                pa.map_(pa.string(), pa.string()),
+            yield from state_batches(
+                self.state.rows(index, decoders), self.schema, self.key_column
             )
-            return pa.RecordBatch.from_arrays([keys, states], names=[self.key_column, _STATES])
-        arrays: list[pa.Array] = []
-        for f in self.schema:
-            if f.name == self.key_column:
-                arrays.append(keys.cast(f.type))
-            else:
-                values = [s.get(f.name) for _, s in rows]
-                try:
-                    arrays.append(pa.array(values, f.type))
-                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
-                    raise StateReadError(
-                        f"state {f.name!r} does not fit the column type {f.type}: {e}"
-                    ) from e
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
 def read_state(
@@ -245,22 +288,13 @@ def read_state(
     from pyspark.sql.types import StructType as Struct
 
     src = locate_state(checkpoint, operator, **storage_options)
-    ranges = tuple(r.model_dump_json() for r in src.ranges)
-    ids = spark.range(0, len(ranges), 1, numPartitions=max(1, len(ranges)))
+    state = CheckpointState.of(src, storage_options)
+    count = len(state.ranges)
+    ids = spark.range(0, count, 1, numPartitions=max(1, count))
     ids = ids.select(ids["id"].cast("int").alias("i"))
 
     def task(arrow_schema: pa.Schema | None) -> _ReadTask:
-        return _ReadTask(
-            src.job.uri,
-            dict(storage_options),
-            src.metadata_key,
-            src.operator,
-            src.max_parallelism,
-            ranges,
-            arrow_schema,
-            key_column,
-            None if src.schemas is None else src.schemas.model_dump_json(),
-        )
+        return _ReadTask(state, arrow_schema, key_column)
 
     if schema is not None:
         struct = schema if isinstance(schema, Struct) else _parse_ddl(spark, schema)
@@ -288,6 +322,7 @@ def _parse_ddl(spark: SparkSession, ddl: str) -> StructType:
 
 __all__ = [
     "KEY_COLUMN",
+    "CheckpointState",
     "MetadataError",
     "StateReadError",
     "StateSource",
@@ -297,4 +332,6 @@ __all__ = [
     "open_all",
     "open_range",
     "read_state",
+    "state_batches",
+    "to_json",
 ]

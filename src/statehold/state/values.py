@@ -18,7 +18,7 @@ from typing import Any
 
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
-from statehold.format.metadata import OperatorSchemas
+from statehold.format.metadata import OperatorSchemas, VariableSchema
 from statehold.state.json_codec import EntryDecoders
 from statehold.state.schema import TypedCodec, from_schema_json
 
@@ -82,3 +82,34 @@ def _map_key(key: Any) -> Any:
     if isinstance(key, str | int | float | bool) or key is None:
         return key
     return json.dumps(key, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def typed_decoders(schemas: OperatorSchemas | None) -> dict[str, EntryDecoders]:
+    """Like `recorded_decoders`, but each typed variable decodes to its Spark value
+    (datetime, Decimal, bytes, tuples for structs) for a typed column, not to plain data."""
+    if schemas is None:
+        return {}
+    out: dict[str, EntryDecoders] = {}
+    for name, var in schemas.variables.items():
+        value, key = (
+            None if text is None else TypedCodec(from_schema_json(text))
+            for text in (var.value, var.map_key)
+        )
+        if value is not None or key is not None:
+            out[name] = (value, key)
+    return out
+
+
+def column_type(var: VariableSchema) -> DataType | None:
+    """The Spark type of a recorded variable's whole state per key: its value type, an
+    array of it (list state) or a map (map state); None for an untyped (JSON) variable."""
+    if var.value is None:
+        return None
+    value = from_schema_json(var.value)
+    if var.kind == "list":
+        return ArrayType(value, containsNull=False)
+    if var.kind == "map":
+        if var.map_key is None:
+            return None
+        return MapType(from_schema_json(var.map_key), value, valueContainsNull=False)
+    return value
