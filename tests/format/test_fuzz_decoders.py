@@ -1,5 +1,6 @@
 """Every decoder of an on-disk document, fuzzed: `_metadata`, the embedded HA pointer, the
-ZooKeeper znode, a history record, the owner record, the lease and the job result.
+ZooKeeper znode, a history record, the owner record, the lease, the job result, and an
+operator request and its answer.
 
 Two strategies each: arbitrary bytes, and mutations of a valid encoded document (bytes
 flipped, inserted, deleted, truncated; JSON values replaced by extreme ones — huge
@@ -27,6 +28,7 @@ from hypothesis import strategies as st
 
 from statehold.errors import StateholdError
 from statehold.format import layout, metadata, signed
+from statehold.format import requests as operator_requests
 from statehold.format.layout import Scope
 from statehold.format.metadata import (
     CheckpointMetadata,
@@ -146,6 +148,24 @@ def _result() -> bytes:  # as `write_result` writes it
                      at=1.7e9).model_dump_json(indent=1).encode()
 
 
+REQUEST_ID = "r20261126230000-0123456789ab"
+
+
+def _request() -> bytes:
+    return operator_requests.encode_request(operator_requests.OperatorRequest(
+        id=REQUEST_ID, job_id="orders", epoch=2, action=operator_requests.Action.STOP,
+        savepoint="final", requested_at=1.7e9, requested_by="ops@host",
+    ))
+
+
+def _answer() -> bytes:
+    return operator_requests.encode_answer(operator_requests.RequestAnswer(
+        id=REQUEST_ID, outcome=operator_requests.Outcome.DONE, epoch=2,
+        message="stopped after checkpoint 7", savepoint_key="savepoints/final",
+        checkpoint_id=7, at=1.7e9,
+    ))
+
+
 @dataclass(frozen=True)
 class Decoder:
     name: str
@@ -169,6 +189,12 @@ DECODERS = [
     Decoder("lease", _lease, lambda d: read_lease(_storage(lease_key(2), d), 2), None),
     Decoder("job-result", _result, lambda d: read_result(_storage(RESULT_KEY, d)),
             JobResultError),
+    Decoder("request", _request,
+            lambda d: operator_requests.decode_request(d, "_job/requests/r.json"),
+            operator_requests.RequestError),
+    Decoder("request-answer", _answer,
+            lambda d: operator_requests.decode_answer(d, "_job/requests/r.answer.json"),
+            operator_requests.RequestError),
 ]
 
 

@@ -37,6 +37,9 @@ class CheckpointSettings:
     max_parallelism: int
     #: Completed checkpoints kept; older ones are subsumed.
     retain: int = 3
+    #: Also keep every completed checkpoint younger than this many seconds (None: count
+    #: only; `statehold.cleanup.policy.retention_split`).
+    retain_for: float | None = None
     #: A checkpoint pending longer is aborted when the next one begins.
     checkpoint_timeout: float = 600.0
     #: The longest a new checkpoint waits for the cleaner's backlog to drain.

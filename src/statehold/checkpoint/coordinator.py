@@ -31,7 +31,7 @@ from statehold.checkpoint.pending import PendingCheckpoint
 from statehold.checkpoint.reconciler import Reconciler
 from statehold.cleanup.async_cleaner import AsyncCleaner
 from statehold.cleanup.cleaner import Cleaner, Discard, Guard
-from statehold.cleanup.policy import history_to_prune
+from statehold.cleanup.policy import history_to_prune, retention_split
 from statehold.cleanup.reconcile import ReconcilePlan
 from statehold.errors import CheckpointError, InvalidArgumentError
 from statehold.format import layout
@@ -76,6 +76,7 @@ class CheckpointCoordinator:
         self.max_parallelism = settings.max_parallelism
         self.epoch = claimed.epoch
         self.retain = settings.retain
+        self.retain_for = settings.retain_for
         self.registry = claimed.registry
         self.checkpoint_timeout = settings.checkpoint_timeout
         self.lineage = claimed.lineage
@@ -114,6 +115,7 @@ class CheckpointCoordinator:
         reconcile_in_background: bool = True,
         reconcile_every: int = 50,
         renew_lease_in_background: bool = True,
+        retain_for: float | None = None,
     ) -> CheckpointCoordinator:
         """Begin a new attempt of the job (a JobDirectory, or a Storage and HA store to
         open one with): claim a higher epoch (fencing every older attempt), read the
@@ -123,14 +125,17 @@ class CheckpointCoordinator:
         in the background while the caller starts processing.
 
         `cleaner`: a Cleaner, or a factory called with this attempt's fence
-        (`check_epoch`) as its guard; default an AsyncCleaner so fenced. With
+        (`check_epoch`) as its guard; default an AsyncCleaner so fenced. `retain`
+        newest completed checkpoints are kept, and with `retain_for` (seconds) every one
+        younger too (`statehold.cleanup.policy.retention_split`). With
         `renew_lease_in_background` False nobody renews the lease but the caller
         (``coordinator.lease.renew()``), e.g. a deterministic simulation."""
         if not isinstance(job, JobDirectory):
             job = open_job(job, ha, job_id=job_id, create=True)
         claimed = attempt.claim(job, max_parallelism)
         settings = CheckpointSettings(
-            max_parallelism, retain, checkpoint_timeout, reconcile_every=reconcile_every
+            max_parallelism, retain, retain_for, checkpoint_timeout,
+            reconcile_every=reconcile_every,
         )
         coordinator = cls(job, claimed, settings, cleaner)
         coordinator.lease = Lease(
@@ -238,7 +243,11 @@ class CheckpointCoordinator:
         # Never over a newer attempt's document or a published one.
         published.write_metadata_once(self.storage, self.ha, self.epoch, metadata_key, data)
         retained = [*self._retained, (metadata_key, meta)]
-        subsumed, retained = retained[: -self.retain], retained[-self.retain :]
+        # The one retention rule (count, and age with retain_for): the deletion policy's.
+        split = retention_split(
+            [m.completed_at for _, m in retained], self.retain, self.retain_for
+        )
+        subsumed, retained = retained[:split], retained[split:]
         # FencedError: nothing completed or deleted; any error: the caller aborts N.
         pointers = _pointers(retained)
         if published.publish_settled(self.ha, self.epoch, pointers, checkpoint_id, meta.checksum):

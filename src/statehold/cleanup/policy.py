@@ -14,7 +14,10 @@ rule beside this one, in `spark_policy` (same `Verdict`s). Stated once:
   ``taskowned/``, except dead bookkeeping: leases of older epochs and, with no attempt
   running, interrupted writes old enough not to be a starting attempt's claim. The
   checkpoint history (``_job/history/``) is kept too; only its writer prunes it, the
-  oldest records beyond its bound (`history_to_prune`).
+  oldest records beyond its bound (`history_to_prune`). Operator requests and their
+  answers (``_job/requests/``) likewise: removed only as `requests_to_remove` says.
+* **Retained** checkpoints: the newest ``retain``, and with ``retain_for`` also every
+  one completed less than that long ago (`retention_split`); older ones are subsumed.
 * **Foreign**: names statehold did not make and symlinks; reported, never deleted.
 * **Protected** (may be live): a savepoint's `_metadata`; with an attempt running, its
   files for checkpoints after the newest retained one (and any ``chk-N/`` after it);
@@ -29,7 +32,7 @@ bookkeeping referenced or deletable.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -37,8 +40,10 @@ from typing import Any
 from statehold import clock
 from statehold.cleanup.discard import Discard
 from statehold.cleanup.holders import Holders
+from statehold.errors import InvalidArgumentError
 from statehold.format import layout
 from statehold.format.layout import Kind
+from statehold.format.requests import is_answer, is_request, request_id_of
 from statehold.job.history import is_history_record
 from statehold.storage.base import FileInfo, UnsafePathError, check_key
 
@@ -298,6 +303,7 @@ def check_discardable(path: str, *, is_dir: bool = False) -> str:
         ok = ok or parsed.kind is Kind.UNKNOWN and _SAVEPOINT_DIR.match(path) is not None
     elif parsed.kind in (Kind.HA, Kind.JOB):
         ok = bool(_LEASE.match(path)) or is_history_record(path)
+        ok = ok or is_request(path) or is_answer(path)
         ok = ok or layout.TEMP_MARKER in path.rsplit("/", 1)[-1]
     else:  # (in the data folders even a name statehold did not make is data)
         ok = parsed.kind in _DISCARDABLE or path.split("/", 1)[0] in (
@@ -327,8 +333,69 @@ def history_to_prune(keys: Iterable[str], keep: int) -> list[str]:
     return [check_discardable(k) for k in doomed]
 
 
+#: An answer nobody collected (a request made without ``--wait``) is kept this long.
+ANSWER_KEEP_SECONDS = 7 * 24 * 3600.0
+#: With ``retain_for``, at most this many checkpoints are retained however young: the HA
+#: store holds one pointer per retained checkpoint (a ZooKeeper node holds about 1 MB,
+#: and an attempt reads every retained document when it starts).
+MAX_RETAINED = 1000
+
+
+def requests_to_remove(
+    listing: Iterable[FileInfo],
+    *,
+    answered: Iterable[str] = (),
+    collected: Iterable[str] = (),
+    now: float | None = None,
+) -> list[str]:
+    """The operator request documents (``_job/requests/``) among `listing` that may go,
+    each checked like every other delete: the request of each id in `answered` (its
+    final answer says it all), request and answer of each id in `collected` (the
+    requester read the answer, or withdrew the request), and answers older than
+    `ANSWER_KEEP_SECONDS` with their requests. Nothing else: a request without a final
+    answer is answered first, by its attempt, a later one or its requester."""
+    now = clock.now() if now is None else now
+    drop_request, drop_both = set(answered), set(collected)
+    infos = [i for i in listing if is_request(i.key) or is_answer(i.key)]
+    for info in infos:
+        if is_answer(info.key) and info.mtime < now - ANSWER_KEEP_SECONDS:
+            drop_both.add(request_id_of(info.key) or "")
+    doomed = [
+        i.key for i in infos
+        if request_id_of(i.key) in drop_both
+        or (is_request(i.key) and request_id_of(i.key) in drop_request)
+    ]
+    # requests before answers: a half-done removal never leaves a request unanswered
+    return [check_discardable(k) for k in sorted(doomed, key=lambda k: (is_answer(k), k))]
+
+
+def retention_split(
+    completed_at: Sequence[float],
+    retain: int,
+    retain_for: float | None = None,
+    now: float | None = None,
+) -> int:
+    """How many of the oldest completed checkpoints (`completed_at`, oldest first) are
+    subsumed: each not among the newest `retain` and, with `retain_for` (seconds), not
+    completed within it either; never more than `MAX_RETAINED` kept by age. Only a
+    prefix goes, so the retained checkpoints stay the newest ones."""
+    if retain < 1:
+        raise InvalidArgumentError("retain must be at least 1")
+    count = len(completed_at)
+    by_count = max(0, count - retain)
+    if retain_for is None:
+        return by_count
+    now = clock.now() if now is None else now
+    drop = 0
+    while drop < by_count and completed_at[drop] <= now - retain_for:
+        drop += 1
+    return max(drop, count - max(retain, MAX_RETAINED))
+
+
 __all__ = [
+    "ANSWER_KEEP_SECONDS",
     "BOOKKEEPING_TEMP_GRACE_SECONDS",
+    "MAX_RETAINED",
     "LiveAttempt",
     "TEMP_GRACE_SECONDS",
     "Verdict",
@@ -340,4 +407,6 @@ __all__ = [
     "judge",
     "judge_names",
     "parse",
+    "requests_to_remove",
+    "retention_split",
 ]

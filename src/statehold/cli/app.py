@@ -23,7 +23,7 @@ from typing import Annotated
 import typer
 
 from statehold import __version__
-from statehold.cli import gc, history, jobs, spark_checkpoints, state
+from statehold.cli import gc, history, jobs, operate, spark_checkpoints, state
 from statehold.cli.output import UNWRAPPED, PlainWhenPiped
 
 app = typer.Typer(
@@ -61,7 +61,7 @@ def _options(
     pass
 
 
-for group in (jobs, gc, state, history, spark_checkpoints):
+for group in (jobs, gc, state, history, spark_checkpoints, operate):
     group.register(app)
 
 

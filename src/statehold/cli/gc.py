@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from statehold.checkpoint.requests import pending as pending_requests
 from statehold.cleanup.gc import GcAllReport, GcProgress, GcReport, gc, job_locations
 from statehold.cleanup.spark_policy import SPARK_GC_GRACE_SECONDS
 from statehold.cli.common import (
@@ -176,9 +177,11 @@ def status_command(
     job_dir: JobArg, ha: HaOption = None, as_json: JsonOption = False
 ) -> None:
     """Epoch, retained checkpoints, whether an attempt runs, its cleanup backlog and
-    failures, and the job result entry."""
+    failures, requests from outside not answered yet (statehold savepoint JOB NAME,
+    statehold stop), and the job result entry."""
     with handle_errors(as_json), open_job_for(job_dir, ha) as job:
         status = job_status(job.storage, job.ha)
+        asked = list(pending_requests(job.storage))
 
     def render() -> None:
         say(f"{status.job_uri}: epoch {status.epoch}, retained {status.retained}")
@@ -194,6 +197,11 @@ def status_command(
                 say(f"  {error}")
         else:
             say("no running attempt")
+        for request in asked:
+            say(f"asked: {request.action}"
+                + (f" with savepoint {request.savepoint}" if request.savepoint else "")
+                + f" of attempt {request.epoch} by {request.requested_by or 'someone'} "
+                f"(request {request.id}, not answered yet)")
         if status.result is not None:
             say(
                 f"ended {status.result.outcome} ({status.result.policy}), "

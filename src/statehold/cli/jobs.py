@@ -42,7 +42,8 @@ from statehold.job.locate import split_location
 
 
 def list_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None) -> None:
-    """Retained checkpoints, chk-N directories not retained (flagged), and savepoints.
+    """Retained checkpoints (the newest `retain`, and with `retain_for` every one younger),
+    chk-N directories not retained (flagged), and savepoints.
     On a Spark checkpoint location: its batches and which a restart can start after."""
     if (spark := spark_checkpoint_at(job_dir)) is not None:
         with handle_errors(as_json):

@@ -9,8 +9,10 @@ from typing import Annotated
 
 import typer
 
-from statehold.cli.common import JsonOption, emit, error_line, fail, handle_errors
+from statehold.cli.common import HaOption, JsonOption, emit, error_line, fail, handle_errors
+from statehold.cli.operate import DEFAULT_TIMEOUT, TimeoutOption, WaitOption
 from statehold.cli.output import RichProgress, say, size, table, when
+from statehold.errors import StateholdError
 from statehold.spark_checkpoints import history as spark_history
 from statehold.spark_checkpoints import reports
 from statehold.spark_checkpoints.location import SparkCheckpoint, looks_like_spark_checkpoint
@@ -219,40 +221,77 @@ def _local_problem(location: str) -> str | None:
     return storage.root_problem() if isinstance(storage, LocalStorage) else None
 
 
-def _require(location: str, command: str, as_json: bool) -> SparkCheckpoint:
+def _require(
+    location: str, command: str, as_json: bool, also: str = ""
+) -> SparkCheckpoint:
     checkpoint = spark_checkpoint_at(location)
     if checkpoint is None:
         problem = _local_problem(location) or "not a Spark checkpoint location"
+        also = f" {also}" if also else ""
         fail(
             f"{location}: {problem} (statehold {command} works on a "
-            "query's checkpointLocation: offsets/, commits/ and metadata)",
+            f"query's checkpointLocation: offsets/, commits/ and metadata{also})",
             as_json=as_json,
         )
     return checkpoint
 
 
 def savepoint_command(
-    location: CheckpointLocationArg,
-    dest: Annotated[
-        str, typer.Argument(help="An empty or absent destination (path, file://, s3://, ...).")
+    location: Annotated[
+        str,
+        typer.Argument(
+            help="A Spark checkpoint location (a query's checkpointLocation), or a "
+            "statehold job directory whose driver is running.", show_default=False,
+        ),
+    ],
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="For a Spark checkpoint location: an empty or absent destination (path, "
+            "file://, s3://, ...). For a job directory: the savepoint's name "
+            "(savepoints/NAME/).", show_default=False,
+        ),
     ],
     batch: Annotated[
         int | None,
-        typer.Option("--batch", min=0, help="The batch to restart after (default: the newest "
-                     "committed one a restart can start after)."),
+        typer.Option("--batch", min=0, help="A Spark checkpoint location only: the batch "
+                     "to restart after (default: the newest committed one a restart can "
+                     "start after)."),
     ] = None,
+    wait: WaitOption = False,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT,
+    ha: HaOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """A Spark checkpoint location: write a new checkpoint location at DEST holding
-    exactly what a restart after --batch needs (hard links on a local disk, server-side
-    copies on object stores; the source is never modified). A query started with
-    checkpointLocation=DEST continues from the next batch. (A running statehold job takes
-    its savepoints in its driver: job.savepoint(name).)"""
+    """Two forms, told apart by the kind of directory LOCATION is.
+
+    statehold savepoint CKPT DEST [--batch N]: for a Spark checkpoint location, write a
+    new checkpoint location at DEST holding exactly what a restart after --batch needs
+    (hard links on a local disk, server-side copies on object stores; the source is never
+    modified). A query started with checkpointLocation=DEST continues from the next
+    batch.
+
+    statehold savepoint JOB NAME [--wait] [--timeout S]: for a statehold job directory,
+    ask its running driver for savepoint NAME at its next batch boundary (the driver does
+    what job.savepoint(NAME) does). Fails (one line, exit 1) when no driver is running,
+    and with --wait on a timeout (the request is then withdrawn)."""
+    if spark_checkpoint_at(location) is None and _job_directory(location, ha):
+        if batch is not None:
+            fail("--batch is for a Spark checkpoint location; a running job's savepoint "
+                 "is of its next batch boundary", as_json=as_json)
+        from statehold.cli.operate import savepoint_of_job
+
+        return savepoint_of_job(location, target, wait=wait, timeout=timeout, ha=ha,
+                                as_json=as_json)
+    if wait and spark_checkpoint_at(location) is not None:
+        fail("--wait is for a running statehold job (a Spark checkpoint location's "
+             "savepoint is written before the command returns)", as_json=as_json)
     from statehold.spark_checkpoints.savepoint import savepoint
 
     with handle_errors(as_json), RichProgress(not as_json) as progress:
-        checkpoint = _require(location, "savepoint", as_json)
-        result = savepoint(checkpoint, dest, batch=batch, progress=progress)
+        checkpoint = _require(location, "savepoint", as_json, also="or a running statehold "
+                              "job's directory")
+        result = savepoint(checkpoint, target, batch=batch, progress=progress)
 
     def render() -> None:
         say(
@@ -263,6 +302,21 @@ def savepoint_command(
         )
 
     emit(result, as_json, render)
+
+
+def _job_directory(location: str, ha: str | None) -> bool:
+    """Whether `location` is a statehold job directory (the job path then says what else
+    may be wrong with it)."""
+    from statehold.job.directory import NotAJobDirectoryError, require_job_directory
+    from statehold.job.locate import split_location
+
+    try:
+        require_job_directory(open_storage(split_location(location)[0]))
+    except (NotAJobDirectoryError, StorageError):
+        return False
+    except StateholdError:
+        return True
+    return True
 
 
 def rollback_command(

@@ -87,6 +87,7 @@ class JobConfig:
     restore_mode: str
     on_phase: Callable[[str, int], None] | None
     history: int
+    retain_for: float | None = None
 
     def open(self, job_class: Callable[..., Any], spark: SparkSession) -> Any:
         """The job in this process: ``job_class`` is `StatefulJob` (handed over by it, as
@@ -97,7 +98,7 @@ class JobConfig:
             storage_options=self.storage_options, operator=self.operator,
             local_dir=self.local_dir, ha=self.ha, backend_options=self.backend_options,
             restore_from=self.restore_from, restore_mode=self.restore_mode,
-            on_phase=self.on_phase, history=self.history,
+            on_phase=self.on_phase, history=self.history, retain_for=self.retain_for,
         )
         job._batches_here = True
         return job

@@ -6,15 +6,27 @@ exactly once: `statehold.spark.checkpoint_run`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from statehold import clock
 from statehold.backend.keys import check_max_parallelism
 from statehold.checkpoint.coordinator import CheckpointCoordinator
-from statehold.errors import InvalidArgumentError, is_missing_extra, missing_extra
+from statehold.checkpoint.requests import Inbox
+from statehold.errors import (
+    InvalidArgumentError,
+    StateholdError,
+    is_missing_extra,
+    missing_extra,
+)
+from statehold.format import layout
 from statehold.format.metadata import CheckpointMetadata, EventTime, RestoreMode
+from statehold.format.requests import Action, OperatorRequest, Outcome, RequestAnswer
 from statehold.ha.base import HAStore
 from statehold.job.directory import open_job
 from statehold.job.history import DEFAULT_KEEP, HistoryRecord
@@ -43,7 +55,12 @@ from statehold.spark.progress import ProgressCallback, RecentRecords, StateholdP
 from statehold.spark.registration import register_if_supported
 from statehold.spark.session import SchemaParser, spark_checkpoint_location
 from statehold.spark.staging import JobSettings, KeptOutput
-from statehold.spark.streaming import ProcessorBatches, ProcessorJob, is_processor
+from statehold.spark.streaming import (
+    ProcessorBatches,
+    ProcessorJob,
+    is_processor,
+    stop_this_query,
+)
 from statehold.storage import Storage, check_key, open_storage
 
 if TYPE_CHECKING:
@@ -54,13 +71,37 @@ if TYPE_CHECKING:
     from statehold.spark.metrics import JobMetrics
 
 
+log = logging.getLogger("statehold.spark")
+
+#: How often an idle streaming driver serves savepoint requests (`StatefulJob`).
+IDLE_REQUESTS_SECONDS = 5.0
+
+
+class JobStoppedError(StateholdError):
+    """The job was stopped from outside (``statehold stop``); a new StatefulJob resumes it."""
+
+
+def _seconds(retain_for: timedelta | float | None) -> float | None:
+    if retain_for is None:
+        return None
+    seconds = retain_for.total_seconds() if isinstance(retain_for, timedelta) else retain_for
+    if not seconds >= 0:
+        raise InvalidArgumentError(f"retain_for must be a positive duration, not {retain_for}")
+    return float(seconds)
+
+
 class StatefulJob:
     """Keyed state for a PySpark pipeline, checkpointed into one job directory.
 
     ``checkpoints`` is the checkpoint root (a local path, ``file://`` or ``s3://`` URI);
     the job directory is ``<checkpoints>/<job_id>``. ``max_parallelism`` (the number of key
     groups) is fixed when the job is created; ``parallelism`` (the number of Spark tasks
-    owning state) may change between runs. ``retain`` completed checkpoints are kept.
+    owning state) may change between runs. The newest ``retain`` completed checkpoints
+    are kept and, with ``retain_for`` (a timedelta or seconds), every one completed within
+    it as well (``retain`` is the minimum; at most
+    `statehold.cleanup.policy.MAX_RETAINED`). At each batch boundary the driver serves
+    the savepoints and stops asked from outside (``statehold savepoint JOB NAME``,
+    ``statehold stop JOB``; `serve_requests`).
     ``on_phase`` is told each batch's progress (see `PhaseHook`). The newest `history`
     checkpoints leave a record in ``_job/history/`` (`statehold.job.history`). With
     `metrics_port`, the driver serves Prometheus metrics there (`statehold.spark.metrics`; 0:
@@ -88,6 +129,7 @@ class StatefulJob:
         history: int = DEFAULT_KEEP,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        retain_for: timedelta | float | None = None,
     ) -> None:
         check_max_parallelism(max_parallelism)
         self.spark = spark
@@ -97,6 +139,7 @@ class StatefulJob:
         if not 1 <= self.parallelism <= max_parallelism:
             raise InvalidArgumentError(f"parallelism must be in 1..{max_parallelism}")
         self.retain = retain
+        self.retain_for = _seconds(retain_for)
         self.operator = operator
         self.local_dir = local_dir
         self.storage_options = dict(storage_options or {})
@@ -122,6 +165,18 @@ class StatefulJob:
         self.on_phase = on_phase
         self.history = history
         self.metrics: JobMetrics | None = None
+        self._inbox: Inbox | None = None
+        #: The answer to the stop request that ended this job (None: not stopped).
+        self.stopped: RequestAnswer | None = None
+        #: Inside a Structured Streaming batch: requests wait for its end.
+        self._in_stream = False
+        #: Held by every batch; a request served while idle takes it (`_serve_when_idle`).
+        self._batch_lock = threading.RLock()
+        #: How often a streaming driver with no batch running serves savepoint requests
+        #: (a query without new input runs no batch); None: at batch boundaries only.
+        self.idle_requests_every: float | None = IDLE_REQUESTS_SECONDS
+        self._idle: threading.Thread | None = None
+        self._idle_done = threading.Event()
         self._observed: HistoryRecord | None = None
         #: The newest batches' history records, for `progress_listener`.
         self.recent = RecentRecords()
@@ -156,6 +211,11 @@ class StatefulJob:
     @property
     def coordinator(self) -> CheckpointCoordinator:
         """The attempt's coordinator, started on first use (claims a new epoch)."""
+        if self.stopped is not None:
+            raise JobStoppedError(
+                f"job {self.job_id} was stopped from outside (request {self.stopped.id}): "
+                "start a new StatefulJob to resume it"
+            )
         if self._coordinator is None:
             if self._batches_remote:
                 raise refuse(
@@ -180,7 +240,10 @@ class StatefulJob:
                 job,
                 max_parallelism=self.max_parallelism,
                 retain=self.retain,
+                retain_for=self.retain_for,
             )
+            coord = self._coordinator
+            self._inbox = Inbox(coord.storage, coord.epoch, coord.check_epoch, coord.discard)
             self._coordinator.history.keep = self.history
             if self.metrics is not None:
                 self.metrics.attach(self._coordinator.epoch, self._coordinator.cleaner.status)
@@ -218,7 +281,8 @@ class StatefulJob:
             df, process, self._struct(output_schema), keys, tuple(order_by), input_format,
             vectorized, processing_time_ms, batch_id, sink, source_position or {},
         )
-        return run_checkpoint(self._checkpointing(), batch)
+        with self._batch_lock:
+            return self._at_boundary(run_checkpoint(self._checkpointing(), batch))
 
     def transform_with_state(
         self,
@@ -279,7 +343,8 @@ class StatefulJob:
             event_time=lambda figures: event_time_after(pspec, delay_ms, figures),
             schemas=schemas,
         )
-        return run_checkpoint(self._checkpointing(), batch)
+        with self._batch_lock:
+            return self._at_boundary(run_checkpoint(self._checkpointing(), batch))
 
     def timers_due(self, processing_time_ms: int | None = None) -> bool:
         """Whether the newest checkpoint has a timer due in the next batch: at or before
@@ -338,14 +403,17 @@ class StatefulJob:
         if processor_options:
             raise OptionsError(f"options {sorted(processor_options)} are for stateful processors")
         fmt: InputFormat = input_format or "rows"
+        self._serve_idle()
 
         def run(batch_df: DataFrame, batch_id: int) -> None:
-            self.check_replay(batch_id)
-            result = self.run_batch(batch_df, process, output_schema, key=key, batch_id=batch_id,
-                                    sink=sink, order_by=order_by, input_format=fmt,
-                                    vectorized=vectorized)
+            with self._streaming():
+                self.check_replay(batch_id)
+                result = self.run_batch(batch_df, process, output_schema, key=key,
+                                        batch_id=batch_id, sink=sink, order_by=order_by,
+                                        input_format=fmt, vectorized=vectorized)
             if on_batch is not None:
                 on_batch(result)
+            self.serve_requests(stream=True)
 
         return run
 
@@ -368,6 +436,49 @@ class StatefulJob:
             )
         return StateholdProgressListener(self.recent, callback)
 
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a stop asked from outside ended this job (``statehold stop JOB``):
+        a driver looping over `run_batch` itself leaves its loop (`run_batch` refuses
+        from now on); `foreach_batch` stops its streaming query by itself."""
+        return self.stopped is not None
+
+    def serve_requests(self, *, stream: bool = False) -> None:
+        """Act on the savepoints and stops asked from outside (`statehold.checkpoint.
+        requests`): one listing of ``_job/requests/``. `run_batch`, `transform_with_state`
+        and `foreach_batch` call it after each batch; a stop ends the job (``end``: keep
+        the newest checkpoint) and, with `stream`, stops the streaming query whose
+        ``foreachBatch`` is running (`statehold.spark.streaming.stop_this_query`)."""
+        with self._batch_lock:
+            self._serve(stream=stream)
+
+    def _serve(self, *, stream: bool, savepoints_only: bool = False) -> None:
+        """`serve_requests` under the batch lock; `savepoints_only` while idle (a stop
+        waits for a batch boundary, where the query can be stopped after its batch)."""
+        if self._coordinator is None or self._inbox is None or self.stopped is not None:
+            return
+        inbox, coord = self._inbox, self._coordinator
+        for request in inbox.poll():
+            if savepoints_only and request.action is Action.STOP:
+                continue
+            if not inbox.accept(request):
+                continue
+            if request.savepoint is not None:
+                try:
+                    meta = coord.savepoint(request.savepoint)
+                except StateholdError as e:
+                    inbox.answer(request, Outcome.FAILED, f"savepoint not taken: {e}")
+                    continue  # a failed stop-with-savepoint leaves the job running
+                saved = layout.savepoint_dir(request.savepoint)
+                if request.action is Action.SAVEPOINT:
+                    inbox.answer(request, Outcome.DONE,
+                                 f"savepoint {saved} of checkpoint {meta.checkpoint_id}",
+                                 savepoint_key=saved, checkpoint_id=meta.checkpoint_id)
+                    continue
+            if request.action is Action.STOP:
+                self._stop(request, stream)
+                return
+
     def savepoint(self, name: str) -> CheckpointMetadata:
         """Keep the newest checkpoint as savepoint `name` (``savepoints/<name>/``): never
         subsumed, never deleted by any cleanup, only by ``statehold dispose``."""
@@ -382,7 +493,10 @@ class StatefulJob:
     ) -> bool:
         """The job is over for good: record it, clean up per `policy` (keep the newest
         checkpoint, or delete all checkpoints), optionally keeping a savepoint first.
-        False if the cleanup could not finish (the next driver finishes it)."""
+        False if the cleanup could not finish (the next driver finishes it). After a stop
+        asked from outside (`stopped`) it only says whether that end finished."""
+        if self.stopped is not None:
+            return self.stopped.outcome is Outcome.DONE
         done = self.coordinator.end(
             JobOutcome(outcome), RetentionPolicy(policy), savepoint=savepoint
         )
@@ -390,6 +504,10 @@ class StatefulJob:
         return done
 
     def close(self) -> None:
+        self._idle_done.set()
+        if self._idle is not None and self._idle is not threading.current_thread():
+            self._idle.join(timeout=30)
+        self._idle = None
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
@@ -438,10 +556,75 @@ class StatefulJob:
             operator=self.operator, local_dir=self.local_dir, ha=self._ha,
             backend_options=self.backend_options, restore_from=self.restore_from,
             restore_mode=self.restore_mode.value, on_phase=self.on_phase,
-            history=self.history,
+            history=self.history, retain_for=self.retain_for,
         )
         self._batches_remote = True
         return RemoteBatches(config, type(self), process, output_schema, options)
+
+    def _at_boundary(self, result: BatchResult) -> BatchResult:
+        if not self._in_stream:
+            self.serve_requests()
+        return result
+
+    @contextlib.contextmanager
+    def _streaming(self) -> Iterator[None]:
+        """A Spark micro-batch: requests wait for its end (a processor's batch may be
+        several checkpoints: its input, then timers)."""
+        with self._batch_lock:
+            self._in_stream = True
+            try:
+                yield
+            finally:
+                self._in_stream = False
+
+    def _serve_idle(self) -> None:
+        """Start serving savepoint requests while no batch runs (`idle_requests_every`)."""
+        if self.idle_requests_every is None or self._idle is not None:
+            return
+        self._idle_done.clear()
+        self._idle = threading.Thread(target=self._serve_when_idle, daemon=True,
+                                      name=f"statehold-requests-{self.job_id}")
+        self._idle.start()
+
+    def _serve_when_idle(self) -> None:
+        """A streaming query without new input runs no batch, so no boundary: every
+        `idle_requests_every` seconds, if no batch holds the lock, savepoints are served
+        here (the newest checkpoint is the savepoint's, as at a boundary)."""
+        every = self.idle_requests_every or IDLE_REQUESTS_SECONDS
+        while not self._idle_done.wait(every):
+            if not self._batch_lock.acquire(blocking=False):
+                continue  # a batch runs: it serves them at its end
+            try:
+                self._serve(stream=False, savepoints_only=True)
+            except StateholdError as e:  # fenced, storage down: the next batch says so
+                log.warning("job %s: serving requests while idle: %s", self.job_id, e)
+            finally:
+                self._batch_lock.release()
+
+    def _stop(self, request: OperatorRequest, stream: bool) -> None:
+        """End the job as `request` asked (its savepoint already taken): the job's
+        `end` path, the answer (still under this attempt's epoch), then the lease."""
+        coord, inbox = self.coordinator, self._inbox
+        assert inbox is not None
+        latest = self.latest_checkpoint_id()
+        saved = None if request.savepoint is None else layout.savepoint_dir(request.savepoint)
+        try:
+            clean = coord.end(JobOutcome.FINISHED, RetentionPolicy.KEEP_LATEST)
+        except StateholdError as e:
+            inbox.answer(request, Outcome.FAILED, f"stop failed: {e}")
+            raise
+        said = f"stopped after checkpoint {latest}" + (f"; savepoint {saved}" if saved else "")
+        if not clean:
+            said += " (its cleanup did not finish; the next start finishes it)"
+        inbox.answer(request, Outcome.DONE, said, savepoint_key=saved, checkpoint_id=latest)
+        self.stopped = RequestAnswer(
+            id=request.id, outcome=Outcome.DONE if clean else Outcome.FAILED,
+            epoch=coord.epoch, message=said, savepoint_key=saved, checkpoint_id=latest,
+            at=clock.now(),
+        )
+        self.close()
+        if stream:
+            stop_this_query(self.spark)
 
     def _processor_batches(
         self,
@@ -452,6 +635,7 @@ class StatefulJob:
     ) -> ProcessorBatches:
         """`foreach_batch` of a processor: `options` are those of `transform_with_state`
         and of `ProcessorBatches` (``no_data_batches``, ``input_schema``)."""
+        self._serve_idle()
         no_data_batches = options.pop("no_data_batches", True)
         input_schema = options.pop("input_schema", None)
 
@@ -461,7 +645,8 @@ class StatefulJob:
                                              processing_time_ms=time_ms, **options)
 
         job = ProcessorJob(run, self.timers_due, self._newest, self._replays, self.recent,
-                           self.spark)
+                           self.spark, streaming=self._streaming,
+                           boundary=lambda: self.serve_requests(stream=True))
         return ProcessorBatches(
             job, no_data_batches=no_data_batches, on_batch=on_batch,
             input_schema=None if input_schema is None else self._struct(input_schema),
@@ -507,4 +692,4 @@ class StatefulJob:
         return self._schemas.struct(schema)
 
 
-__all__ = ["BatchResult", "StatefulJob", "replace_output"]
+__all__ = ["BatchResult", "JobStoppedError", "StatefulJob", "replace_output"]

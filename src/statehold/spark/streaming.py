@@ -20,8 +20,11 @@ of Spark's thread and the driver's calls of `fire_due_timers`.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +40,13 @@ if TYPE_CHECKING:
     from statehold.format.metadata import CheckpointMetadata
     from statehold.spark.batch import BatchResult
 
+log = logging.getLogger("statehold.spark")
+
 SPARK_BATCH = "spark_batch_id"
+#: Spark's local property naming the streaming query whose micro-batch a thread runs.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+#: The longest a stop waits for Spark to mark its query stopped.
+STOP_WAIT_SECONDS = 60.0
 #: Batches without input run in a row at most this many times per call: more are only
 #: due when the processor keeps registering timers that are already due.
 MAX_TIMER_BATCHES = 16
@@ -66,6 +75,10 @@ class ProcessorJob:
     recent: RecentRecords
     #: makes the empty input of batches that only fire timers
     spark: SparkSession
+    #: marks a Spark micro-batch (requests from outside wait for its end)
+    streaming: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
+    #: serves requests from outside at the end of each micro-batch
+    boundary: Callable[[], None] = lambda: None
 
 
 class ProcessorBatches:
@@ -91,17 +104,19 @@ class ProcessorBatches:
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self._lock:
-            self._schema = batch_df.schema
-            if is_connect(batch_df.sparkSession):
-                self._session = batch_df.sparkSession
-            done = self.latest_spark_batch()
-            self.job.replays.check(batch_id, done, "batch {} recorded")
-            ran = None
-            if done is None or batch_id > done:
-                ran = self._batch(batch_df, batch_id, timers_only=False).checkpoint_id
-            self.job.recent.link(batch_id, ran)  # for the progress listener
-            if self.no_data_batches:
-                self._fire(batch_id, None)
+            with self.job.streaming():
+                self._schema = batch_df.schema
+                if is_connect(batch_df.sparkSession):
+                    self._session = batch_df.sparkSession
+                done = self.latest_spark_batch()
+                self.job.replays.check(batch_id, done, "batch {} recorded")
+                ran = None
+                if done is None or batch_id > done:
+                    ran = self._batch(batch_df, batch_id, timers_only=False).checkpoint_id
+                self.job.recent.link(batch_id, ran)  # for the progress listener
+                if self.no_data_batches:
+                    self._fire(batch_id, None)
+            self.job.boundary()
 
     def fire_due_timers(self, processing_time_ms: int | None = None) -> list[BatchResult]:
         """Run batches without input while timers are due (`StatefulJob.timers_due`; the
@@ -144,3 +159,36 @@ class ProcessorBatches:
         if self.on_batch is not None:
             self.on_batch(result)
         return result
+
+
+def stop_this_query(spark: SparkSession) -> bool:
+    """Stop the streaming query whose ``foreachBatch`` function calls this, once that
+    function returns: no later micro-batch starts. `StreamingQuery.stop` waits for the
+    query's thread, which is waiting for this very function, so another thread calls it;
+    this one returns once Spark marked the query stopped (at most `STOP_WAIT_SECONDS`).
+    Spark may then interrupt the commit of this micro-batch: a restart replays it, and
+    its checkpoint, already completed, is skipped. False when no query is found (not
+    inside ``foreachBatch``)."""
+    if is_connect(spark):
+        log.warning("a stop under Spark Connect ends the job, not the query: stop the "
+                    "query from the client (its next batch fails: the job has ended)")
+        return False
+    query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+    query = None if query_id is None else spark.streams.get(query_id)
+    if query is None:
+        log.warning("stop asked outside a streaming query's foreachBatch: nothing to stop")
+        return False
+
+    def stop() -> None:
+        try:
+            query.stop()
+        except Exception as e:  # a stop racing the query's own end: nothing to do
+            log.warning("stopping query %s: %s", query_id, e)
+
+    threading.Thread(target=stop, name="statehold-stop-query", daemon=True).start()
+    waited = 0.0
+    while query.isActive and waited < STOP_WAIT_SECONDS:
+        threading.Event().wait(0.01)
+        waited += 0.01
+    log.info("query %s stopped after its batch (asked from outside)", query_id)
+    return True

@@ -1,0 +1,251 @@
+"""``statehold savepoint JOB NAME`` and ``statehold stop JOB`` against a real streaming
+query: a driver process (tests/support/operated_stream.py, ``job.foreach_batch`` over
+Spark's ``rate-micro-batch`` source, no request handling in its code) is operated by the
+CLI as its own process, and killed with SIGKILL while a request is pending.
+
+Exactly once is checked on the state itself: the source's values are contiguous from 0,
+so per key the count must be that of every value up to the largest seen. After every
+run the job directory is listed: no orphan (the policy's reconcile finds none), no
+request document left behind but the answers nobody collected, and every savepoint
+either complete (it verifies) or absent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from statehold import tools
+from statehold.checkpoint.requests import read_answer, submit
+from statehold.cleanup.reconcile import plan
+from statehold.format import requests as fmt
+from statehold.format.requests import Action, Outcome
+from statehold.job.directory import open_job
+from statehold.spark import StatefulJob, iter_state
+from statehold.spark.job import JobStoppedError
+from statehold.storage import open_storage
+from tests.support.cli_process import Run, statehold_cli
+from tests.support.example_runs import example_env, group_alive
+from tests.support.operated_stream import KEYS, OUTPUT_SCHEMA, count
+from tests.support.paths import SUPPORT
+from tests.support.spark_session import spark  # noqa: F401
+
+pytestmark = [pytest.mark.spark, pytest.mark.crash]
+
+#: Guards against a hang, never a measure: a driver starts in about 10 s.
+START_TIMEOUT = 300.0
+
+
+class Driver:
+    """The operated stream as a process; its stdout lines gathered as they come."""
+
+    def __init__(self, tmp: Path, job_id: str, *files: str) -> None:
+        self.lines: list[str] = []
+        self._seen = threading.Condition()
+        self.log = tmp / f"driver-{job_id}-{time.monotonic_ns()}.log"
+        with open(self.log, "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(SUPPORT / "operated_stream.py"),
+                 str(tmp / "checkpoints"), job_id, str(tmp / f"output-{job_id}"), *files],
+                cwd=tmp, env=example_env(tmp), stdout=subprocess.PIPE, stderr=err,
+                text=True, start_new_session=True,
+            )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._seen:
+                self.lines.append(line.strip())
+                self._seen.notify_all()
+        with self._seen:
+            self._seen.notify_all()
+
+    def batches(self) -> int:
+        return sum(1 for line in self.lines if line.startswith("batch "))
+
+    def wait_batches(self, n: int) -> None:
+        """Until this driver has run `n` batches (fails if it exits first)."""
+        deadline = time.monotonic() + START_TIMEOUT
+        with self._seen:
+            while self.batches() < n:
+                if self.proc.poll() is not None and self.proc.stdout is not None:
+                    self._seen.wait(1)
+                    if self.batches() < n:
+                        pytest.fail(f"driver exited ({self.proc.returncode}):\n"
+                                    f"{self.log.read_text()[-3000:]}")
+                assert time.monotonic() < deadline, "the driver ran no batch"
+                self._seen.wait(1)
+
+    def exited(self) -> int:
+        code = self.proc.wait(timeout=START_TIMEOUT)
+        self._reader.join(timeout=START_TIMEOUT)  # every line read
+        return code
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        assert self.proc.wait() == -signal.SIGKILL
+        grace = time.monotonic() + 60
+        while group_alive(self.proc.pid) and time.monotonic() < grace:
+            time.sleep(0.2)
+        if group_alive(self.proc.pid):  # our own session only: the driver's JVM
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def exactly_once(state: dict[Any, dict[str, Any]]) -> int:
+    """Every value 0..top counted once per key; returns top."""
+    top = max(int(s["top"]) for s in state.values())
+    assert {int(k): int(s["n"]) for k, s in state.items()} == {
+        k: len(range(k, top + 1, KEYS)) for k in range(KEYS)
+    }
+    return top
+
+
+def request_files(job_dir: Path) -> list[str]:
+    folder = job_dir / fmt.REQUESTS_DIR
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def no_orphans(job_dir: Path) -> None:
+    leftovers = plan(open_job(str(job_dir)), None)
+    assert leftovers.orphans == [], [f.key for f in leftovers.orphans]
+
+
+def one_line_error(run: Run, *words: str) -> None:
+    assert run.code == 1 and len(run.err) == 1, run.err
+    for word in words:
+        assert word in run.err[0], run.err
+
+
+def test_savepoint_and_stop_with_savepoint_then_restore_exactly(
+    spark: SparkSession, tmp_path: Path  # noqa: F811
+) -> None:
+    job_dir = tmp_path / "checkpoints" / "operated"
+    driver = Driver(tmp_path, "operated")
+    driver.wait_batches(2)
+    saved = statehold_cli("savepoint", str(job_dir), "sp1", "--wait", "--timeout", "120")
+    assert saved.code == 0, saved.err
+    assert "savepoints/sp1 of checkpoint" in saved.out[0]
+    stopped = statehold_cli("stop", str(job_dir), "--savepoint", "final", "--wait",
+                            "--timeout", "120")
+    assert stopped.code == 0, stopped.err
+    assert driver.exited() == 0, driver.log.read_text()[-3000:]
+    assert driver.lines[-1].startswith("ended stopped after checkpoint"), driver.lines[-3:]
+
+    listing = tools.list_checkpoints(str(job_dir))
+    assert sorted(s.path for s in listing.savepoints) == ["savepoints/final", "savepoints/sp1"]
+    for name in ("sp1", "final"):
+        assert tools.verify(str(job_dir / "savepoints" / name)).ok
+    first = {k: v for k, v in iter_state(str(job_dir / "savepoints" / "sp1"))}
+    final = {k: v for k, v in iter_state(str(job_dir / "savepoints" / "final"))}
+    assert exactly_once(first) <= exactly_once(final)
+    assert request_files(job_dir) == []  # both collected by --wait
+    assert open_job(str(job_dir)).ha.read().latest is not None  # ended keeping the newest
+    no_orphans(job_dir)
+    assert statehold_cli("status", str(job_dir)).out[-1].startswith("ended finished")
+
+    # the savepoint restores into a new job: one more batch, exact over everything
+    top = exactly_once(final)
+    job = StatefulJob(spark, str(tmp_path / "checkpoints"), "restored", max_parallelism=8,
+                      parallelism=2, restore_from=str(job_dir / "savepoints" / "final"))
+    more = spark.createDataFrame([(v % KEYS, v) for v in range(top + 1, top + 21)],
+                                 "key long, value long")
+    job.run_batch(more, count, OUTPUT_SCHEMA)
+    job.close()
+    assert exactly_once(dict(iter_state(str(tmp_path / "checkpoints" / "restored")))) == top + 20
+
+
+def test_a_driver_killed_with_a_request_pending(tmp_path: Path) -> None:
+    job_dir = tmp_path / "checkpoints" / "killed"
+    first = Driver(tmp_path, "killed")
+    first.wait_batches(2)
+    first.kill()  # its lease still looks alive for a while
+    timed_out = statehold_cli("savepoint", str(job_dir), "late", "--wait", "--timeout", "2")
+    one_line_error(timed_out, "timed out after 2s", "did not answer", "withdrawn")
+    assert request_files(job_dir) == []  # withdrawn: nothing left behind
+    asked = statehold_cli("stop", str(job_dir))  # no --wait: left pending for the dead one
+    assert asked.code == 0, asked.err
+    [pending] = request_files(job_dir)
+    request_id = pending.removesuffix(".json")
+
+    second = Driver(tmp_path, "killed")  # a new attempt, a higher epoch
+    second.wait_batches(3)  # it did not stop: the request was not for it
+    answer = read_answer(open_storage(str(job_dir)), request_id)
+    assert answer is not None and answer.outcome is Outcome.REFUSED, answer
+    assert "which is gone" in answer.message
+    assert request_files(job_dir) == [f"{request_id}.answer.json"]  # the request went
+    stopped = statehold_cli("stop", str(job_dir), "--wait", "--timeout", "120")
+    assert stopped.code == 0, stopped.err
+    assert second.exited() == 0, second.log.read_text()[-3000:]
+
+    assert not (job_dir / "savepoints" / "late").exists()  # never taken, never half
+    exactly_once(dict(iter_state(str(job_dir))))  # through the kill: exactly once
+    no_orphans(job_dir)
+    none = statehold_cli("savepoint", str(job_dir), "after", "--wait")
+    one_line_error(none, "no running driver")
+    assert request_files(job_dir) == [f"{request_id}.answer.json"]
+
+
+def test_an_idle_query_serves_savepoints_and_stops_at_its_next_batch(tmp_path: Path) -> None:
+    job_dir = tmp_path / "checkpoints" / "idle"
+    inp = tmp_path / "input"
+    inp.mkdir()
+    values = iter(range(1000))
+
+    def add_file(name: str) -> None:
+        (inp / f".{name}").write_text("".join(f'{{"value": {next(values)}}}\n' for _ in range(7)))
+        (inp / f".{name}").rename(inp / name)  # whole, or Spark may read half of it
+
+    add_file("a.json")
+    driver = Driver(tmp_path, "idle", str(inp))
+    driver.wait_batches(1)  # then no new input: no batch, no boundary
+    saved = statehold_cli("savepoint", str(job_dir), "while-idle", "--wait", "--timeout", "120")
+    assert saved.code == 0, saved.err  # served by the idle driver
+    assert "savepoints/while-idle of checkpoint 0" in saved.out[0]
+    waited = statehold_cli("stop", str(job_dir), "--wait", "--timeout", "3")
+    one_line_error(waited, "timed out after 3s", "withdrawn")  # a stop waits for a batch
+    assert driver.proc.poll() is None and request_files(job_dir) == []
+    add_file("b.json")
+    driver.wait_batches(2)  # the withdrawn stop was not acted on
+    assert driver.proc.poll() is None
+    asked = statehold_cli("stop", str(job_dir))
+    assert asked.code == 0, asked.err
+    add_file("c.json")
+    assert driver.exited() == 0, driver.log.read_text()[-3000:]
+    assert driver.batches() == 3 and driver.lines[-1].startswith("ended stopped after")
+    assert tools.verify(str(job_dir / "savepoints" / "while-idle")).ok
+    assert exactly_once(dict(iter_state(str(job_dir)))) == 20
+    no_orphans(job_dir)
+
+
+def test_a_run_batch_loop_sees_stop_requested(spark: SparkSession, tmp_path: Path) -> None:  # noqa: F811
+    """A driver looping over run_batch itself: the stop lands after the batch it asked
+    during, `stop_requested` ends the loop, and run_batch refuses afterwards."""
+    job = StatefulJob(spark, str(tmp_path), "looped", max_parallelism=8, parallelism=2)
+    storage = open_storage(str(tmp_path / "looped"))
+    batches = 0
+    while not job.stop_requested:
+        rows = spark.createDataFrame([(v % KEYS, v) for v in range(batches * 5, batches * 5 + 5)],
+                                     "key long, value long")
+        if batches == 1:  # asked from outside while the driver runs
+            sent = submit(storage, job.coordinator.ha, "looped", Action.STOP, "at-stop")
+        job.run_batch(rows, count, OUTPUT_SCHEMA)
+        batches += 1
+        assert batches < 10, "the stop was never served"
+    assert batches == 2 and job.stopped is not None
+    answer = read_answer(storage, sent.id)
+    assert answer is not None and answer.outcome is Outcome.DONE and answer.checkpoint_id == 1
+    with pytest.raises(JobStoppedError, match="stopped from outside"):
+        job.run_batch(rows, count, OUTPUT_SCHEMA)
+    assert job.end() is True  # the stop's end: no second attempt
+    assert exactly_once(dict(iter_state(str(tmp_path / "looped" / "savepoints" / "at-stop")))) == 9
