@@ -14,7 +14,6 @@ directory: every referenced file is there, and no orphan is left once the job en
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator

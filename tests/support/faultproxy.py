@@ -21,6 +21,7 @@ drive it directly; it serves a handful of connections at a time, which is all te
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -56,10 +57,8 @@ class _Closed(Exception):
 
 def _rst(sock: socket.socket) -> None:
     """Close with a TCP RST (linger 0) instead of an orderly FIN."""
-    try:
+    with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    except OSError:
-        pass
     sock.close()
 
 
@@ -246,10 +245,8 @@ class FaultProxy:
             pass
         finally:
             for sock in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def _serve_tcp(self, client: socket.socket) -> None:
         upstream = self._connect()
@@ -275,7 +272,8 @@ class FaultProxy:
         buffer = bytearray()
         head = self._read_head(client, buffer)
         lines = head.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+        fields = (ln.partition(":") for ln in lines[1:] if ln)
+        headers = {k.strip().lower(): v.strip() for k, _, v in fields}
         self.counts["requests"] += 1
         length = int(headers.get("content-length", "0") or 0)
         if "chunked" in headers.get("transfer-encoding", "").lower():
@@ -363,8 +361,10 @@ class FaultProxy:
         buffer = bytearray()
         head = self._read_head(upstream, buffer)
         lines = head.decode("latin-1").split("\r\n")
-        kept = [ln for ln in lines[1:] if ln and ln.split(":", 1)[0].strip().lower() != "connection"]
-        self._send(client, "\r\n".join([lines[0], *kept, "Connection: close", "", ""]).encode("latin-1"))
+        kept = [ln for ln in lines[1:]
+                if ln and ln.split(":", 1)[0].strip().lower() != "connection"]
+        out_head = "\r\n".join([lines[0], *kept, "Connection: close", "", ""])
+        self._send(client, out_head.encode("latin-1"))
         if buffer:
             self._send(client, bytes(buffer))
         try:
