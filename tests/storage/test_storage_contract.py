@@ -28,6 +28,7 @@ from statehold.storage import (
     LocalStorage,
     NotFoundError,
     Storage,
+    StorageError,
     UnsafePathError,
     open_storage,
 )
@@ -463,7 +464,7 @@ def test_local_failed_write_keeps_old_content(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", disk_full)
-    with pytest.raises(OSError):
+    with pytest.raises(StorageError, match="the file system is full"):  # one line, our family
         storage.write("chk-1/_metadata", b"new but never durable")
     monkeypatch.undo()
     assert storage.read("chk-1/_metadata") == b"old"

@@ -12,6 +12,7 @@ confirm the snapshot once the checkpoint completed, close. The parts live beside
 
 from __future__ import annotations
 
+import logging
 import shutil
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -73,6 +74,8 @@ from statehold.errors import InvalidArgumentError
 from statehold.format.metadata import KeyGroupRange, KeyGroupState
 from statehold.state.json_codec import EntryDecoders
 from statehold.storage.base import Storage, check_key
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "RestoreSource",
@@ -346,7 +349,12 @@ class TaskStateBackend:
     # -- closing -------------------------------------------------------------------------
     def _discard_work(self) -> None:
         if self._db is not None:
-            self._db.close()
+            try:
+                self._db.close()
+            except Exception as e:  # rocksdict's bare Exception, e.g. a full disk
+                # The working copy is deleted next and never read again (the next task
+                # restores from a checkpoint): a failed final flush loses nothing.
+                log.warning("closing %s: %s", self.work_dir, " ".join(str(e).split()))
         self._db = self._kv = None
         shutil.rmtree(self.work_dir, ignore_errors=True)
 

@@ -20,6 +20,7 @@ from rocksdict import Checkpoint, Rdict
 from statehold.backend.engine import (
     BACKEND_FORMAT,
     BACKEND_NAME,
+    StateBackendError,
     in_parallel,
     settle_compactions,
 )
@@ -160,10 +161,17 @@ def write_snapshot(
 
 
 def _checkpoint_locally(db: Rdict, snap: Path) -> None:
-    """A RocksDB checkpoint of `db` in `snap`, flushed and without empty WAL files."""
-    db.flush(True)
-    settle_compactions(db)
-    Checkpoint(db).create_checkpoint(str(snap))
+    """A RocksDB checkpoint of `db` in `snap`, flushed and without empty WAL files.
+    RocksDB's failures (a full disk above all) come as a bare `Exception` from
+    rocksdict: they become one StateBackendError line."""
+    try:
+        db.flush(True)
+        settle_compactions(db)
+        Checkpoint(db).create_checkpoint(str(snap))
+    except Exception as e:  # rocksdict raises Exception for every RocksDB status
+        raise StateBackendError(
+            f"{snap}: RocksDB could not write the local snapshot: {' '.join(str(e).split())}"
+        ) from e
     for wal in snap.glob("*.log"):
         # Writes skip the WAL and the flush above emptied it: RocksDB opens the
         # checkpoint without it, so it would only cost a file per task and checkpoint.

@@ -21,7 +21,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -40,6 +46,15 @@ FORMAT_VERSION = 1
 #: How long opening a store waits for its first connection (seconds): an unreachable
 #: ensemble is reported in one line after this, whatever the per-call `timeout`.
 CONNECT_TIMEOUT = 5.0
+
+
+#: Requests that change nothing: resent after a lost connection (within the deadline).
+_RESENDABLE = frozenset({"sync", "read"})
+
+
+class _Resend(HAStoreError):
+    """A read lost its connection: wait for the client to reconnect and send it again
+    (control flow inside `_call`, never raised out of it)."""
 
 
 class _Model(BaseModel):
@@ -235,18 +250,35 @@ class ZooKeeperHAStore(HAStore):
             self._connected.clear()
 
     def _call(self, deadline: float, start: Callable[[], Any], what: str) -> Any:
-        """Run one async kazoo request once connected, bounded by `deadline`."""
-        if self._closed:
-            raise HAStoreError(f"HA store for {self.path} is closed")
-        if not self._connected.wait(max(0.0, deadline - time.monotonic())):
-            raise HAStoreError(
-                f"not connected to ZooKeeper ({what} {self.path}); no HA change is possible "
-                f"until the connection is re-established"
-            )
+        """Run one async kazoo request once connected, bounded by `deadline`. A sync or
+        a read that lost its connection is sent again once the client has reconnected
+        (it changes nothing); a write's outcome is unknown, so it is never resent here."""
+        while True:
+            if self._closed:
+                raise HAStoreError(f"HA store for {self.path} is closed")
+            if not self._connected.wait(max(0.0, deadline - time.monotonic())):
+                raise HAStoreError(
+                    f"not connected to ZooKeeper ({what} {self.path}); no HA change is "
+                    f"possible until the connection is re-established"
+                )
+            try:
+                return self._call_once(deadline, start, what)
+            except _Resend:
+                time.sleep(0.05)  # the listener clears `_connected` while kazoo reconnects
+                continue
+
+    def _call_once(self, deadline: float, start: Callable[[], Any], what: str) -> Any:
         try:
             return start().get(timeout=max(0.001, deadline - time.monotonic()))
         except (NoNodeError, NodeExistsError, BadVersionError):
             raise
+        except ConnectionLoss as exc:
+            if what in _RESENDABLE and time.monotonic() < deadline:
+                raise _Resend(f"{what} {self.path}: connection lost") from exc
+            raise HAStoreError(
+                f"ZooKeeper {what} {self.path} failed (connection lost); "
+                f"for a write the outcome is unknown: re-read before acting"
+            ) from exc
         except (KazooException, KazooTimeoutError) as exc:
             raise HAStoreError(
                 f"ZooKeeper {what} {self.path} failed ({type(exc).__name__}: {exc}); "

@@ -41,6 +41,8 @@ from statehold.storage.base import (
 #: Temporary files start with this; a crash can leave them behind, and since they live
 #: inside the job directory the reconcile finds and deletes them like any orphan.
 TEMP_MARKER = ".tmp-"
+#: errno values of a write that found no room: the device, or the user's quota, is full.
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 #: Attempts at creating a file in a directory that a concurrent `delete_many` may remove
 #: (as empty) between our mkdir and the file's creation.
@@ -119,6 +121,17 @@ class LocalStorage(Storage):
                     tmp.unlink(missing_ok=True)
                 if attempt >= _DIR_ATTEMPTS:
                     raise
+            except OSError as e:
+                if tmp is not None:
+                    tmp.unlink(missing_ok=True)
+                if e.errno in _NO_SPACE:
+                    # One line naming the file and the cause; the temp file is gone,
+                    # so nothing half-written is left under the key.
+                    raise StorageError(
+                        f"{path}: cannot be written, the file system is full "
+                        f"({os.strerror(e.errno)})"
+                    ) from e
+                raise
             except BaseException:
                 if tmp is not None:
                     tmp.unlink(missing_ok=True)

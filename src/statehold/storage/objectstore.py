@@ -73,6 +73,13 @@ _NOT_FOUND = (obe.NotFoundError, FileNotFoundError)
 _EXISTS = (obe.AlreadyExistsError, obe.PreconditionError, FileExistsError)
 
 
+def one_line(error: BaseException, limit: int = 600) -> str:
+    """The client's message on one line: obstore's errors embed the server's response
+    body (S3's XML error document, over several lines) after its own summary."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def env_bool(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
@@ -148,7 +155,7 @@ class ObjectStorage(Storage):
         except _EXISTS as e:
             raise AlreadyExistsError(f"{where} already exists") from e
         except obe.BaseError as e:
-            raise StorageError(f"{where}: {e}") from e
+            raise StorageError(f"{where}: {one_line(e)}") from e
 
     def _same_bucket(self, other: Storage) -> bool:
         return isinstance(other, ObjectStorage) and (
@@ -296,7 +303,7 @@ class ObjectStorage(Storage):
         except (*_NOT_FOUND, obe.PreconditionError) as e:
             raise ConflictError(f"{self.uri}/{key}: changed or gone since it was read") from e
         except obe.BaseError as e:
-            raise StorageError(f"{self.uri}/{key}: {e}") from e
+            raise StorageError(f"{self.uri}/{key}: {one_line(e)}") from e
 
     def delete_many(self, keys: Iterable[str]) -> None:
         checked = list(dict.fromkeys(check_key(k) for k in keys))  # check all first

@@ -1,0 +1,114 @@
+"""statehold's S3 storage (obstore) against the moto server through a fault-injecting
+proxy: bursts of 5xx, connection resets, uploads cut or stalled part-way, latency and a
+bandwidth limit. Each operation either succeeds with the exact bytes (the client retries
+what failed) or fails with one StorageError line within a bound; it never hangs and never
+leaves a partial object behind (a PUT lands whole or not at all)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from statehold.storage import Storage, StorageError, open_storage
+from tests.support.faultproxy import CutAction, FaultProxy
+from tests.support.faults import bounded
+from tests.support.s3 import S3Server
+
+#: The client's per-request timeout in these tests: a stalled request fails after this
+#: and is retried (statehold's default is 15 minutes, for large state files).
+REQUEST_TIMEOUT = timedelta(seconds=3)
+#: Hang detector: no operation under a fault may take longer (it is not a timing check:
+#: the client's retries end well inside it).
+BOUND = 120.0
+
+
+@pytest.fixture
+def proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
+    target = urlparse(s3_server.endpoint)
+    with FaultProxy((target.hostname or "127.0.0.1", target.port or 80), "http") as p:
+        yield p
+
+
+@pytest.fixture
+def storage(s3_server: S3Server, proxy: FaultProxy, request: pytest.FixtureRequest) -> Storage:
+    prefix = f"faults/{request.node.name}-{os.urandom(4).hex()}"
+    options = {**s3_server.options, "endpoint": proxy.endpoint, "timeout": REQUEST_TIMEOUT}
+    return open_storage(f"s3://{s3_server.bucket}/{prefix}", **options)
+
+
+def keys(storage: Storage) -> list[str]:
+    return sorted(info.key for info in storage.list())
+
+
+@pytest.mark.parametrize("status", [503, 500])
+def test_a_burst_of_5xx_is_retried_and_every_call_succeeds(
+    storage: Storage, proxy: FaultProxy, status: int
+) -> None:
+    storage.write("a", b"one")
+    for call in (
+        lambda: storage.write("b", b"two"),
+        lambda: storage.create_if_absent("c", b"three"),
+        lambda: storage.read("a"),
+        lambda: keys(storage),
+    ):
+        proxy.fail_requests(3, status)
+        bounded(call, BOUND, "a call under a 5xx burst")
+    data, version = storage.read_versioned("a")
+    proxy.fail_requests(3, status)
+    bounded(lambda: storage.replace_if_version("a", version, b"ONE"), BOUND, "conditional put")
+    assert proxy.counts[f"status_{status}"] == 15  # every injected answer was seen
+    assert (storage.read("a"), storage.read("b"), storage.read("c")) == (b"ONE", b"two", b"three")
+    assert keys(storage) == ["a", "b", "c"]
+
+
+def test_a_5xx_that_does_not_end_fails_in_one_line_then_the_store_works(
+    storage: Storage, proxy: FaultProxy
+) -> None:
+    proxy.fail_requests(10_000)
+    with pytest.raises(StorageError) as caught:
+        bounded(lambda: storage.write("x", b"data"), BOUND, "a write under endless 503s")
+    message = str(caught.value)
+    assert "\n" not in message and "503" in message and "x" in message, message
+    proxy.heal()
+    assert keys(storage) == []  # nothing half-written
+    storage.write("x", b"data")
+    assert storage.read("x") == b"data"
+
+
+def test_connection_resets_are_retried(storage: Storage, proxy: FaultProxy) -> None:
+    proxy.reset_requests(3)
+    bounded(lambda: storage.write("a", b"payload"), BOUND, "a write through resets")
+    proxy.reset_requests(2)
+    assert bounded(lambda: storage.read("a"), BOUND, "a read through resets") == b"payload"
+    assert proxy.counts["reset"] == 5
+
+
+@pytest.mark.parametrize("action", ["close", "reset", "stall"])
+def test_an_upload_cut_part_way_is_retried_whole_and_nothing_partial_is_left(
+    storage: Storage, proxy: FaultProxy, tmp_path: Path, action: CutAction
+) -> None:
+    data = os.urandom(400_000)
+    local = tmp_path / "state.sst"
+    local.write_bytes(data)
+    proxy.cut_upload(after_bytes=100_000, action=action, min_body=200_000)
+    bounded(lambda: storage.upload(local, "shared/state.sst"), BOUND, f"an upload cut ({action})")
+    assert proxy.counts[f"cut_{action}"] == 1
+    assert storage.read("shared/state.sst") == data
+    assert keys(storage) == ["shared/state.sst"]
+
+
+def test_latency_and_a_bandwidth_limit_slow_calls_but_change_nothing(
+    storage: Storage, proxy: FaultProxy
+) -> None:
+    data = os.urandom(300_000)
+    proxy.set_latency(0.05)
+    proxy.set_bandwidth(1_000_000)
+    bounded(lambda: storage.write("big", data), BOUND, "a slow write")
+    assert bounded(lambda: storage.read("big"), BOUND, "a slow read") == data
+    assert keys(storage) == ["big"]
+    assert proxy.counts["requests"] >= 3
