@@ -42,8 +42,8 @@ KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.24.3"
 #: spark-sql-kafka-0-10 of the installed PySpark, unless the registry lacks it: then the
 #: newest served version of the same line (checked with mvn on 2026-11-23: 4.3.0, 3.5.9
-#: and 3.5.8 were not served).
-SPARK_KAFKA_FALLBACK = {"4.3.0": "4.2.0", "3.5.9": "3.5.7", "3.5.8": "3.5.7"}
+#: and 3.5.8 were not served; on 2026-11-27 4.0.1-4.0.5 lacked spark-token-provider-kafka).
+SPARK_KAFKA_FALLBACK = {"4.3.0": "4.2.0", "4.0.5": "4.0.0", "3.5.9": "3.5.7", "3.5.8": "3.5.7"}
 CACHE_ENV = "STATEHOLD_JAR_CACHE"
 MANIFEST = "MANIFEST"
 MVN_TIMEOUT = 1800.0
@@ -181,16 +181,25 @@ def _pom(coordinates: Sequence[str]) -> str:
     )
 
 
+#: Maven Central for every repository a dependency's POM declares: Spark 4.0's POMs name a
+#: Google mirror of Central first, which this machine cannot reach, and Maven tries it.
+CENTRAL_ONLY_SETTINGS = """<settings><mirrors><mirror>
+  <id>central-only</id><mirrorOf>*</mirrorOf><url>https://repo.maven.apache.org/maven2</url>
+</mirror></mirrors></settings>
+"""
+
+
 def _resolve(coordinates: Sequence[str], workdir: Path) -> list[Path]:
     """The jars of `coordinates` and their runtime dependencies, in Maven's local repo."""
     mvn = shutil.which("mvn")
     if mvn is None:
         raise ArtifactError("no `mvn` on the PATH (apt-get install maven)")
     (workdir / "pom.xml").write_text(_pom(coordinates))
+    (workdir / "settings.xml").write_text(CENTRAL_ONLY_SETTINGS)
     out = workdir / "classpath.txt"
     done = subprocess.run(
-        [mvn, "-B", "-q", "dependency:build-classpath", "-Dmdep.includeScope=runtime",
-         f"-Dmdep.outputFile={out}"],
+        [mvn, "-B", "-q", "-s", str(workdir / "settings.xml"), "dependency:build-classpath",
+         "-Dmdep.includeScope=runtime", f"-Dmdep.outputFile={out}"],
         cwd=workdir, capture_output=True, text=True, timeout=MVN_TIMEOUT,
         stdin=subprocess.DEVNULL,
     )
