@@ -44,6 +44,12 @@ QUERY, PROVIDER = "window", "hdfs"
 FIRST, MORE = 6, 4
 
 
+def s3a_keeps_markers() -> bool:
+    from tests.support.infra.jvm import hadoop_version
+
+    return tuple(int(part) for part in hadoop_version().split(".")[:2]) >= (3, 4)
+
+
 def s3_client(server: S3Server) -> Any:
     import boto3
 
@@ -122,7 +128,8 @@ def test_a_checkpoint_spark_wrote_through_s3a(
 
     keys = s3_keys(s3_server, f"{prefix}/ckpt/")
     markers = {k for k in keys if k.endswith("/")}
-    assert markers, sorted(keys)  # S3A's directory markers
+    # S3A's directory markers: Hadoop 3.4 keeps them (3.3, Spark 3.5's, deletes them)
+    assert markers or not s3a_keeps_markers(), sorted(keys)
     assert not [k for k in keys if k.endswith(".crc")]
     uri = f"s3://{bucket}/{prefix}/ckpt"
     location = open_spark_checkpoint(uri, **s3_server.options)
