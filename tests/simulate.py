@@ -2,6 +2,8 @@
 
     python tests/simulate.py [--seeds N] [--steps M] [--seed S] [--json] [--time-box SEC]
                              [--list-lag SEC] [--no-faults] [--pause-outside-writers]
+                             [--ha embedded|zookeeper] [--zk-lag SEC] [--restores N]
+                             [--grown] [--plant NAME]
 
 Runs seeds S, S+1, ... S+N-1 (default S=0), each for M scheduler steps (one storage
 operation of one actor per step), then a quiet phase (heal, reconcile, gc) and the final
@@ -21,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim.world import run_seed  # noqa: E402
+from sim.world import PLANTS, grown, run_seed  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,12 +38,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-faults", action="store_true")
     p.add_argument("--pause-outside-writers", action="store_true",
                    help="also pause gc and dispose (beyond the design's timing assumptions)")
+    p.add_argument("--ha", choices=["embedded", "zookeeper"], default="embedded",
+                   help="the HA store (zookeeper: the real store against a simulated ensemble)")
+    p.add_argument("--zk-lag", type=float, default=0.0,
+                   help="ZooKeeper followers run up to this many seconds behind the leader")
+    p.add_argument("--restores", type=int, default=1, help="restores that may run at once")
+    p.add_argument("--grown", action="store_true",
+                   help="every new part: even seeds embedded HA, odd seeds ZooKeeper with "
+                        "lagging followers and list lag; concurrent restores (overrides the "
+                        "four options above)")
+    p.add_argument("--plant", default="", choices=["", *sorted(PLANTS)],
+                   help="switch on a planted bug (the simulation must find it)")
     args = p.parse_args(argv)
     logging.getLogger("statehold").setLevel(logging.CRITICAL)  # the trace tells the story
     options = {
         "list_lag": args.list_lag,
         "faults": not args.no_faults,
         "pause_outside_writers": args.pause_outside_writers,
+        "ha": args.ha,
+        "zk_lag": args.zk_lag,
+        "restores": args.restores,
+        "plant": args.plant,
     }
     started = time.monotonic()
     results = []
@@ -50,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.seed, args.seed + args.seeds):
         if args.time_box is not None and time.monotonic() - started > args.time_box:
             break
-        result, world = run_seed(seed, args.steps, **options)
+        result, world = run_seed(seed, args.steps, **(
+            {**options, **grown(seed)} if args.grown else options
+        ))
         results.append(result)
         total_steps += result["steps"]
         if result["violations"]:
@@ -62,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                 for line in world.minimal_trace():
                     print("  " + line)
                 print(f"replay: python tests/simulate.py --seed {seed} --seeds 1 "
-                      f"--steps {args.steps}")
+                      f"--steps {args.steps}" + "".join(
+                          f" {a}" for a in sys.argv[1:] if a.startswith(("--grown",))))
         elif not args.json:
             print(f"seed {seed}: ok, {result['steps']} steps, "
                   f"{result['sim_seconds']:.0f} simulated s, {result['events']}")

@@ -6,8 +6,10 @@ rate per kind of operation), with an unknown outcome (a write or create that lan
 reported an error, like a timed-out PUT), or permanently (a rule on a path, until healed).
 Listings are paged and each page is read when it is fetched (like S3's ListObjectsV2 with
 a continuation token), so a listing can overlap other writes and deletes. Optional
-list-after-write lag hides keys written less than `list_lag` seconds ago from listings
-only; S3 has been strongly consistent since 2020, so it is off by default.
+list-after-write lag (`list_lag` seconds) hides keys created less than that long ago from
+listings and keeps showing keys deleted less than that long ago (with their old size and
+mtime), as eventually consistent object stores do; reads, stats and conditional writes
+stay consistent. S3 has been strongly consistent since 2020, so it is off by default.
 """
 
 from __future__ import annotations
@@ -76,15 +78,12 @@ class SimStorage(Storage):
             self._op("list", "list", [base])
             now = self.world.clock.t
             lag = self.world.list_lag
-            keys = sorted(
-                k
-                for k, o in self.objects.items()
-                if k.startswith(base) and k > after and not (lag and now - o.created < lag)
-            )[:size]
-            page = [
-                FileInfo(k[len(self.root):], len(self.objects[k].data), self.objects[k].mtime)
-                for k in keys
-            ]
+            if lag:
+                shown = self.world.lagged_listing(base, after, now - lag)
+            else:
+                shown = {k: o for k, o in self.objects.items() if k.startswith(base) and k > after}
+            keys = sorted(shown)[:size]
+            page = [FileInfo(k[len(self.root):], len(shown[k].data), shown[k].mtime) for k in keys]
             self.world.after_op(self, "list", [base], page)
             if page:
                 yield page
@@ -111,7 +110,11 @@ class SimStorage(Storage):
 
     # -- writing -------------------------------------------------------------------------
     def _put(self, full: str, data: bytes) -> None:
-        self.objects[full] = SimObj(data, self.world.clock.t)
+        obj = SimObj(data, self.world.clock.t)
+        before = self.objects.get(full)
+        if isinstance(before, SimObj):
+            obj.created = before.created  # listed already: an overwrite stays listed
+        self.objects[full] = obj
 
     def write(self, key: str, data: bytes) -> None:
         full = self._full(key)
@@ -155,7 +158,7 @@ class SimStorage(Storage):
         existed = [f for f in gone if f in self.objects]
         self.world.about_to_delete(self, existed)
         for full in gone:
-            self.objects.pop(full, None)
+            self.world.forget(full)
         self.world.after_op(self, "delete", existed, None)
         if failed:
             raise DeleteError(failed)
@@ -167,7 +170,7 @@ class SimStorage(Storage):
         existed = sorted(k for k in self.objects if k.startswith(base))
         self.world.about_to_delete(self, existed)
         for k in existed:
-            del self.objects[k]
+            self.world.forget(k)
         self.world.after_op(self, "delete", existed, None)
         return len(existed)
 

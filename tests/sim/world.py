@@ -42,6 +42,7 @@ import statehold.ha.embedded
 from sim import model
 from sim.scheduler import Actor, Killed, Process, Scheduler, SimClock
 from sim.storage import InjectedFault, SimStorage
+from sim.zookeeper import SimEvent, SimKazooClient, SimZooKeeper
 from statehold.checkpoint.coordinator import CheckpointCoordinator, CheckpointError
 from statehold.checkpoint.restore import restore_into
 from statehold.cleanup.cleaner import SyncCleaner
@@ -54,6 +55,8 @@ from statehold.format import layout
 from statehold.format.metadata import CheckpointMetadata, RestoreMode, decode, referenced_keys
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
 from statehold.ha.embedded import EmbeddedHAStore, PointerDocument, decode_document
+from statehold.ha.zookeeper import ZooKeeperHAStore
+from statehold.ha.zookeeper import decode as decode_znode
 from statehold.job.directory import open_job
 from statehold.job.locate import Target
 from statehold.job.result import JobOutcome, RetentionPolicy
@@ -62,6 +65,7 @@ from statehold.tools.operations import dispose
 _HA_DOC = re.compile(r"^_ha/(\d{20})\.json$")
 _LEASE = re.compile(r"^_job/lease-e(\d+)\.json$")
 _SAVEPOINT_META = re.compile(r"^savepoints/[^/]+/_metadata$")
+_COPIES_MISSING = re.compile(r"copies went missing while it was being written \(first: (\S+)\)")
 _KEPT_DIRS = ("_ha/", "_job/", "_spark/", "taskowned/")
 
 
@@ -85,6 +89,31 @@ class Config:
     #: Pause processes other than drivers too (a person's gc or dispose).
     pause_outside_writers: bool = False
     trace_len: int = 3000
+    #: The HA store: ``embedded`` (on the job's storage) or ``zookeeper`` (the real
+    #: ZooKeeperHAStore against the simulated ensemble, `sim.zookeeper`).
+    ha: str = "embedded"
+    #: ZooKeeper: the most a follower runs behind the leader (seconds).
+    zk_lag: float = 0.0
+    #: Restores that may run at once (no-claim ones into different jobs, and re-runs of
+    #: one restore into the same job beside the first).
+    restores: int = 1
+    #: A planted bug to switch on (`PLANTS`): the simulation must find it.
+    plant: str = ""
+
+
+#: The ZooKeeper root and a host string for the simulated ensemble.
+ZK_HOSTS = "sim-zk:2181"
+ZK_ROOT = "/statehold"
+
+
+def grown(seed: int) -> dict[str, Any]:
+    """The grown simulation's options for `seed` (``simulate.py --grown``): even seeds
+    keep the embedded HA store (which needs consistent listings: no list lag), odd seeds
+    use ZooKeeper with lagging followers and an object store whose listings lag; both
+    run concurrent restores."""
+    if seed % 2 == 0:
+        return {"ha": "embedded", "restores": 3}
+    return {"ha": "zookeeper", "zk_lag": 5.0, "list_lag": 2.0, "restores": 3}
 
 
 @dataclass
@@ -121,15 +150,20 @@ class Ack:
 
 
 class SimHA(HAStore):
-    """The real EmbeddedHAStore, through a session that the environment can lose (like a
-    ZooKeeper session: every call fails with HAStoreError until it is back)."""
+    """The real HA store (EmbeddedHAStore, or ZooKeeperHAStore over the simulated
+    ensemble), noting each process's claimed epoch. The embedded store's session can be
+    lost (every call fails with HAStoreError until it is back); ZooKeeper's sessions are
+    the simulated client's."""
 
-    uri = "embedded"
-
-    def __init__(self, world: World, proc: Process, inner: EmbeddedHAStore) -> None:
+    def __init__(self, world: World, proc: Process, inner: HAStore) -> None:
         self.world, self.proc, self.inner = world, proc, inner
+        self.uri = "embedded" if isinstance(inner, EmbeddedHAStore) else str(
+            getattr(inner, "uri", "embedded")
+        )
 
     def _session(self) -> None:
+        if not isinstance(self.inner, EmbeddedHAStore):
+            return
         if self.world.clock.t < self.proc.data.get("session_lost_until", 0.0):
             raise HAStoreError(f"{self.proc.name}: HA session lost")
 
@@ -153,6 +187,10 @@ class SimHA(HAStore):
     def seed(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
         self._session()
         return self.inner.seed(epoch, retained)
+
+    def check_epoch(self, epoch: int) -> None:
+        self._session()
+        self.inner.check_epoch(epoch)
 
 
 class SimCleaner(SyncCleaner):
@@ -195,6 +233,7 @@ class World:
         self.list_lag = cfg.list_lag
         self.faults = cfg.faults
         self.job = Job("job-0", SimStorage(self, "job-0"))
+        self.all_jobs = {self.job.storage.root: self.job}
         self.processes: list[Process] = []
         self.step = 0
         self.trace: deque[str] = deque(maxlen=cfg.trace_len)
@@ -208,6 +247,17 @@ class World:
         self._serial = 0
         self.restores = 0
         self.quiet = False
+        #: Recently deleted objects, shown by lagging listings: full key -> (obj, when).
+        self.tombstones: dict[str, tuple[Any, float]] = {}
+        self.zk = SimZooKeeper(self, plant_ephemeral=cfg.plant == "ha-znode-ephemeral")
+        self.zk_clients: list[SimKazooClient] = []
+        #: Jobs restored into (by name), checked like the job while their restores run.
+        self.targets: dict[str, Job] = {}
+        #: Targets whose restores are all done and were checked.
+        self.settled: set[str] = set()
+        #: Restores started, to re-run one beside or after the first: (mode, source, key,
+        #: target).
+        self.restore_runs: list[tuple[RestoreMode, Job, str, Job]] = []
 
     # -- bookkeeping ---------------------------------------------------------------------
     def count(self, what: str) -> None:
@@ -253,6 +303,61 @@ class World:
         if per_call and self.rng.random() < self.cfg.rates[kind]:
             self.log("  -> transient failure")
             raise InjectedFault(f"{method} {keys[0]}: transient failure (simulated)")
+
+    def forget(self, full: str) -> None:
+        """A delete: the object goes; a lagging listing shows it a while longer."""
+        o = self.objects.pop(full, None)
+        if o is not None and self.list_lag:
+            self.tombstones[full] = (o, self.clock.t)
+
+    def lagged_listing(self, base: str, after: str, before: float) -> dict[str, Any]:
+        """What a lagging listing shows under `base` after key `after`: objects created
+        before `before` (an overwrite keeps its first creation's time), and objects
+        deleted since `before` as they were."""
+        for k in [k for k, (_o, t) in self.tombstones.items() if t < before]:
+            del self.tombstones[k]
+        shown = {
+            k: o for k, o in self.objects.items()
+            if k.startswith(base) and k > after and o.created < before
+        }
+        for k, (o, _t) in self.tombstones.items():
+            if k.startswith(base) and k > after and k not in shown:
+                shown[k] = o
+        return shown
+
+    # -- ZooKeeper hooks (called by sim.zookeeper) ----------------------------------------
+    def zk_point(self, what: str) -> None:
+        """A ZooKeeper request: a scheduler point with a seeded latency, like a storage
+        operation."""
+        if self.sched.current() is None:
+            return
+        self.sched.point(what)
+        self.clock.advance(self.rng.expovariate(1 / 0.002))
+        self.log(f"{self.actor_name()} {what}")
+
+    def zk_fault(self) -> bool:
+        """Does this request's connection drop (before or after the leader applied it)?"""
+        return self.faults and self.sched.current() is not None and self.rng.random() < 0.01
+
+    def zk_read(self, proc: Process, path: str, truth: Any) -> None:
+        """A driver read its job's znode: note whether the truth as of its `sync` (the
+        leader's tree then; the tree now without a sync) showed it fenced."""
+        actor = self.sched.current()
+        if actor is None or proc.kind != "driver" or truth is None:
+            return
+        epoch = proc.data.get("epoch", 0)
+        head = self._znode_state(path, truth)
+        self.saw_fenced[actor] = bool(epoch and head.epoch > epoch)
+
+    def _znode_state(self, path: str, node: Any) -> HAState:
+        cached = self._docs.get((path, node.data))
+        if cached is None:
+            cached = decode_znode(node.data, node.version, f"zookeeper:{path}")
+            self._docs[(path, node.data)] = cached
+        return cached  # type: ignore[no-any-return]
+
+    def zk_path(self, job: Job) -> str:
+        return f"{ZK_ROOT}/{job.name}"
 
     def delete_fault(self, full: str) -> BaseException | None:
         if not self.faults or self.sched.current() is None:
@@ -317,6 +422,10 @@ class World:
     def _job_of(self, storage: SimStorage) -> Job | None:
         return self.job if storage.root == self.job.storage.root else None
 
+    @property
+    def zookeeper(self) -> bool:
+        return self.cfg.ha == "zookeeper"
+
     # -- reading the truth (no scheduler points, no faults) --------------------------------
     def raw(self, job: Job, key: str) -> bytes | None:
         o = self.objects.get(job.storage.root + key)
@@ -326,7 +435,10 @@ class World:
         root = job.storage.root
         return [k[len(root):] for k in self.objects if k.startswith(root)]
 
-    def head(self, job: Job) -> PointerDocument | None:
+    def head(self, job: Job) -> PointerDocument | HAState | None:
+        if self.zookeeper:
+            node = self.zk.tree.get(self.zk_path(job))
+            return None if node is None else self._znode_state(self.zk_path(job), node)
         seqs = sorted(
             int(m[1]) for k in self.keys(job) if (m := _HA_DOC.match(k))
         )
@@ -354,7 +466,7 @@ class World:
             self._docs[(key, data)] = cached
         return cached  # type: ignore[no-any-return]
 
-    def referenced(self, job: Job) -> tuple[set[str], PointerDocument | None]:
+    def referenced(self, job: Job) -> tuple[set[str], PointerDocument | HAState | None]:
         """Every key a retained checkpoint or a savepoint needs (its _metadata too)."""
         head = self.head(job)
         holders = [p.metadata for p in head.retained] if head else []
@@ -369,11 +481,18 @@ class World:
 
     # -- invariants ----------------------------------------------------------------------
     def check(self) -> None:
+        for client in self.zk_clients:
+            client.tick()
+        self._check_targets()
         job = self.job
         if job.retired:
             return
         head = self.head(job)
-        if head is None:
+        if head is None and self.zookeeper and job.max_epoch:
+            # Nothing deletes a job's znode: not the end of a job, not a dispose.
+            self.violate("ha-state-lost", f"the znode of {job.name} (epoch {job.max_epoch}) "
+                         "is gone")
+        elif head is None:
             if job.max_epoch:
                 job.incarnation += 1  # the whole job was disposed of
                 job.max_epoch = 0
@@ -412,6 +531,35 @@ class World:
         if head is not None:
             self._check_in_flight(job, head)
 
+    def _check_targets(self) -> None:
+        """Jobs being restored into (several restores may run into one): what their HA
+        store publishes is the document stored, with every file it references; once the
+        last restore into one is done, its state equals the reference model's."""
+        running = {
+            p.data["target"].name for p in self.processes
+            if p.kind == "restore" and not p.done and not p.killed
+        }
+        for name, target in self.targets.items():
+            if target is self.job or target.retired or name in self.settled:
+                continue
+            head = self.head(target)
+            if head is not None:
+                for ptr in head.retained:
+                    meta = self.document(target, ptr.metadata)
+                    if isinstance(meta, str) or meta.checksum != ptr.checksum:
+                        what = meta if isinstance(meta, str) else f"epoch {meta.epoch}"
+                        self.violate("published-metadata",
+                                     f"{target.name}: {ptr.metadata} ({what}) is not the "
+                                     "document its restore published")
+                        continue
+                    self._check_files(target, ptr.metadata, meta, "restored")
+                    if name not in running:
+                        why = self.state_problem(target, ptr.metadata, meta)
+                        if why:
+                            self.violate("restore", f"{target.name}: {why}")
+            if name not in running:
+                self.settled.add(name)
+
     def _check_files(self, job: Job, key: str, meta: CheckpointMetadata, what: str) -> None:
         root = job.storage.root
         missing = [k for k in referenced_keys(meta, key) if root + k not in self.objects]
@@ -445,7 +593,7 @@ class World:
                 return f"task {i}: state {total} (manifest {manifest}), reference {want}"
         return None
 
-    def _check_in_flight(self, job: Job, head: PointerDocument) -> None:
+    def _check_in_flight(self, job: Job, head: PointerDocument | HAState) -> None:
         for p in self.processes:
             if (
                 p.kind != "driver"
@@ -516,7 +664,19 @@ class World:
         )
 
     def ha_for(self, proc: Process, storage: SimStorage) -> SimHA:
-        return SimHA(self, proc, EmbeddedHAStore(storage, keep=4))
+        if not self.zookeeper:
+            return SimHA(self, proc, EmbeddedHAStore(storage, keep=4))
+        client = proc.data.get("zk")
+        if client is None:
+            client = proc.data["zk"] = SimKazooClient(self.zk, proc)
+            self.zk_clients.append(client)
+        job = self._job_named(storage)
+        store = ZooKeeperHAStore(ZK_HOSTS, ZK_ROOT, job.name, timeout=10.0, client=client)
+        store._connected = SimEvent(client)  # type: ignore[assignment]  # over simulated time
+        return SimHA(self, proc, store)
+
+    def _job_named(self, storage: SimStorage) -> Job:
+        return self.all_jobs[storage.root]
 
     def driver(self, proc: Process, final: bool = False) -> None:
         job: Job = proc.data["job"]
@@ -588,7 +748,11 @@ class World:
                     policy = self.rng.choice(list(RetentionPolicy))
                     sp = self.name("end-sp") if self.rng.random() < 0.3 else None
                     self.log(f"{proc.name} ends the job ({policy}, savepoint {sp})")
-                    coord.end(JobOutcome.FINISHED, policy, savepoint=sp, timeout=5.0)
+                    try:
+                        coord.end(JobOutcome.FINISHED, policy, savepoint=sp, timeout=5.0)
+                    except StateholdError as e:
+                        self._check_refusal(e)
+                        raise
                     self.count("job-end")
                     return
                 else:
@@ -631,6 +795,15 @@ class World:
             raise
         except StateholdError as e:
             self.log(f"savepoint failed: {e}")
+            self._check_refusal(e)
+
+    def _check_refusal(self, e: StateholdError) -> None:
+        """A savepoint taken back because its copies "went missing": the copy it names
+        must really be gone (a savepoint's copies are written by it alone, under its own
+        name, so one present now was present when it looked)."""
+        m = _COPIES_MISSING.search(str(e))
+        if m and self.job.storage.root + m[1] in self.objects:
+            self.violate("savepoint-refused", f"{e} (but {m[1]} is there)")
 
     def _drain(self, proc: Process, coord: CheckpointCoordinator, current: int | None) -> None:
         """Late and duplicate acknowledgements: the coordinator discards a late upload
@@ -791,7 +964,9 @@ class World:
                             self.violate("restore", f"claim restore never succeeded: {e}")
                         return
             head = self.head(target)
-            assert head is not None and head.retained
+            if head is None or not head.retained:
+                self.violate("restore", f"{target.name}: restored, but nothing published")
+                return
             meta = self.document(target, head.retained[-1].metadata)
             if isinstance(meta, str):
                 self.violate("restore", f"{target.name}: restored metadata {meta}")
@@ -800,7 +975,7 @@ class World:
             if why:
                 self.violate("restore", f"{mode} restore into {target.name}: {why}")
             self.count(f"restore-{mode}")
-            if mode is RestoreMode.CLAIM:
+            if mode is RestoreMode.CLAIM and self.job is not target:
                 self.job = target
                 self.log(f"ENV {target.name} is the job now")
 
@@ -817,6 +992,8 @@ class World:
     def environment(self) -> None:
         rng = self.rng
         now = self.clock.t
+        if self.zookeeper:
+            self._zk_environment()
         drivers = self.alive("driver")
         running = [p for p in drivers if p.paused_until <= now]
         if self.job.retired:
@@ -834,6 +1011,8 @@ class World:
                 self.sched.kill(p)
         elif r < 0.006:
             kinds = ("driver", "gc", "dispose") if self.cfg.pause_outside_writers else ("driver",)
+            if self.cfg.restores > 1:
+                kinds = (*kinds, "restore")
             victims = [p for p in self.alive() if p.kind in kinds and p.paused_until <= now]
             if victims:
                 p = rng.choice(victims)
@@ -855,8 +1034,14 @@ class World:
             victims = self.alive()
             if victims:
                 p = rng.choice(victims)
-                p.data["session_lost_until"] = now + rng.uniform(1, 20)
-                self.log(f"ENV HA session of {p.name} lost")
+                span = rng.uniform(1, 20)
+                if self.zookeeper:
+                    if "zk" in p.data:  # cut off; past the session timeout it expires
+                        p.data["zk"].disconnect(span)
+                        self.log(f"ENV ZooKeeper client of {p.name} cut off for {span:.1f}s")
+                else:
+                    p.data["session_lost_until"] = now + span
+                    self.log(f"ENV HA session of {p.name} lost")
                 self.count("session-loss")
         elif r < 0.014 and self.faults:
             prefix = rng.choice(["shared/", "exclusive/", "chk-", "_job/", "savepoints/"])
@@ -872,15 +1057,47 @@ class World:
         elif r < 0.018:
             self.clock.advance(rng.uniform(0.5, 5))
 
+    def _zk_environment(self) -> None:
+        """Sessions of processes that ended are closed, of killed ones expire after the
+        session timeout; followers fall behind and catch up."""
+        now = self.clock.t
+        for client in self.zk_clients:
+            p = client.proc
+            if client.session.ended:
+                continue
+            if p.killed:
+                killed_at = p.data.setdefault("killed_at", now)
+                if now - killed_at >= self.zk.session_timeout:
+                    self.zk.end_session(client.session, "expired (its process died)")
+            elif p.done:
+                client.stop()
+        if self.cfg.zk_lag and self.rng.random() < 0.01:
+            server = self.rng.randrange(len(self.zk.lag))
+            self.zk.lag[server] = self.rng.uniform(0, self.cfg.zk_lag)
+            self.log(f"ENV ZooKeeper server {server} runs {self.zk.lag[server]:.1f}s behind")
+
     def _start_restore(self, mode: RestoreMode) -> None:
         head = self.head(self.job)
         sources = [p.metadata for p in head.retained[-1:]] if head else []
         sources += [k for k in self.keys(self.job) if _SAVEPOINT_META.match(k)]
-        if not sources or self.alive("restore"):
+        running = self.alive("restore")
+        if not sources or len(running) >= self.cfg.restores:
             return
+        if mode is RestoreMode.CLAIM and running:
+            return  # (a claim stops everything of its source, other restores too)
+        if self.cfg.restores > 1 and self.restore_runs and self.rng.random() < 0.3:
+            # A person runs a restore again, into the same job, while the first may still
+            # be under way or after it finished (then it resumes, nothing to do).
+            m, source, key, target = self.rng.choice(self.restore_runs)
+            if m is RestoreMode.NO_CLAIM and not source.retired:
+                self._spawn_restore(m, source, key, target, again=True)
+                return
         key = self.rng.choice(sources)
         self.restores += 1
-        target = Job(f"restored-{self.restores}", SimStorage(self, f"restored-{self.restores}"))
+        name = f"restored-{self.restores}"
+        target = Job(name, SimStorage(self, name))
+        self.targets[name] = target
+        self.all_jobs[target.storage.root] = target
         source = self.job
         if mode is RestoreMode.CLAIM:
             # The source job must not run again: stop every process of it first.
@@ -888,9 +1105,22 @@ class World:
                 self.sched.kill(p)
             self.sched.unwind_killed()
             source.retired = True
-        self.log(f"ENV {mode} restore of {source.name}/{key} into {target.name}")
+        self.restore_runs.append((mode, source, key, target))
+        self._spawn_restore(mode, source, key, target)
+        if self.cfg.restores > 1 and self.rng.random() < 0.3:
+            # Two runs of one restore at once (a person who thought the first hung).
+            self._spawn_restore(mode, source, key, target, again=True)
+
+    def _spawn_restore(
+        self, mode: RestoreMode, source: Job, key: str, target: Job, again: bool = False
+    ) -> None:
+        self.log(f"ENV {mode} restore of {source.name}/{key} into {target.name}"
+                 + (" (again)" if again else ""))
+        self.count("restore-again" if again else "restore-start")
+        self.settled.discard(target.name)
         proc = Process(self.name("restore"), "restore")
         proc.data["job"] = source
+        proc.data["target"] = target
         self.processes.append(proc)
         self.spawn(proc, proc.name, lambda: self.restorer(mode, source, key, target)(proc))
 
@@ -926,6 +1156,7 @@ class World:
         statehold.format.layout.uuid = ids  # type: ignore[assignment]
         statehold.ha.embedded.uuid = ids  # type: ignore[assignment]
         statehold.ha.embedded.random = random.Random(self.cfg.seed * 7 + 2)  # type: ignore[assignment]
+        undo = self._plant()
         try:
             try:
                 while self.step < self.cfg.steps:
@@ -941,9 +1172,26 @@ class World:
             except Exception:  # noqa: BLE001 - the run is over either way
                 traceback.print_exc()
             statehold.clock.use(previous_clock)
+            undo()
             (statehold.format.layout.uuid, statehold.ha.embedded.uuid,
              statehold.ha.embedded.random) = saved
         return self.result()
+
+    def _plant(self) -> Callable[[], None]:
+        """Switch on the planted bug `cfg.plant` names; returns how to switch it off."""
+        if not self.cfg.plant:
+            return lambda: None
+        _what, _options, patch = PLANTS[self.cfg.plant]
+        if patch is None:
+            return lambda: None  # a switch of the simulated part (see World.__init__)
+        owner, attr, replacement = patch
+        if isinstance(owner, str):
+            import importlib
+
+            owner = importlib.import_module(owner)
+        saved = getattr(owner, attr)
+        setattr(owner, attr, replacement)
+        return lambda: setattr(owner, attr, saved)
 
     def run_until_done(self, procs: list[Process], limit: int = 20000) -> None:
         for _ in range(limit):
@@ -976,6 +1224,8 @@ class World:
             if proc.data.get("ok"):
                 break
         for _ in range(3):
+            # (on a lagging store, after its listings have caught up with the last writes)
+            self.clock.advance(self.list_lag)
             proc = self.spawn_process("gc", self.outside("gc"))
             self.run_until_done([proc])
             if proc.data.get("ok"):
@@ -1023,9 +1273,67 @@ class World:
         return picked[-limit:] + ["..."] + lines[-limit:]
 
 
+def _read_without_sync(store: ZooKeeperHAStore, deadline: float) -> HAState:
+    """`ZooKeeperHAStore._get` without its `sync`: a lagging follower answers."""
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        data, stat = store._call(deadline, lambda: store._client.get_async(store.path), "read")
+    except NoNodeError:
+        return HAState(epoch=0, retained=(), version=-1)
+    return decode_znode(data, stat.version, f"zookeeper:{store.path}")
+
+
+def _copies_missing_by_listing(storage: Any, meta: Any, metadata_key: str, name: str) -> list[str]:
+    """The savepoint's copies looked up in a listing of its directory (which misses recent
+    writes and shows recent deletes on a lagging store)."""
+    directory = layout.savepoint_dir(name) + "/"
+    present = {i.key for page in storage.list_pages(layout.savepoint_dir(name)) for i in page}
+    return sorted(k for k in referenced_keys(meta, metadata_key)
+                  if k.startswith(directory) and k not in present)
+
+
+def _overwrite_restored_metadata(storage: Any, ha: Any, epoch: int, key: str,
+                                 data: bytes) -> None:
+    """A restore's ``chk-N/_metadata`` written over whatever is there (taken for an
+    interrupted restore's leftover)."""
+    from statehold.storage.base import AlreadyExistsError
+
+    try:
+        storage.create_if_absent(key, data)
+    except AlreadyExistsError:
+        storage.write(key, data)
+
+
+#: Planted bugs, one per fault kind the simulation grew with: (what it breaks, the
+#: options that reach it, (module, attribute, replacement) or None for a switch of the
+#: simulated part itself). `Config.plant` / ``simulate.py --plant`` switch one on.
+PLANTS: dict[str, tuple[str, dict[str, Any], tuple[Any, str, Any] | None]] = {
+    "ha-znode-ephemeral": (
+        "session expiry: the job's znode created ephemeral, so it goes with its session",
+        {"ha": "zookeeper"}, None,
+    ),
+    "zk-read-without-sync": (
+        "lagging followers: the ZooKeeper store reads without `sync` first",
+        {"ha": "zookeeper", "zk_lag": 5.0},
+        (ZooKeeperHAStore, "_get", _read_without_sync),
+    ),
+    "savepoint-copies-by-listing": (
+        "list-after-write lag: a savepoint confirms its copies from a listing",
+        {"ha": "zookeeper", "list_lag": 2.0},
+        ("statehold.checkpoint.job_end", "copies_missing", _copies_missing_by_listing),
+    ),
+    "restore-overwrites-metadata": (
+        "concurrent restores: a restore overwrites an existing chk-N/_metadata",
+        {"restores": 3},
+        ("statehold.checkpoint.restore", "write_metadata_once", _overwrite_restored_metadata),
+    ),
+}
+
+
 def run_seed(seed: int, steps: int, **options: Any) -> tuple[dict[str, Any], World]:
     world = World(Config(seed=seed, steps=steps, **options))
     return world.run(), world
 
 
-__all__ = ["Config", "Killed", "World", "run_seed"]
+__all__ = ["PLANTS", "Config", "Killed", "World", "grown", "run_seed"]

@@ -13,6 +13,7 @@ drives the attempt through its public methods (`EndingAttempt`).
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from statehold import clock
@@ -33,6 +34,9 @@ from statehold.job.result import JobOutcome, RetentionPolicy, write_result
 from statehold.storage.base import AlreadyExistsError, Storage
 
 #: The coordinator's logger: the job end is part of its story.
+#: Existence checks of a savepoint's copies in flight at once.
+_STAT_THREADS = 16
+
 log = logging.getLogger("statehold.checkpoint.coordinator")
 
 
@@ -89,10 +93,7 @@ def savepoint(
         # policy's grace, of a writer paused that long, may have gone to a gc as an
         # abandoned savepoint's leftovers before this document existed.
         guard()
-        present = {i.key for page in storage.list_pages(layout.savepoint_dir(name))
-                   for i in page}
-        missing = sorted(k for k in referenced_keys(meta, target_key)
-                         if k.startswith(layout.savepoint_dir(name) + "/") and k not in present)
+        missing = copies_missing(storage, meta, target_key, name)
         if missing:
             raise CheckpointError(
                 f"savepoint {name!r}: {len(missing)} of its copies went missing while it was "
@@ -102,6 +103,22 @@ def savepoint(
         storage.delete_many([target_key])  # its copies are left to the reconcile
         raise
     return decode(data, target_key)
+
+
+def copies_missing(
+    storage: Storage, meta: CheckpointMetadata, metadata_key: str, name: str
+) -> list[str]:
+    """The copies in ``savepoints/<name>/`` that savepoint `meta` names and the storage
+    no longer has. Asked per copy (in parallel), never from a listing: on a store whose
+    listings lag behind its writes, a listing misses the copies just made (every savepoint
+    was refused) and still shows ones deleted a moment ago (simulation, list lag)."""
+    directory = layout.savepoint_dir(name) + "/"
+    copies = sorted(k for k in referenced_keys(meta, metadata_key) if k.startswith(directory))
+    if not copies:
+        return []
+    with ThreadPoolExecutor(min(_STAT_THREADS, len(copies))) as pool:
+        present = list(pool.map(storage.exists, copies))
+    return [k for k, ok in zip(copies, present, strict=True) if not ok]
 
 
 def _copied_operators(

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from statehold.checkpoint.copy_log import CopyLog
+from statehold.checkpoint.published import write_metadata_once
 from statehold.errors import StateholdError
 from statehold.format import layout
 from statehold.format.layout import Scope
@@ -35,7 +36,7 @@ from statehold.format.metadata import (
     read_metadata,
 )
 from statehold.ha.base import CheckpointPointer, HAStore, HAStoreError
-from statehold.storage.base import AlreadyExistsError, NotFoundError, Storage
+from statehold.storage.base import NotFoundError, Storage
 
 log = logging.getLogger("statehold.checkpoint.restore")
 
@@ -112,10 +113,12 @@ def restore_into(
         }
     )
     data = encode(restored, metadata_key)
-    try:
-        target.create_if_absent(metadata_key, data)
-    except AlreadyExistsError:
-        target.write(metadata_key, data)  # a leftover of an interrupted restore; unpublished
+    # An existing document is an interrupted restore's leftover, or the document of a
+    # restore into the same job running beside this one: replaced only if no newer epoch
+    # wrote it and nothing publishes it, compared and put in one step (two runs of one
+    # restore at once: the fenced one overwrote the document the other had published;
+    # simulation, concurrent restores).
+    write_metadata_once(target, ha, epoch, metadata_key, data)
     restored = decode(data, metadata_key)
     ha.publish(
         epoch,

@@ -32,7 +32,7 @@ bookkeeping referenced or deletable.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -163,6 +163,21 @@ def judge(info: FileInfo, view: View, *, disposing: str | None = None) -> Verdic
     if _maybe_live(parsed, info, view, explicit=explicit):
         return Verdict.PROTECTED
     return Verdict.DELETABLE
+
+
+def unlisted_savepoint(info: FileInfo, view: View, exists: Callable[[str], bool]) -> bool:
+    """Is deletable `info` a copy of a savepoint whose `_metadata` the listing of
+    ``savepoints/`` did not show but the storage has (`exists`, a consistent stat)? Then
+    it is spared: on a store whose listings lag behind its writes, a savepoint made a
+    moment ago is not listed yet, and the job end (which spares no young file) took the
+    copies of the savepoint it had just made (simulation, list lag)."""
+    parsed = parse(info.key)
+    return (
+        parsed.kind is Kind.SAVEPOINT_OTHER
+        and parsed.savepoint is not None
+        and parsed.savepoint not in view.savepoints_with_metadata
+        and exists(layout.savepoint_metadata_key(parsed.savepoint))
+    )
 
 
 #: Directories whose plain files `judge_names` can decide from the name alone.

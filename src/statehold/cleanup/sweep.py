@@ -14,7 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from statehold.cleanup.policy import LiveAttempt, Verdict, View, judge, judge_names
+from statehold.cleanup.policy import (
+    LiveAttempt,
+    Verdict,
+    View,
+    judge,
+    judge_names,
+    unlisted_savepoint,
+)
 from statehold.ha.base import HAState
 from statehold.storage.base import FileInfo, NamePage, Storage
 
@@ -93,6 +100,17 @@ class ReconcilePlan:
                     self.orphans.append(info)
         return deletable
 
+    def spare(self, keys: set[str], judged: list[FileInfo]) -> None:
+        """Count `keys`, of the deletable files `add` just returned (`judged`), as
+        protected after all (`policy.unlisted_savepoint`)."""
+        spared = [i for i in judged if i.key in keys]
+        self.orphan_count -= len(spared)
+        self.orphan_bytes -= sum(i.size for i in spared)
+        self.orphans = [i for i in self.orphans if i.key not in keys]
+        self.protected_count += len(spared)
+        room = SAMPLE - len(self.protected)
+        self.protected.extend(i.key for i in spared[: max(room, 0)])
+
     def add_names(
         self, directory: str, names: list[str], view: View, sizes: list[int] | None = None
     ) -> tuple[list[str], list[str]]:
@@ -170,6 +188,13 @@ def sweep(
     `on_names` from the listing (one stat per directory entry on the listing's side;
     the deleter then need not stat)."""
     with_stat = on_names is None or sizes_from_listing
+    seen: dict[str, bool] = {}
+
+    def savepoint_exists(key: str) -> bool:
+        if key not in seen:
+            seen[key] = storage.exists(key)
+        return seen[key]
+
     for page in name_pages(storage, prefix, page_size, keys, with_stat=with_stat):
         infos = page.infos
         if page.names and on_names is None:  # e.g. a dry run: stat them, for their bytes
@@ -184,6 +209,10 @@ def sweep(
             if undecided:
                 infos = infos + stat_names(storage, page.directory, undecided)
         chosen = result.add(infos, view)
+        spared = {i.key for i in chosen if unlisted_savepoint(i, view, savepoint_exists)}
+        if spared:
+            result.spare(spared, chosen)
+            chosen = [i for i in chosen if i.key not in spared]
         if chosen and on_infos is not None:
             on_infos(chosen)
         if on_listed is not None:

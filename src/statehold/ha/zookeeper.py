@@ -8,7 +8,9 @@ publish of an older epoch then fails with FencedError.
 Every operation is a real round trip to the ensemble (after a `sync`, so a follower
 cannot answer from a stale view). While the client is disconnected nothing succeeds:
 calls wait at most `timeout` seconds for the connection to come back and then raise
-HAStoreError — the driver stops writing until it can re-establish its epoch.
+HAStoreError — the driver stops writing until it can re-establish its epoch. Deadlines
+are read from `statehold.clock`, so the deterministic simulation drives this very code
+against its simulated ZooKeeper (a kazoo-like client given as `client`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -32,6 +33,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from statehold import clock
 from statehold.errors import InvalidArgumentError
 from statehold.format import signed
 from statehold.ha.base import CheckpointPointer, FencedError, HAState, HAStore, HAStoreError
@@ -256,7 +258,7 @@ class ZooKeeperHAStore(HAStore):
         while True:
             if self._closed:
                 raise HAStoreError(f"HA store for {self.path} is closed")
-            if not self._connected.wait(max(0.0, deadline - time.monotonic())):
+            if not self._connected.wait(max(0.0, deadline - clock.monotonic())):
                 raise HAStoreError(
                     f"not connected to ZooKeeper ({what} {self.path}); no HA change is "
                     f"possible until the connection is re-established"
@@ -264,16 +266,16 @@ class ZooKeeperHAStore(HAStore):
             try:
                 return self._call_once(deadline, start, what)
             except _Resend:
-                time.sleep(0.05)  # the listener clears `_connected` while kazoo reconnects
+                clock.sleep(0.05)  # the listener clears `_connected` while kazoo reconnects
                 continue
 
     def _call_once(self, deadline: float, start: Callable[[], Any], what: str) -> Any:
         try:
-            return start().get(timeout=max(0.001, deadline - time.monotonic()))
+            return start().get(timeout=max(0.001, deadline - clock.monotonic()))
         except (NoNodeError, NodeExistsError, BadVersionError):
             raise
         except ConnectionLoss as exc:
-            if what in _RESENDABLE and time.monotonic() < deadline:
+            if what in _RESENDABLE and clock.monotonic() < deadline:
                 raise _Resend(f"{what} {self.path}: connection lost") from exc
             raise HAStoreError(
                 f"ZooKeeper {what} {self.path} failed (connection lost); "
@@ -317,23 +319,23 @@ class ZooKeeperHAStore(HAStore):
     # -- HAStore ----------------------------------------------------------------------
 
     def read(self) -> HAState:
-        return self._get(time.monotonic() + self.timeout)
+        return self._get(clock.monotonic() + self.timeout)
 
     def claim_epoch(self) -> HAState:
-        deadline = time.monotonic() + self.timeout
+        deadline = clock.monotonic() + self.timeout
         while True:
             current = self._get(deadline)
             epoch = current.epoch + 1
             version = self._write(deadline, current, encode(epoch, current.retained))
             if version is not None:
                 return HAState(epoch=epoch, retained=current.retained, version=version)
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 raise HAStoreError(f"could not claim an epoch for {self.path}: too much contention")
 
     def publish(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
         pointers = tuple(_check_pointer(p) for p in retained)
         data = encode(epoch, pointers)
-        deadline = time.monotonic() + self.timeout
+        deadline = clock.monotonic() + self.timeout
         while True:
             current = self._get(deadline)
             if current.epoch != epoch:
@@ -344,12 +346,12 @@ class ZooKeeperHAStore(HAStore):
             if version is not None:
                 return HAState(epoch=epoch, retained=pointers, version=version)
             # Someone wrote in between: re-read and decide again (fenced if they claimed).
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 raise HAStoreError(f"could not publish to {self.path}: too much contention")
 
     def seed(self, epoch: int, retained: Sequence[CheckpointPointer]) -> HAState:
         pointers = tuple(_check_pointer(p) for p in retained)
-        deadline = time.monotonic() + self.timeout
+        deadline = clock.monotonic() + self.timeout
         current = self._get(deadline)
         if current.version >= 0:
             raise HAStoreError(f"zookeeper:{self.path} already holds HA state; not seeded")
