@@ -3,7 +3,7 @@
     python tests/simulate.py [--seeds N] [--steps M] [--seed S] [--json] [--time-box SEC]
                              [--list-lag SEC] [--no-faults] [--pause-outside-writers]
                              [--ha embedded|zookeeper] [--zk-lag SEC] [--restores N]
-                             [--grown] [--plant NAME]
+                             [--grown] [--plant NAME] [--jobs N]
 
 Runs seeds S, S+1, ... S+N-1 (default S=0), each for M scheduler steps (one storage
 operation of one actor per step), then a quiet phase (heal, reconcile, gc) and the final
@@ -19,11 +19,24 @@ import logging
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim.world import PLANTS, grown, run_seed  # noqa: E402
+
+
+def _run_one(
+    seed: int, steps: int, options: dict[str, Any], grown_options: bool
+) -> tuple[dict[str, Any], list[str]]:
+    """One seed in a worker process: its result and its minimal trace."""
+    logging.getLogger("statehold").setLevel(logging.CRITICAL)
+    result, world = run_seed(seed, steps, **({**options, **grown(seed)} if grown_options
+                                             else options))
+    return result, world.minimal_trace()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                         "four options above)")
     p.add_argument("--plant", default="", choices=["", *sorted(PLANTS)],
                    help="switch on a planted bug (the simulation must find it)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="run seeds in this many processes (results printed in seed order)")
     args = p.parse_args(argv)
     logging.getLogger("statehold").setLevel(logging.CRITICAL)  # the trace tells the story
     options = {
@@ -64,12 +79,24 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     failed = []
     total_steps = 0
-    for seed in range(args.seed, args.seed + args.seeds):
+    seeds = range(args.seed, args.seed + args.seeds)
+    pool = ProcessPoolExecutor(args.jobs) if args.jobs > 1 else None
+    runs = (
+        pool.map(_run_one, seeds, repeat(args.steps), repeat(options), repeat(args.grown),
+                 chunksize=1)
+        if pool is not None else None
+    )
+    for seed in seeds:
         if args.time_box is not None and time.monotonic() - started > args.time_box:
             break
-        result, world = run_seed(seed, args.steps, **(
-            {**options, **grown(seed)} if args.grown else options
-        ))
+        if runs is not None:
+            result, lines = next(runs)
+            world = None
+        else:
+            result, world = run_seed(seed, args.steps, **(
+                {**options, **grown(seed)} if args.grown else options
+            ))
+            lines = world.minimal_trace()
         results.append(result)
         total_steps += result["steps"]
         if result["violations"]:
@@ -78,14 +105,15 @@ def main(argv: list[str] | None = None) -> int:
                 v = result["violations"][0]
                 print(f"seed {seed}: VIOLATION at step {v['step']}: {v['kind']}: {v['message']}")
                 print("minimal trace:")
-                for line in world.minimal_trace():
+                for line in lines:
                     print("  " + line)
                 print(f"replay: python tests/simulate.py --seed {seed} --seeds 1 "
-                      f"--steps {args.steps}" + "".join(
-                          f" {a}" for a in sys.argv[1:] if a.startswith(("--grown",))))
+                      f"--steps {args.steps}{_flags(args)}")
         elif not args.json:
             print(f"seed {seed}: ok, {result['steps']} steps, "
-                  f"{result['sim_seconds']:.0f} simulated s, {result['events']}")
+                  f"{result['sim_seconds']:.0f} simulated s, {result['events']}", flush=True)
+    if pool is not None:
+        pool.shutdown(cancel_futures=True)
     elapsed = time.monotonic() - started
     summary = {
         "seeds": [r["seed"] for r in results],
@@ -102,6 +130,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(results)} seed(s), {total_steps} steps, {summary['violations']} violation(s), "
               f"{elapsed:.1f}s ({summary['steps_per_second']} steps/s)")
     return 1 if failed else 0
+
+
+def _flags(args: argparse.Namespace) -> str:
+    """The options of this run that a replay needs."""
+    out = ""
+    if args.grown:
+        out += " --grown"
+    else:
+        for flag, value, default in (("--ha", args.ha, "embedded"), ("--zk-lag", args.zk_lag, 0.0),
+                                     ("--list-lag", args.list_lag, 0.0),
+                                     ("--restores", args.restores, 1)):
+            if value != default:
+                out += f" {flag} {value}"
+    if args.no_faults:
+        out += " --no-faults"
+    if args.pause_outside_writers:
+        out += " --pause-outside-writers"
+    if args.plant:
+        out += f" --plant {args.plant}"
+    return out
 
 
 if __name__ == "__main__":
