@@ -170,6 +170,8 @@ class SimKazooClient:
         self.zk, self.proc = zk, proc
         self.session = zk.open_session()
         self.disconnected_until = 0.0
+        #: When the current cut-off began (None: connected, or its session expired).
+        self.cut_from: float | None = None
         self.listeners: list[Callable[[str], Any]] = []
 
     # -- connection ---------------------------------------------------------------------
@@ -181,6 +183,7 @@ class SimKazooClient:
     def _refresh(self) -> None:
         """A client whose session ended gets a new one once it can reach the ensemble
         (kazoo: LOST, then CONNECTED with a new session)."""
+        self.tick()
         if self.session.ended and self.zk.world.clock.t >= self.disconnected_until:
             old = self.session.id
             self.session = self.zk.open_session()
@@ -192,18 +195,22 @@ class SimKazooClient:
         """The environment cuts this client off; past the session timeout the ensemble
         expires its session."""
         now = self.zk.world.clock.t
+        if now >= self.disconnected_until:
+            self.cut_from = now
         self.disconnected_until = max(self.disconnected_until, now + seconds)
-        self.expires_at = now + self.zk.session_timeout
         self._notify(KazooState.SUSPENDED)
 
     def tick(self) -> None:
-        """Expire the session once it has been cut off for the session timeout."""
-        now = self.zk.world.clock.t
+        """Expire the session once a cut-off longer than the session timeout has lasted
+        that long (called before every step, so a jump of the clock cannot skip it)."""
+        cut = self.cut_from
         if (
-            not self.session.ended
-            and now < self.disconnected_until
-            and getattr(self, "expires_at", now + 1) <= now
+            cut is not None
+            and not self.session.ended
+            and self.disconnected_until - cut > self.zk.session_timeout
+            and self.zk.world.clock.t >= cut + self.zk.session_timeout
         ):
+            self.cut_from = None
             self.zk.end_session(self.session, "expired")
 
     def _notify(self, state: str) -> None:
