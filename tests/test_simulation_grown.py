@@ -207,3 +207,14 @@ def test_concurrent_restores_a_fenced_run_never_overwrites_the_published_metadat
     published = ha.read().retained
     assert [p.checkpoint_id for p in published] == [1]
     assert read_metadata(target, "chk-1/_metadata").checksum == published[0].checksum
+
+
+def test_seed_100314_a_doomed_retry_of_a_published_checkpoint_is_not_in_flight() -> None:
+    """Seed 100314 of the grown soak (a bug of the model): an attempt's publish of
+    checkpoint 2 landed but reported a failure, and the re-read that would have told
+    failed too, so the attempt aborted 2 and tried it again; every retry is refused as
+    published already, and a gc (whose live attempt is past 2, as the HA store says)
+    took the retry's files. The invariant counted them as an in-flight checkpoint's;
+    a retry of a published id can never complete, so it no longer does."""
+    result, world = run_seed(100314, STEPS, **grown(100314))
+    assert not result["violations"], world.minimal_trace()

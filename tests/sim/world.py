@@ -607,8 +607,15 @@ class World:
             coord = p.data.get("coord")
             if coord is None:
                 continue
+            published = {p.checkpoint_id for p in head.retained}
             for pending in list(coord._pending.values()):
                 if not self._unbroken(job, head.epoch, pending.started_at):
+                    continue
+                if pending.checkpoint_id in published:
+                    # A retry of a checkpoint whose earlier try was published after all
+                    # (its publish landed but reported a failure, and so did the re-read
+                    # that would have told): `write_metadata_once` refuses it, so its
+                    # files are garbage that a gc may take (seed 100314 of the grown soak).
                     continue
                 for states in pending.acks.values():
                     for kg in states:
