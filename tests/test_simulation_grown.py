@@ -218,3 +218,13 @@ def test_seed_100314_a_doomed_retry_of_a_published_checkpoint_is_not_in_flight()
     a retry of a published id can never complete, so it no longer does."""
     result, world = run_seed(100314, STEPS, **grown(100314))
     assert not result["violations"], world.minimal_trace()
+
+
+def test_seed_102863_a_restore_run_again_into_a_job_claimed_since_changes_nothing() -> None:
+    """Seed 102863 of the grown soak (a bug of the model): two runs of a claim restore
+    into restored-1; the first finished, restored-1 was then claim-restored into
+    restored-2, and the second run, retried, found restored-1 restored already (as it
+    should) but the model then checked restored-1's moved files and made it the job
+    again."""
+    result, world = run_seed(102863, STEPS, **grown(102863))
+    assert not result["violations"], world.minimal_trace()
