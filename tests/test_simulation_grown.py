@@ -228,3 +228,34 @@ def test_seed_102863_a_restore_run_again_into_a_job_claimed_since_changes_nothin
     again."""
     result, world = run_seed(102863, STEPS, **grown(102863))
     assert not result["violations"], world.minimal_trace()
+
+
+def test_list_lag_a_forced_dispose_of_a_savepoint_leaves_no_document_naming_deleted_files(
+    tmp_path: Path,
+) -> None:
+    """List lag (grown simulation, seed 102961): ``dispose savepoints/X --force`` planned
+    from a listing that showed the savepoint's copies but not yet its `_metadata`, so it
+    deleted the copies and left the document naming them. The document is now looked up
+    by its key and deleted first, with its copies."""
+    from statehold.format.metadata import read_metadata, referenced_keys
+    from statehold.ha.embedded import EmbeddedHAStore
+    from statehold.job.directory import open_job
+    from statehold.job.locate import Target
+    from statehold.storage.local import LocalStorage
+    from statehold.tools.operations import dispose
+
+    storage = LaggingListing(LocalStorage(tmp_path))
+    coordinator = _start(storage)
+    _checkpoint_1(coordinator, storage)
+    coordinator.savepoint("x")  # type: ignore[attr-defined]
+    coordinator.close()  # type: ignore[attr-defined]
+    key = "savepoints/x/_metadata"
+    copies = [k for k in referenced_keys(read_metadata(storage, key), key)
+              if k.startswith("savepoints/x/")]
+    assert copies
+    storage.hidden.add(key)  # just written: not listed yet, its copies are
+    with open_job(storage, EmbeddedHAStore(storage)) as job:
+        report = dispose(Target(job, "savepoint", key), force=True)
+    assert key in report.deleted
+    assert not storage.exists(key)
+    assert not any(storage.exists(k) for k in copies)

@@ -293,6 +293,11 @@ def _plan_dispose(
     job, key, directory = t.job, t.metadata_key, t.path
     state, live, retained = claim
     assert key is not None
+    if all(i.key != key for i in files):
+        # A listing may lag a write: the document is looked up by its key, so that it
+        # goes first and never stays behind naming files deleted under it.
+        document = job.storage.stat(key)
+        files = files if document is None else [*files, document]
     own_dir = [i for i in files if i.key.startswith(directory + "/")]
     if not own_dir and not retained:
         raise ToolError(f"{t.uri}: no such {t.kind}")
