@@ -54,7 +54,7 @@ class Visits(StatefulProcessor):
 @pytest.fixture(scope="module")
 def job_dir(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:  # noqa: F811
     """A processor's job directory: checkpoint 0 (ann, bob), 1 (ann again, cy), savepoint
-    "first" of checkpoint 0. Creating the job registers the data source."""
+    "first" of checkpoint 0. The job registers the data source when its attempt starts."""
     root = tmp_path_factory.mktemp("ds")
     job = StatefulJob(spark, str(root), "visits", max_parallelism=8, parallelism=2,
                       local_dir=str(root / "local"))

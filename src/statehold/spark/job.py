@@ -180,10 +180,6 @@ class StatefulJob:
         self._observed: HistoryRecord | None = None
         #: The newest batches' history records, for `progress_listener`.
         self.recent = RecentRecords()
-        # spark.read.format("statehold") reads job directories in this session (PySpark 4;
-        # under Spark Connect only when asked: register_data_source, one call to the server)
-        if not is_connect(spark):
-            register_if_supported(spark)
         if metrics_port is not None:
             try:
                 from statehold.spark.metrics import JobMetrics
@@ -226,6 +222,11 @@ class StatefulJob:
                 )
             # `ha`: a store, a URI ("embedded", "zookeeper://host:port/path"), or None: the
             # one the job directory records (embedded for a new job).
+            # spark.read.format("statehold") reads job directories in this session from
+            # the job's start (PySpark 4; under Spark Connect only when asked, by
+            # register_data_source: one call to the server)
+            if not is_connect(self.spark):
+                register_if_supported(self.spark)
             job = open_job(self.storage, self._ha, job_id=self.job_id, create=True)
             if self.restore_from is not None and self.restore_mode is not RestoreMode.RESUME:
                 from statehold.checkpoint.restore import restore_into
