@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.spark_versions import needs_state_data_source
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.spark
+@needs_state_data_source
 def test_vs_spark_runs_and_both_systems_hold_the_right_state(tmp_path: Path) -> None:
     cmd = [
         sys.executable,

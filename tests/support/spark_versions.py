@@ -22,3 +22,9 @@ if SPARK_4:
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor as SparkProcessor
 else:  # classes written for Spark still define on 3.5; their tests skip
     SparkProcessor = object  # type: ignore[assignment,misc]
+
+#: Spark's state data source (``format("statestore")``), with which the benchmark reads
+#: back the state Spark kept to check it, exists from PySpark 4.0.
+needs_state_data_source = pytest.mark.skipif(
+    not SPARK_4, reason=f"PySpark {pyspark.__version__} has no format(\"statestore\") (Spark "
+    "4.0 added it): the benchmark checks Spark's own state with it")
