@@ -41,7 +41,8 @@ def test_batch_larger_than_the_cap_streams_with_exact_results(tmp_path: Path) ->
     }
     assert proc.returncode == 0, proc.stderr[-3000:]
     # the cap is real: a task holding its partition in Python runs out of memory
-    assert results["control"]["failed"] and results["control"]["memory_error"]
+    control = results["control"]
+    assert control["failed"] and control["memory_error"], control
     function = results["function"]
     assert function["rows_in"] == KEYS * ROWS_PER_KEY and function["keys"] == KEYS
     assert function["out"] == {f"k{i:05d}": [ROWS_PER_KEY, ROWS_PER_KEY * PAYLOAD]

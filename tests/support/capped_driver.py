@@ -102,7 +102,9 @@ def main(argv: list[str]) -> None:
         held = df.repartition(2).mapInArrow(hold_all, "n long").collect()
         report("control", {"failed": False, "rows": sum(r.n for r in held)})
     except Exception as exc:  # noqa: BLE001 (the control is expected to fail)
-        report("control", {"failed": True, "memory_error": "MemoryError" in str(exc)})
+        text = str(exc)
+        memory = any(w in text for w in ("MemoryError", "Cannot allocate", "std::bad_alloc"))
+        report("control", {"failed": True, "memory_error": memory, "error": text[-1500:]})
 
     job = StatefulJob(spark, f"{workdir}/ckpt", "capped", max_parallelism=16, parallelism=2,
                       local_dir=f"{workdir}/local", task_batch_rows=BATCH_ROWS)
