@@ -52,4 +52,7 @@ def test_batch_larger_than_the_cap_streams_with_exact_results(tmp_path: Path) ->
     n, size, chunks = hot["out"].pop("hot")
     assert (n, size) == (HOT_ROWS, HOT_ROWS * PAYLOAD)
     assert chunks >= HOT_ROWS // 500  # handed over in chunks of at most task_batch_rows
-    assert hot["out"] == {f"k{i:05d}": [2, 2 * PAYLOAD, 1] for i in range(KEYS)}
+    # a small key's two rows come in one chunk, or two where an input batch ends between
+    assert {k: v[:2] for k, v in hot["out"].items()} == {f"k{i:05d}": [2, 2 * PAYLOAD]
+                                                         for i in range(KEYS)}
+    assert {v[2] for v in hot["out"].values()} <= {1, 2}
