@@ -34,15 +34,25 @@ class StatefulProcessor(ABC):
 
     A subclass may instead implement Spark's camelCase methods (``handleInputRows``,
     ``handleExpiredTimer``, ``handleInitialState``); it then gets Spark's argument shapes
-    (see compat.py).
+    (see compat.py): the rows as an iterator of chunks.
+
+    ``rows`` of `handle_input_rows` is the key's whole batch as one value (a list of
+    dicts, a DataFrame, a Table), so a key with millions of rows is held in memory at
+    once. Set ``input_chunks = True`` on the class to get an iterator of chunks instead
+    (each a list of dicts, a DataFrame or a Table of at most the job's ``task_batch_rows``
+    rows): the task then holds one chunk at a time, whatever the key's size.
     """
+
+    #: hand `handle_input_rows` an iterator of row chunks instead of the whole key
+    input_chunks: bool = False
 
     @abstractmethod
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare the state variables (``handle.get_value_state(...)``, ...)."""
 
     def handle_input_rows(self, key: Any, rows: Any, timer_values: TimerValues) -> Any:
-        """This batch's rows of `key` (format: the job's ``input_format``)."""
+        """This batch's rows of `key` (format: the job's ``input_format``; an iterator of
+        chunks in that format if the class sets ``input_chunks``)."""
         raise NotImplementedError(
             f"{type(self).__name__} implements neither handle_input_rows nor handleInputRows"
         )

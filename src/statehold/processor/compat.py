@@ -3,9 +3,10 @@ camelCase ones of a class written for Spark 4.x (``pyspark.sql.streaming``'s
 `StatefulProcessor`, or ours after an import change) with Spark's argument shapes:
 
 * the key as a tuple of the key columns' values;
-* rows as an iterator: of one pandas.DataFrame (``input_format="pandas"``, Spark's
-  ``transformWithStateInPandas``, the default for such a class), or of `pyspark.sql.Row`
-  (``input_format="rows"``, Spark's ``transformWithState``);
+* rows as an iterator: of pandas.DataFrames, one per chunk of the key's rows
+  (``input_format="pandas"``, Spark's ``transformWithStateInPandas``, the default for such
+  a class), or of `pyspark.sql.Row` (``input_format="rows"``, Spark's
+  ``transformWithState``), read chunk by chunk as the processor iterates;
 * ``handleExpiredTimer`` optional (no output when missing);
 * ``handleInitialState`` optional, called as Spark calls it: once per key with one
   pandas.DataFrame of the key's initial-state rows, or once per `Row`.
@@ -16,8 +17,10 @@ output (an iterator of DataFrames or Rows) is taken as it comes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+import pyarrow as pa
 
 from statehold.processor.api import ExpiredTimerInfo, StatefulProcessor, TimerValues
 
@@ -27,6 +30,33 @@ def is_spark_style(processor: Any) -> bool:
     native = getattr(type(processor), "handle_input_rows", None)
     overridden = native is not None and native is not StatefulProcessor.handle_input_rows
     return not overridden and callable(getattr(processor, "handleInputRows", None))
+
+
+def in_format(table: pa.Table, input_format: str) -> Any:
+    """Rows of a table as the job's ``input_format`` gives them: a list of dicts, a
+    pandas.DataFrame or the pyarrow.Table itself."""
+    if input_format == "rows":
+        return table.to_pylist()
+    if input_format == "pandas":
+        return table.to_pandas()
+    return table
+
+
+def whole(chunks: Iterable[pa.Table], input_format: str) -> Any:
+    """All chunks of one key as one value of the input format (held whole)."""
+    tables = list(chunks)
+    if input_format == "rows":
+        return [row for t in tables for row in t.to_pylist()]
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    return in_format(table, input_format)
+
+
+def _chunk_iter(chunks: Iterable[pa.Table], input_format: str) -> Iterator[Any]:
+    if input_format == "rows":
+        from pyspark.sql import Row
+
+        return (Row(**r) for t in chunks for r in t.to_pylist())
+    return (in_format(t, input_format) for t in chunks)
 
 
 def _rows_iter(rows: Any, input_format: str) -> Iterator[Any]:
@@ -48,12 +78,19 @@ class ProcessorCalls:
     def init(self, handle: Any) -> None:
         self.processor.init(handle)
 
-    def rows(self, key: Any, rows: Any, timer_values: TimerValues) -> Any:
+    def rows(self, key: Any, chunks: Iterable[pa.Table], timer_values: TimerValues) -> Any:
+        """The key's input rows, given as chunks (Arrow tables of the input columns): an
+        iterator for Spark-style processors and for ours with ``input_chunks = True``,
+        else the whole key as one value of the input format."""
         if not self.spark_style:
+            if getattr(self.processor, "input_chunks", False):
+                rows: Any = (in_format(t, self.input_format) for t in chunks)
+            else:
+                rows = whole(chunks, self.input_format)
             return self.processor.handle_input_rows(key, rows, timer_values)
         return self.processor.handleInputRows(
             key if isinstance(key, tuple) else (key,),
-            _rows_iter(rows, self.input_format),
+            _chunk_iter(chunks, self.input_format),
             timer_values,
         )
 

@@ -7,19 +7,23 @@ Order (as in Spark): ``init``; per key (key-group, key order) ``handle_initial_s
 with rows); ``handle_expired_timer`` per timer due at the batch's clock (earliest first; a
 timer is deleted just before its call; one registered during this phase that is already
 due fires in the next batch); the TTL sweep; ``close``.
+
+The task drives `ProcessorRun` one key at a time as its sorted input streams in, so a
+key's rows reach the processor as an iterator of chunks (compat.py) and nothing here holds
+more than the key being called.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statehold.backend.keys import Key, key_group_of
+from statehold.backend.keys import Key
 from statehold.errors import InvalidArgumentError
 from statehold.processor.api import ExpiredTimerInfo, TimeMode, TimerValues
 from statehold.processor.compat import ProcessorCalls
@@ -27,7 +31,6 @@ from statehold.processor.handle import StatefulProcessorHandle
 
 if TYPE_CHECKING:
     from statehold.backend.rocks import TaskStateBackend
-    from statehold.processor.output import Output
 
 LateRows = Literal["drop", "process"]
 
@@ -109,66 +112,61 @@ def user_key(state_key: Key, spec: ProcessorSpec, n_columns: int) -> Any:
     return tuple(values) if n_columns > 1 else values
 
 
-def run_processor(
-    spec: ProcessorSpec,
-    backend: TaskStateBackend,
-    groups: Sequence[tuple[Key, Any, Any]],
-    output: Output,
-    n_key_columns: int,
-    input_format: str,
-    initial: Sequence[tuple[Key, Any, Any]] = (),
-) -> dict[str, Any]:
-    """Run the processor over `initial` and `groups` ((state key, key value, rows) per
-    key, each in key-group and key order) and the due timers; return the figures for the
-    task's report."""
-    kv = backend._require_kv()
-    handle = StatefulProcessorHandle(
-        kv,
-        backend.key_groups,
-        backend.max_parallelism,
-        spec.time_mode,
-        spec.processing_time_ms,
-        spec.watermark_ms or 0,
-    )
-    calls = ProcessorCalls(spec.processor, input_format)
-    values = spec.timer_values()
-    calls.init(handle)
-    for skey, key, state_rows, rows in _by_key(initial, groups, backend.max_parallelism):
-        handle._bind(skey)
-        if state_rows is not None:
-            calls.initial(key, state_rows, values)
-        if rows is not None:
-            output.add(calls.rows(key, rows, values))
-    fired = 0
-    threshold = spec.threshold()
-    if threshold is not None:
+class ProcessorRun:
+    """One task's batch of a processor, step by step so the task can stream: `start`,
+    then `rows` per key (in key-group and key order), then `finish` (the due timers);
+    each step returns the processor's output as it comes (for `Output.stream`)."""
+
+    def __init__(
+        self, spec: ProcessorSpec, backend: TaskStateBackend, n_key_columns: int,
+        input_format: str,
+    ) -> None:
+        self.spec = spec
+        self.n_key_columns = n_key_columns
+        self.handle = StatefulProcessorHandle(
+            backend._require_kv(),
+            backend.key_groups,
+            backend.max_parallelism,
+            spec.time_mode,
+            spec.processing_time_ms,
+            spec.watermark_ms or 0,
+        )
+        self.calls = ProcessorCalls(spec.processor, input_format)
+        self.values = spec.timer_values()
+        self.fired = 0
+
+    def start(self) -> None:
+        self.calls.init(self.handle)
+
+    def key(self, skey: Key, key: Any, initial_rows: Any | None, chunks: Any | None) -> Any:
+        """One key: its initial-state rows (or None), then its input rows (`chunks`: an
+        iterator of row chunks in the input format, or None: no input rows)."""
+        self.handle._bind(skey)
+        if initial_rows is not None:
+            self.calls.initial(key, initial_rows, self.values)
+        if chunks is None:
+            return None
+        return self.calls.rows(key, chunks, self.values)
+
+    def timers(self) -> Iterator[Any]:
+        """The output of each due timer's call, earliest first."""
+        threshold = self.spec.threshold()
+        if threshold is None:
+            return
+        handle = self.handle
         for expiry, group, skey in handle.timers.due(threshold):
             handle.timers.delete(group, skey, expiry)
             handle._bind(skey, group)
-            key = user_key(skey, spec, n_key_columns)
-            output.add(calls.timer(key, values, ExpiredTimerInfo(expiry)))
-            fired += 1
-    calls.close()
-    return {
-        "timers_fired": fired,
-        "next_timer_ms": handle.timers.next_expiry(),
-        # name -> [kind, recorded schema or None], for the driver to record
-        "declared": {name: list(v) for name, v in handle.declared.items()},
-    }
+            key = user_key(skey, self.spec, self.n_key_columns)
+            yield self.calls.timer(key, self.values, ExpiredTimerInfo(expiry))
+            self.fired += 1
 
-
-
-def _by_key(
-    initial: Sequence[tuple[Key, Any, Any]],
-    groups: Sequence[tuple[Key, Any, Any]],
-    max_parallelism: int,
-) -> list[tuple[Key, Any, Any | None, Any | None]]:
-    """(state key, key value, initial-state rows or None, input rows or None) per key,
-    in key-group and key order."""
-    if not initial:
-        return [(skey, key, None, rows) for skey, key, rows in groups]
-    merged: dict[Key, list[Any]] = {skey: [key, rows, None] for skey, key, rows in initial}
-    for skey, key, rows in groups:
-        merged.setdefault(skey, [key, None, None])[2] = rows
-    order = sorted(merged, key=lambda k: (key_group_of(k, max_parallelism), k))
-    return [(k, merged[k][0], merged[k][1], merged[k][2]) for k in order]
+    def finish(self) -> dict[str, Any]:
+        """Close the processor; the figures for the task's report."""
+        self.calls.close()
+        return {
+            "timers_fired": self.fired,
+            "next_timer_ms": self.handle.timers.next_expiry(),
+            # name -> [kind, recorded schema or None], for the driver to record
+            "declared": {name: list(v) for name, v in self.handle.declared.items()},
+        }

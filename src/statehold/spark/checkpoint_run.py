@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from statehold.errors import StateholdError
 from statehold.format import layout
 from statehold.spark.batch import NOTED, BatchRequest, BatchResult, batch_figures, check_acks
-from statehold.spark.routing import every_partition_runs
 from statehold.spark.staging import JobSettings, KeptOutput, stage, state_spec
 from statehold.spark.task import ACK_COL
 
@@ -120,9 +119,8 @@ def run_checkpoint(job: Checkpointing, batch: BatchRequest) -> BatchResult:
     staged: DataFrame | None = None
     completed = False
     try:
-        with every_partition_runs(batch.df.sparkSession):
-            staged = stage(batch.df, spec, batch.output_schema)
-            tasks = _run_tasks(job, batch, staged, batch_id)
+        staged = stage(batch.df, spec, batch.output_schema)
+        tasks = _run_tasks(job, batch, staged, batch_id)
         clock, complete_seconds = _complete(job, batch, batch_id, tasks.figures)
         completed = True
     except BaseException as e:

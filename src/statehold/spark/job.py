@@ -107,6 +107,14 @@ class StatefulJob:
     `metrics_port`, the driver serves Prometheus metrics there (`statehold.spark.metrics`; 0:
     any free port, see ``job.metrics.port``) on `metrics_host`: 127.0.0.1 unless told
     another address (``"0.0.0.0"``: every interface).
+
+    Tasks stream their rows (sorted by key on the JVM side) and emit output every
+    `task_batch_rows` rows, so a task's memory does not grow with the batch: it holds one
+    input Arrow batch (Spark's ``spark.sql.execution.arrow.maxRecordsPerBatch``), one
+    output buffer of `task_batch_rows` rows, and the current key's rows for a per-key
+    function (a list: a hot key is held whole; a processor with ``input_chunks`` gets
+    chunks of at most `task_batch_rows` rows instead). A vectorized function gets every
+    key of the task at once.
     """
 
     def __init__(
@@ -130,8 +138,12 @@ class StatefulJob:
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
         retain_for: timedelta | float | None = None,
+        task_batch_rows: int = 10_000,
     ) -> None:
         check_max_parallelism(max_parallelism)
+        if task_batch_rows < 1:
+            raise InvalidArgumentError("task_batch_rows must be at least 1")
+        self.task_batch_rows = task_batch_rows
         self.spark = spark
         self.job_id = job_id
         self.max_parallelism = max_parallelism
@@ -659,7 +671,7 @@ class StatefulJob:
             storage_uri=self.storage.uri, storage_options=self.storage_options,
             job_id=self.job_id, operator=self.operator, max_parallelism=self.max_parallelism,
             parallelism=self.parallelism, local_dir=self.local_dir,
-            backend_options=self.backend_options,
+            backend_options=self.backend_options, task_batch_rows=self.task_batch_rows,
         )
         return Checkpointing(self.coordinator, settings, self.job_dir, self._phase,
                              self._observe, self._kept)

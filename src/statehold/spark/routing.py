@@ -10,13 +10,11 @@ an int is a few lines); tests/test_routing.py checks them against Spark's own ``
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 #: The seed Spark's `HashPartitioning` gives `Murmur3Hash`.
 SPARK_HASH_SEED = 42
@@ -81,30 +79,3 @@ def route_to_partitions(df: DataFrame, partitions: int, column: str) -> DataFram
     routed = df.withColumn(route, mapping[F.col(column)].cast("int"))
     return routed.repartition(partitions, route).drop(route)
 
-
-#: Adaptive execution's rule that turns a shuffle which produced no rows into an empty
-#: relation: a Python stage on top of it then runs no task at all.
-EMPTY_RELATION_RULE = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
-_EXCLUDED_RULES = "spark.sql.adaptive.optimizer.excludedRules"
-
-
-@contextlib.contextmanager
-def every_partition_runs(spark: SparkSession) -> Iterator[None]:
-    """While planning and running a routed stage: every partition's task runs, even when
-    the batch has no row (its tasks still fire timers and expire state). Hash routing
-    (PySpark 3.5 and 4.0) needs adaptive execution's empty-relation rule off for that;
-    ``repartitionById`` keeps its partitions as they are."""
-    if has_repartition_by_id():
-        yield
-        return
-    before = spark.conf.get(_EXCLUDED_RULES, None)
-    rules = [r for r in (before or "").split(",") if r.strip()]
-    if EMPTY_RELATION_RULE not in rules:
-        spark.conf.set(_EXCLUDED_RULES, ",".join([*rules, EMPTY_RELATION_RULE]))
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(_EXCLUDED_RULES)
-        else:
-            spark.conf.set(_EXCLUDED_RULES, before)

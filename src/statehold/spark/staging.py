@@ -25,9 +25,11 @@ from statehold.spark.batch import BatchRequest
 from statehold.spark.routing import route_to_partitions
 from statehold.spark.task import (
     ACK_COL,
+    INIT_COL,
     INTERNAL_COLS,
     KEY_COL,
     KG_COL,
+    MARKER_KG,
     TASK_COL,
     KeyGroupStage,
     StateSpec,
@@ -54,6 +56,8 @@ class JobSettings:
     parallelism: int
     local_dir: str | None
     backend_options: Mapping[str, Any]
+    #: rows per chunk a task hands over or buffers as output (`StateSpec.task_batch_rows`)
+    task_batch_rows: int = 10_000
 
 
 def state_spec(
@@ -96,6 +100,7 @@ def state_spec(
         backend_options=settings.backend_options,
         processing_time_ms=processing_time_ms,
         processor=batch.processor,
+        task_batch_rows=settings.task_batch_rows,
     )
 
 
@@ -138,12 +143,41 @@ def stage(df: DataFrame, spec: StateSpec, output_schema: StructType) -> DataFram
         KeyGroupStage(spec.key_columns, spec.parallelism, spec.max_parallelism),
         keyed_schema,
     )
-    staged = route_to_partitions(keyed, spec.parallelism, TASK_COL).mapInArrow(
-        StateStage(spec), out_schema
-    )
+    routed = route_to_partitions(with_markers(keyed, spec.parallelism), spec.parallelism,
+                                 TASK_COL)
+    staged = sort_for_tasks(routed, spec.order_by).mapInArrow(StateStage(spec), out_schema)
     # Computed once, by the first action (the acks), then read from the cache by the sink;
     # a partition lost with its executor is recomputed from lineage (module docstring).
     return staged.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def with_markers(keyed: DataFrame, parallelism: int) -> DataFrame:
+    """`keyed` plus one marker row per task (key group `MARKER_KG`, sorted first, skipped
+    by the task). Without them an empty batch leaves the shuffle empty, and Spark's
+    adaptive execution turns the sort over it into an empty relation: no task would run
+    and no task would snapshot its key groups."""
+    from pyspark.sql import functions as F
+
+    markers = keyed.sparkSession.range(parallelism).select(
+        F.lit("").alias(KEY_COL),
+        F.lit(MARKER_KG).cast("int").alias(KG_COL),
+        F.col("id").cast("int").alias(TASK_COL),
+    )
+    return keyed.unionByName(markers, allowMissingColumns=True)
+
+
+def sort_for_tasks(routed: DataFrame, order_by: tuple[str, ...]) -> DataFrame:
+    """Each task's rows clustered for streaming: by key group, key, initial-state rows
+    first (`INIT_COL`), then `order_by` (nulls last). A sort within partitions keeps the
+    routing's partitioning (no new exchange) and is Spark's external sort, which spills
+    to disk, so the task never needs its partition in memory to group it."""
+    from pyspark.sql import functions as F
+
+    columns = [F.col(KG_COL), F.col(KEY_COL)]
+    if INIT_COL in routed.columns:
+        columns.append(F.col(INIT_COL).isNull())
+    columns += [F.asc_nulls_last(c) for c in order_by]
+    return routed.sortWithinPartitions(*columns)
 
 
 class KeptOutput:

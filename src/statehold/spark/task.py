@@ -5,10 +5,11 @@ Two Python stages, both `mapInArrow`:
 1. `KeyGroupStage` adds each row's state key, key group and owning task index (stable
    BLAKE2b hash from `backend.keys`, never Python's salted ``hash``), refusing null keys.
 2. After routing by task (`statehold.spark.routing`) partition *i* holds exactly the rows of
-   task *i* (and runs even when empty). `StateStage` opens the task's RocksDB backend for
-   its key-group range (restoring from the previous checkpoint's handles), runs the user
-   function per key, snapshots to the job directory and emits the user's rows plus one
-   acknowledgement row: the `KeyGroupState` handle as JSON, for the driver.
+   task *i* (and runs even when empty), sorted by key group and key on the JVM side.
+   `StateStage` opens the task's RocksDB backend for its key-group range (restoring from
+   the previous checkpoint's handles), streams the rows through the user function key by
+   key, emitting its output as it goes, snapshots to the job directory and emits, last,
+   one acknowledgement row: the `KeyGroupState` handle as JSON, for the driver.
 
 Only plain data crosses into the closure: URIs, option dicts, JSON handles, schemas. State
 itself never leaves the task except as files in the job directory.
@@ -17,6 +18,7 @@ itself never leaves the task except as files in the job directory.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -32,6 +34,7 @@ import pyarrow.compute as pc
 from statehold.backend.keys import key_group_of, task_of, task_range
 from statehold.errors import StateholdError
 from statehold.format.metadata import KeyGroupState
+from statehold.processor.compat import whole
 from statehold.processor.output import Output
 from statehold.spark.api import BatchFunction, InputFormat, KeyedState, KeyFunction
 
@@ -46,6 +49,8 @@ ACK_COL = "__statehold_ack"
 #: a struct of the initial state's row on initial-state rows, null on input rows
 INIT_COL = "__statehold_init"
 INTERNAL_COLS = (KEY_COL, KG_COL, TASK_COL)
+#: the key group of the one marker row each task gets (`staging.with_markers`)
+MARKER_KG = -1
 
 
 class MalformedInputError(StateholdError, ValueError):
@@ -125,6 +130,9 @@ class StateSpec:
     processing_time_ms: int | None = None
     #: set when the function is a stateful processor (`transform_with_state`)
     processor: ProcessorSpec | None = None
+    #: the most rows a task hands over at once (a chunk of one key's rows) or buffers
+    #: as output before emitting it (`StatefulJob(task_batch_rows=...)`)
+    task_batch_rows: int = 10_000
 
 
 class _States:
@@ -173,7 +181,14 @@ class KeyNotInTaskError(StateholdError, KeyError):
 
 @dataclass(frozen=True)
 class StateStage:
-    """Stage 2: one task's keyed state step for one micro-batch."""
+    """Stage 2: one task's keyed state step for one micro-batch, streamed.
+
+    Rows arrive sorted by key group, key and ``order_by`` (`staging.stage` sorts them on
+    the JVM side, which spills to disk), so the task reads one Arrow batch at a time,
+    carries a key whose rows span batches into the next, calls the function key by key
+    and emits its output every `StateSpec.task_batch_rows` rows. It holds one input batch,
+    one output buffer and, for a per-key function, the current key's rows: not the
+    partition. The acknowledgement row comes last, after the snapshot."""
 
     spec: StateSpec
 
@@ -186,12 +201,20 @@ class StateStage:
         ctx = TaskContext.get()
         task = ctx.partitionId() if ctx is not None else 0
         started = time.time()
-        table = _rows_of_task(list(batches), task, spec.order_by)
         storage = open_storage(spec.storage_uri, **dict(spec.storage_options))
         backend = self._open_backend(storage, task)
-        output = Output(spec.output_schema)
+        schema = internal_output_schema(spec.output_schema)
+        output = Output(spec.output_schema, limit=spec.task_batch_rows)
+        counts = _Counts()
         try:
-            report, n_keys = self._process(backend, table, output, task)
+            keys = _Keys(_segments(batches, task, spec, counts))
+            for table in self._process(backend, keys, output, task, counts):
+                yield from _with_ack_column(table, schema)
+            for table in output.drain():
+                yield from _with_ack_column(table, schema)
+            report = counts.report
+            if spec.processing_time_ms is not None:
+                report.update(_expire(backend, spec.processing_time_ms))
             snapshot_started = time.perf_counter()
             handle: KeyGroupState = backend.snapshot(
                 storage, spec.epoch, spec.checkpoint_id, _metadata_key(spec.checkpoint_id)
@@ -199,16 +222,11 @@ class StateStage:
             report["snapshot_seconds"] = round(time.perf_counter() - snapshot_started, 4)
         finally:
             backend.close()
-        schema = internal_output_schema(spec.output_schema)
-        for res in output.tables():
-            for rb in res.to_batches(max_chunksize=10_000):
-                arrays = [*rb.columns, pa.nulls(rb.num_rows, pa.string())]
-                yield pa.RecordBatch.from_arrays(arrays, schema=schema)
         ack = {
             "task": task,
             "state": handle.model_dump(mode="json"),
-            "rows_in": 0 if table is None else table.num_rows,
-            "keys": n_keys,
+            "rows_in": counts.rows_in,
+            "keys": counts.keys,
             "seconds": round(time.time() - started, 3),
             "bytes_downloaded": backend.restore_stats.bytes_downloaded,
             "files_downloaded": backend.restore_stats.files_downloaded,
@@ -239,54 +257,130 @@ class StateStage:
         return backend
 
     def _process(
-        self, backend: Any, table: pa.Table | None, output: Output, task: int
-    ) -> tuple[dict[str, Any], int]:
-        """The user's function (or processor) over the task's rows, then the TTL sweep:
-        the task's report and the number of keys with rows."""
+        self, backend: Any, keys: _Keys, output: Output, task: int, counts: _Counts
+    ) -> Iterator[pa.Table]:
+        """The user's function (or processor) over the task's rows, key by key: yields
+        the output as the buffer fills; the figures go to `counts`."""
         spec = self.spec
-        report: dict[str, Any] = {}
-        n_keys = 0
         if spec.processor is not None:
-            report, n_keys = _run_processor(spec, backend, table, output)
-        elif table is not None and table.num_rows:
-            groups = [(k, rows) for _, k, rows in _split_by_key(table, spec)]
-            n_keys = len(groups)
-            _run_function(spec, groups, _States(backend, spec, task), output)
-        if spec.processing_time_ms is not None:
-            report.update(_expire(backend, spec.processing_time_ms))
-        return report, n_keys
+            yield from _run_processor(spec, backend, keys, output, counts)
+            return
+        states = _States(backend, spec, task)
+        groups = ((first.key, whole(_user(chunks), spec.input_format)) for first, chunks in keys)
+        if spec.vectorized:
+            # one call over every key of the task: the keys are held together
+            fn_batch: BatchFunction = spec.function  # type: ignore[assignment]
+            every = list(groups)
+            counts.keys = len(every)
+            yield from output.stream(fn_batch(every, states))
+            return
+        fn_key: KeyFunction = spec.function  # type: ignore[assignment]
+        for key, rows in groups:
+            counts.keys += 1
+            yield from output.stream(fn_key(key, rows, states.for_key(key)))
 
 
-def _rows_of_task(
-    received: list[pa.RecordBatch], task: int, order_by: Sequence[str]
-) -> pa.Table | None:
-    """The task's rows, sorted by key group, key and `order_by` (None: no batch came);
-    refused if any belongs to another task."""
-    table = pa.Table.from_batches(received) if received else None
-    if table is None or not table.num_rows:
-        return table
-    tasks = set(table.column(TASK_COL).unique().to_pylist())
-    if tasks != {task}:
-        raise RoutingError(
-            f"partition {task} received rows of tasks {sorted(tasks)}: the rows were "
-            "not routed by key group (is the parallelism consistent?)"
-        )
-    sort = [(KG_COL, "ascending"), (KEY_COL, "ascending")]
-    sort += [(c, "ascending") for c in order_by]
-    return table.sort_by(sort)
+@dataclass
+class _Counts:
+    """What a task counts while its rows stream by, for its acknowledgement."""
+
+    rows_in: int = 0
+    keys: int = 0
+    report: dict[str, Any] = field(default_factory=dict)
 
 
-def _run_function(
-    spec: StateSpec, groups: list[tuple[Any, Any]], states: _States, output: Output
-) -> None:
-    """The user's function: once per key, or once over every key (`vectorized`)."""
-    if spec.vectorized:
-        fn_batch: BatchFunction = spec.function  # type: ignore[assignment]
-        output.add(fn_batch(groups, states))
-        return
-    fn_key: KeyFunction = spec.function  # type: ignore[assignment]
-    for key, rows in groups:
-        output.add(fn_key(key, rows, states.for_key(key)))
+@dataclass(frozen=True)
+class _Segment:
+    """Rows of one key from one input batch (at most `task_batch_rows` of them)."""
+
+    skey: str
+    key: Any
+    rows: pa.Table
+
+
+class UnsortedInputError(StateholdError, RuntimeError):
+    """A task's rows were not clustered by key group and key."""
+
+
+def _segments(
+    batches: Iterator[pa.RecordBatch], task: int, spec: StateSpec, counts: _Counts
+) -> Iterator[_Segment]:
+    """The task's rows, batch by batch, cut where the key changes; refused if a row
+    belongs to another task or a key comes back after a later one (unsorted input)."""
+    last: tuple[int, str] | None = None
+    limit = max(1, spec.task_batch_rows)
+    for batch in batches:
+        if batch.num_rows and batch.column(KG_COL)[0].as_py() == MARKER_KG:
+            batch = batch.filter(pc.not_equal(batch.column(KG_COL), MARKER_KG))
+        n = batch.num_rows
+        if not n:
+            continue
+        counts.rows_in += n
+        tasks = pc.unique(batch.column(TASK_COL)).to_pylist()
+        if tasks != [task]:
+            raise RoutingError(
+                f"partition {task} received rows of tasks {sorted(tasks)}: the rows were "
+                "not routed by key group (is the parallelism consistent?)"
+            )
+        skey_col = batch.column(KEY_COL)
+        starts = [0]
+        if n > 1:
+            changed = pc.not_equal(skey_col.slice(1), skey_col.slice(0, n - 1))
+            starts += [i + 1 for i in pc.indices_nonzero(changed).to_pylist()]
+        at = pa.array(starts, pa.int64())
+        skeys = skey_col.take(at).to_pylist()
+        kgs = batch.column(KG_COL).take(at).to_pylist()
+        key_values = [batch.column(c).take(at).to_pylist() for c in spec.key_columns]
+        table = pa.Table.from_batches([batch])
+        ends = [*starts[1:], n]
+        for j, (start, end) in enumerate(zip(starts, ends, strict=True)):
+            here = (kgs[j], skeys[j])
+            if last is not None and here < last:
+                raise UnsortedInputError(
+                    f"partition {task} received key {skeys[j]!r} (key group {kgs[j]}) after "
+                    f"{last[1]!r} (key group {last[0]}): its rows are not sorted by key"
+                )
+            last = here
+            values = tuple(c[j] for c in key_values)
+            key = values[0] if len(values) == 1 else values
+            for off in range(start, end, limit):
+                yield _Segment(skeys[j], key, table.slice(off, min(limit, end - off)))
+
+
+class _Keys:
+    """Segments grouped by key, one segment read ahead: per key its first segment and an
+    iterator of its rows (all columns) that reads further input batches as it goes; what
+    a caller leaves unread is skipped before the next key."""
+
+    def __init__(self, segments: Iterator[_Segment]) -> None:
+        self._segments = segments
+        self._next = next(segments, None)
+
+    def __iter__(self) -> Iterator[tuple[_Segment, Iterator[pa.Table]]]:
+        while self._next is not None:
+            first = self._next
+            chunks = self._chunks(first.skey)
+            yield first, chunks
+            for _ in chunks:
+                pass
+
+    def _chunks(self, skey: str) -> Iterator[pa.Table]:
+        while self._next is not None and self._next.skey == skey:
+            rows = self._next.rows
+            self._next = next(self._segments, None)
+            yield rows
+
+
+def _user(chunks: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """The user's columns of each chunk."""
+    for t in chunks:
+        yield t.drop_columns([c for c in (*INTERNAL_COLS, INIT_COL) if c in t.column_names])
+
+
+def _with_ack_column(table: pa.Table, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    for rb in table.to_batches(max_chunksize=10_000):
+        arrays = [*rb.columns, pa.nulls(rb.num_rows, pa.string())]
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _metadata_key(checkpoint_id: int) -> str:
@@ -308,57 +402,83 @@ def _expire(backend: Any, now_ms: int) -> dict[str, Any]:
 
 
 def _run_processor(
-    spec: StateSpec, backend: Any, table: pa.Table | None, output: Output
-) -> tuple[dict[str, Any], int]:
-    """The processor's batch in this task (statehold.processor.runner): its report and
-    the number of keys with rows."""
-    from statehold.processor.runner import filter_late, run_processor
+    spec: StateSpec, backend: Any, keys: _Keys, output: Output, counts: _Counts
+) -> Iterator[pa.Table]:
+    """The processor's batch in this task (statehold.processor.runner), key by key as
+    the rows stream in: initial-state rows (sorted first within their key) and input rows
+    (late ones counted, and dropped with ``late_rows="drop"``) as an iterator of chunks."""
+    from statehold.processor.compat import in_format
+    from statehold.processor.runner import ProcessorRun
 
-    assert spec.processor is not None
-    initial: list[tuple[str, Any, Any]] = []
-    if table is not None and INIT_COL in table.column_names:
-        is_initial = table.column(INIT_COL).is_valid()
-        states = table.filter(is_initial)
-        if states.num_rows:
-            struct = states.column(INIT_COL).combine_chunks()
-            user = pa.Table.from_arrays(struct.flatten(), names=[f.name for f in struct.type])
-            initial = _split_by_key(states, spec, user)
-        table = table.filter(pc.invert(is_initial)).drop_columns([INIT_COL])
-    filtered = filter_late(table, spec.processor)
-    rows = filtered.table
-    groups = _split_by_key(rows, spec) if rows is not None and rows.num_rows else []
-    report = run_processor(
-        spec.processor, backend, groups, output, len(spec.key_columns), spec.input_format,
-        initial,
-    )
-    report.update(late_rows=filtered.late_rows, max_event_ms=filtered.max_event_ms)
-    return report, len(groups)
+    pspec = spec.processor
+    assert pspec is not None
+    run = ProcessorRun(pspec, backend, len(spec.key_columns), spec.input_format)
+    late = _Late(pspec)
+    run.start()
+    for first, chunks in keys:
+        initial: list[pa.Table] = []
+        inputs = _inputs(chunks, initial, late)
+        head = next(inputs, None)  # reads the key's initial-state rows, if any
+        state_rows = None
+        if initial:
+            table = pa.concat_tables(initial) if len(initial) > 1 else initial[0]
+            state_rows = in_format(table, spec.input_format)
+        rows = None if head is None else itertools.chain([head], inputs)
+        if rows is not None:
+            counts.keys += 1
+        yield from output.stream(run.key(first.skey, first.key, state_rows, rows))
+    for out in run.timers():
+        yield from output.stream(out)
+    counts.report.update(run.finish())
+    counts.report.update(late_rows=late.late_rows, max_event_ms=late.max_event_ms)
 
 
-def _split_by_key(
-    table: pa.Table, spec: StateSpec, user: pa.Table | None = None
-) -> list[tuple[str, Any, Any]]:
-    """Consecutive runs of equal keys in a table sorted by key (stable within a key), each
-    as (state key, key value(s), rows in the function's input format; the rows of `user`
-    if given, else the table's own columns). Rows are converted to Python once for the
-    whole table, not once per key."""
-    skeys = table.column(KEY_COL).to_pylist()
-    key_cols = [table.column(c).to_pylist() for c in spec.key_columns]
-    if user is None:
-        user = table.drop_columns(list(INTERNAL_COLS))
-    as_rows = user.to_pylist() if spec.input_format == "rows" else None
-    groups: list[tuple[str, Any, Any]] = []
-    start = 0
-    for i in range(1, len(skeys) + 1):
-        if i == len(skeys) or skeys[i] != skeys[start]:
-            values = tuple(c[start] for c in key_cols)
-            key = values[0] if len(values) == 1 else values
-            if as_rows is not None:
-                rows: Any = as_rows[start:i]
-            elif spec.input_format == "pandas":
-                rows = user.slice(start, i - start).to_pandas()
-            else:
-                rows = user.slice(start, i - start)
-            groups.append((skeys[start], key, rows))
-            start = i
-    return groups
+@dataclass
+class _Late:
+    """The batch's late rows and newest event time, over every chunk."""
+
+    spec: ProcessorSpec
+    late_rows: int = 0
+    max_event_ms: int | None = None
+
+    def filter(self, table: pa.Table) -> pa.Table:
+        from statehold.processor.runner import filter_late
+
+        filtered = filter_late(table, self.spec)
+        self.late_rows += filtered.late_rows
+        newest = filtered.max_event_ms
+        if newest is not None:
+            self.max_event_ms = newest if self.max_event_ms is None else max(
+                self.max_event_ms, newest
+            )
+        assert filtered.table is not None
+        return filtered.table
+
+
+def _inputs(
+    chunks: Iterator[pa.Table], initial: list[pa.Table], late: _Late
+) -> Iterator[pa.Table]:
+    """One key's input rows (user columns, late rows handled), chunk by chunk; its
+    initial-state rows (the `INIT_COL` struct, flattened) go to `initial`, and must all
+    come before its first input row."""
+    seen_input = False
+    for t in chunks:
+        if INIT_COL in t.column_names:
+            is_initial = t.column(INIT_COL).is_valid()
+            states = t.filter(is_initial)
+            if states.num_rows:
+                if seen_input:
+                    raise UnsortedInputError(
+                        "initial-state rows of a key came after its input rows"
+                    )
+                struct = states.column(INIT_COL).combine_chunks()
+                initial.append(
+                    pa.Table.from_arrays(struct.flatten(), names=[f.name for f in struct.type])
+                )
+            t = t.filter(pc.invert(is_initial))
+        if not t.num_rows:
+            continue
+        seen_input = True
+        t = late.filter(t)
+        if t.num_rows:
+            yield next(_user(iter([t])))

@@ -1,0 +1,72 @@
+"""The streaming task's parts without Spark: keys cut from sorted Arrow batches and
+carried across batch boundaries, chunks of at most `task_batch_rows`, unsorted input
+refused, and output emitted every `limit` rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pytest
+
+from statehold.processor.compat import whole
+from statehold.processor.output import Output
+from statehold.spark.task import (
+    KEY_COL,
+    KG_COL,
+    MARKER_KG,
+    TASK_COL,
+    UnsortedInputError,
+    _Counts,
+    _Keys,
+    _segments,
+    _user,
+)
+
+
+@dataclass
+class Spec:
+    task_batch_rows: int
+    key_columns: tuple[str, ...] = ("k",)
+
+
+def batch(keys: list[str], groups: list[int], start: int = 0) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({
+        "k": keys, "v": list(range(start, start + len(keys))), KEY_COL: keys,
+        KG_COL: groups, TASK_COL: [0] * len(keys),
+    })
+
+
+def test_keys_span_batches_in_chunks_and_markers_are_skipped() -> None:
+    batches = [batch(["", "a", "a", "b"], [MARKER_KG, 1, 1, 1]),
+               batch(["b", "b", "b"], [1, 1, 1], 4), batch(["c"], [2], 7)]
+    counts = _Counts()
+    got = {}
+    for first, chunks in _Keys(_segments(iter(batches), 0, Spec(2), counts)):  # type: ignore[arg-type]
+        parts = list(_user(chunks))
+        assert all(p.num_rows <= 2 for p in parts)
+        got[first.key] = (len(parts), [r["v"] for r in whole(parts, "rows")])
+    assert got == {"a": (1, [1, 2]), "b": (3, [3, 4, 5, 6]), "c": (1, [7])}
+    assert counts.rows_in == 7
+
+
+def test_unread_rows_of_a_key_are_skipped() -> None:
+    keys = _Keys(_segments(iter([batch(["a", "a"], [1, 1]), batch(["a", "b"], [1, 1])]), 0,
+                           Spec(1), _Counts()))  # type: ignore[arg-type]
+    seen = [(first.key, next(chunks).column("v").to_pylist()) for first, chunks in keys]
+    assert seen == [("a", [0]), ("b", [1])]
+
+
+def test_a_key_that_comes_back_is_refused() -> None:
+    batches = [batch(["a", "b"], [1, 1]), batch(["a"], [1])]
+    with pytest.raises(UnsortedInputError, match="'a'"):
+        list(_Keys(_segments(iter(batches), 0, Spec(10), _Counts())))  # type: ignore[arg-type]
+
+
+def test_output_is_emitted_every_limit_rows_in_order() -> None:
+    schema = pa.schema([("n", pa.int64())])
+    out = Output(schema, limit=3)
+    emitted = list(out.stream({"n": i} for i in range(7)))
+    emitted += list(out.drain())
+    assert [t.num_rows for t in emitted] == [3, 3, 1]
+    assert [r["n"] for t in emitted for r in t.to_pylist()] == list(range(7))
