@@ -29,23 +29,23 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from pyspark.sql.streaming.stateful_processor import (
-    StatefulProcessor,
-    StatefulProcessorHandle,
-    TimerValues,
-)
 
 from statehold.errors import StateholdError
 from tests.support.keyed_totals import MAXP, OUT, Reference, make_batches, outputs, to_df, totals
+from tests.support.spark_versions import SparkProcessor
 
 INPUT_SCHEMA = "key string, value long, seq long"
 COUNT_OUT = "key string, count long"
 
 
-class Count(StatefulProcessor):
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle, TimerValues
+
+
+class Count(SparkProcessor):  # type: ignore[misc]
     """Rows per key so far (a class written for Spark's transformWithStateInPandas)."""
 
     def init(self, handle: StatefulProcessorHandle) -> None:
