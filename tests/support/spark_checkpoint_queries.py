@@ -357,12 +357,33 @@ def restart_state_store_maintenance(spark: SparkSession) -> None:
         return
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
+    package = jvm.org.apache.spark.sql.execution.streaming.state
+    store = package.StateStore
+    # Spark 4.0's stop() holds the providers' lock while it waits (300 s) for the maintenance
+    # pool, whose threads need that lock to start a provider's maintenance: a deadlock when
+    # one is starting. Unloaded first (no wait inside), nothing is left for the pool to
+    # start; then the stop only ends idle threads.
+    getattr(getattr(package, "StateStore$"), "MODULE$").unloadAll()
+    deadline = time.monotonic() + 60
+    while _maintenance_busy(jvm) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    store.stop()
     # The stop does not wait for a maintenance run in progress, which may still write a
     # snapshot or delete old versions (seen with PySpark 3.5): wait for its threads to end.
     deadline = time.monotonic() + 60
     while _maintenance_threads(jvm) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _maintenance_busy(jvm: Any) -> bool:
+    """Whether a maintenance pool thread is inside a provider's maintenance."""
+    traces = jvm.java.lang.Thread.getAllStackTraces()
+    for thread in traces.keySet().toArray():
+        if str(thread.getName()).startswith("state-store-maintenance-thread"):
+            frames = traces.get(thread)
+            if any("doMaintenance" in str(frame.getMethodName()) for frame in frames):
+                return True
+    return False
 
 
 def _maintenance_threads(jvm: Any) -> list[str]:
