@@ -27,27 +27,9 @@ from statehold.storage.local import TEMP_MARKER
 from tests.support import zombie_driver as zd
 from tests.support.faults import bounded
 from tests.support.small_fs import small_fs
+from tests.support.stored import data_files, listing, referenced
 
 BOUND = 120.0
-
-
-def listing(storage: Storage) -> set[str]:
-    return {info.key for info in storage.list()}
-
-
-def data_files(storage: Storage) -> set[str]:
-    return {
-        k for k in listing(storage)
-        if k.split("/", 1)[0] in (layout.SHARED_DIR, layout.EXCLUSIVE_DIR) or k.startswith("chk-")
-    }
-
-
-def referenced(storage: Storage, coord: CheckpointCoordinator) -> set[str]:
-    keys: set[str] = set()
-    for key, _ in coord.retained():
-        keys.add(key)
-        keys.update(referenced_keys(read_metadata(storage, key), key))
-    return keys
 
 
 def assert_nothing_half_published(storage: Storage, latest: int) -> None:

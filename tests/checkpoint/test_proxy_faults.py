@@ -25,8 +25,7 @@ import pytest
 
 from statehold.backend import TaskStateBackend
 from statehold.checkpoint.coordinator import CheckpointCoordinator, CheckpointError
-from statehold.format import layout
-from statehold.format.metadata import read_metadata, referenced_keys
+from statehold.format.metadata import read_metadata
 from statehold.ha import HAStoreError, ZooKeeperHAStore
 from statehold.ha.base import FencedError
 from statehold.job.owner import write_owner
@@ -35,6 +34,7 @@ from tests.support import zombie_driver as zd
 from tests.support.faultproxy import FaultProxy
 from tests.support.faults import bounded
 from tests.support.s3 import S3Server
+from tests.support.stored import data_files, listing, referenced
 from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 pytestmark = pytest.mark.zookeeper
@@ -54,25 +54,6 @@ def until(cond: Callable[[], bool], what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up waiting for: {what}")
         time.sleep(0.05)
-
-
-def listing(storage: Storage) -> set[str]:
-    return {info.key for info in storage.list()}
-
-
-def data_files(storage: Storage) -> set[str]:
-    return {
-        k for k in listing(storage)
-        if k.split("/", 1)[0] in (layout.SHARED_DIR, layout.EXCLUSIVE_DIR) or k.startswith("chk-")
-    }
-
-
-def referenced(storage: Storage, coord: CheckpointCoordinator) -> set[str]:
-    keys: set[str] = set()
-    for key, _ in coord.retained():
-        keys.add(key)
-        keys.update(referenced_keys(read_metadata(storage, key), key))
-    return keys
 
 
 def checkpoint(

@@ -23,34 +23,15 @@ import pytest
 from statehold.backend import TaskStateBackend
 from statehold.checkpoint.coordinator import CheckpointCoordinator
 from statehold.format import layout
-from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.ha import HAStoreError, ZooKeeperHAStore
 from statehold.storage import LocalStorage, Storage
 from tests.support import zombie_driver as zd
+from tests.support.stored import data_files, listing, referenced
 from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 pytestmark = pytest.mark.zookeeper
 
 WAIT = 60.0
-
-
-def listing(storage: Storage) -> set[str]:
-    return {info.key for info in storage.list()}
-
-
-def data_files(storage: Storage) -> set[str]:
-    return {
-        k for k in listing(storage)
-        if k.split("/", 1)[0] in (layout.SHARED_DIR, layout.EXCLUSIVE_DIR) or k.startswith("chk-")
-    }
-
-
-def referenced(storage: Storage, coord: CheckpointCoordinator) -> set[str]:
-    keys: set[str] = set()
-    for key, _ in coord.retained():
-        keys.add(key)
-        keys.update(referenced_keys(read_metadata(storage, key), key))
-    return keys
 
 
 def checkpoint(
