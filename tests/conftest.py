@@ -31,9 +31,10 @@ settings.load_profile("statehold")
 def s3_server() -> Iterator[S3Server]:
     """A moto S3 server on 127.0.0.1 (a real HTTP server speaking the S3 protocol)."""
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    from tests.support.moto_server import AtomicConditionalMotoServer
+
+    server = AtomicConditionalMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     info = S3Server(endpoint=f"http://{host}:{port}", bucket="statehold-test")
