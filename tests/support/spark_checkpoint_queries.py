@@ -75,8 +75,9 @@ COMMON_CONF = {
 #: Session settings per state store layout. ``hdfs`` writes a delta per version and
 #: snapshots; ``rocksdb`` a zip per version (RocksDB's manifest and the list of its SST
 #: files, kept apart in ``SSTs/`` and shared between versions); ``rocksdb_changelog`` a
-#: changelog per version and zips as snapshots; ``rocksdb_v2`` (PySpark 4) names each
-#: version's files with a unique id that the commit log records (checkpoint format v2).
+#: changelog per version and zips as snapshots; ``rocksdb_v2`` (PySpark 4.1+) names each
+#: version's files with a unique id that the commit log records (checkpoint format v2;
+#: PySpark 4.0 accepts the setting and writes format v1).
 PROVIDERS: dict[str, dict[str, str]] = {
     "hdfs": {"spark.sql.streaming.stateStore.providerClass": HDFS_PROVIDER},
     "rocksdb": {
@@ -86,7 +87,7 @@ PROVIDERS: dict[str, dict[str, str]] = {
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER, CHANGELOG: "true",
     },
 }
-if SPARK_4:
+if tuple(int(p) for p in pyspark.__version__.split(".")[:2]) >= (4, 1):
     PROVIDERS["rocksdb_v2"] = {
         **PROVIDERS["rocksdb_changelog"],
         "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
