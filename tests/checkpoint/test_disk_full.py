@@ -27,7 +27,7 @@ from statehold.storage.local import TEMP_MARKER
 from tests.support import zombie_driver as zd
 from tests.support.faults import bounded
 from tests.support.small_fs import small_fs
-from tests.support.stored import data_files, listing, referenced
+from tests.support.stored import assert_reconciled_exact, listing
 
 BOUND = 120.0
 
@@ -91,11 +91,7 @@ def test_a_full_job_directory_fails_the_checkpoint_cleanly_and_the_job_resumes(
                 zd.apply(tasks, n)
                 checkpoint(storage, coord, tasks, n)
             assert [p.checkpoint_id for p in ha.read().retained] == [2, 4, 5]
-            coord.start_reconcile()
-            assert coord.wait_reconciled(BOUND)
-            kept = referenced(storage, coord)
-            assert kept <= listing(storage), "a referenced file is missing"
-            assert data_files(storage) == kept, "orphans left"
+            assert_reconciled_exact(storage, coord, BOUND)
             assert zd.restored_totals(storage, ha, tmp_path / "verify") == zd.reference(5)
         finally:
             for task in tasks:
@@ -146,11 +142,7 @@ def test_a_full_local_state_directory_fails_the_task_and_the_job_resumes(
                 zd.apply(tasks, n)
                 checkpoint(storage, coord, tasks, n)
             assert zd.totals_of(tasks) == zd.reference(4)
-            coord.start_reconcile()
-            assert coord.wait_reconciled(BOUND)
-            kept = referenced(storage, coord)
-            assert kept <= listing(storage), "a referenced file is missing"
-            assert data_files(storage) == kept, "orphans left"
+            assert_reconciled_exact(storage, coord, BOUND)
             assert zd.restored_totals(storage, ha, tmp_path / "verify") == zd.reference(4)
         finally:
             for task in tasks:

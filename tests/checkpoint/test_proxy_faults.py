@@ -34,7 +34,7 @@ from tests.support import zombie_driver as zd
 from tests.support.faultproxy import FaultProxy
 from tests.support.faults import bounded
 from tests.support.s3 import S3Server
-from tests.support.stored import data_files, listing, referenced
+from tests.support.stored import assert_reconciled_exact, data_files, referenced
 from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 pytestmark = pytest.mark.zookeeper
@@ -132,11 +132,7 @@ def test_a_job_rides_through_transient_s3_and_zookeeper_faults(
         checkpoint(storage, coord, tasks, last)
         assert coord.latest() is not None and coord.latest()[1].checkpoint_id == last
         assert zd.totals_of(tasks) == zd.reference(last)
-        coord.start_reconcile()
-        assert coord.wait_reconciled(BOUND)
-        kept = referenced(storage, coord)
-        assert kept <= listing(storage), "a referenced file is missing"
-        assert data_files(storage) == kept, "orphans left"
+        assert_reconciled_exact(storage, coord, BOUND)
         assert zd.restored_totals(storage, ha, tmp_path / "verify") == zd.reference(last)
     finally:
         for task in tasks:
@@ -179,11 +175,7 @@ def test_an_s3_outage_fails_the_checkpoint_in_one_line_and_the_job_resumes(
             zd.apply(tasks, n)
             checkpoint(storage, coord, tasks, n)
         assert [p.checkpoint_id for p in ha.read().retained] == [2, 4, 5]
-        coord.start_reconcile()
-        assert coord.wait_reconciled(BOUND)
-        kept = referenced(storage, coord)
-        assert kept <= listing(storage), "a referenced file is missing"
-        assert data_files(storage) == kept, "orphans left"
+        assert_reconciled_exact(storage, coord, BOUND)
         assert zd.restored_totals(storage, ha, tmp_path / "verify") == zd.reference(5)
     finally:
         for task in tasks:

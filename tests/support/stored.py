@@ -45,3 +45,13 @@ def referenced(storage: Storage, coord: CheckpointCoordinator) -> set[str]:
         keys.add(key)
         keys.update(referenced_keys(read_metadata(storage, key), key))
     return keys
+
+
+def assert_reconciled_exact(storage: Storage, coord: CheckpointCoordinator, bound: float) -> None:
+    """After a reconcile: every file a retained checkpoint names is listed, and nothing
+    else of checkpoint data is (no orphan), proven by listing the storage."""
+    coord.start_reconcile()
+    assert coord.wait_reconciled(bound)
+    kept = referenced(storage, coord)
+    assert kept <= listing(storage), "a referenced file is missing"
+    assert data_files(storage) == kept, "orphans left"
