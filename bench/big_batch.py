@@ -7,10 +7,10 @@ and the wall time, statehold against Spark's ``applyInPandasWithState`` on the s
 Input: `--rows` rows over `--keys` keys with a 100-byte payload, written once as Parquet;
 then the hot-key case: one key with `--hot-rows` rows. statehold reads it as one batch
 (`run_batch` with a per-key function; the hot key through a processor with
-``input_chunks``); Spark reads the same files as one streaming trigger
-(``applyInPandasWithState``, RocksDB state store). local[2], parallelism 2. A thread
-samples every PySpark worker's VmRSS (children of the Spark JVM running
-``pyspark.daemon``) every 100 ms; the peak per worker is reported.
+``input_chunks`` and pandas chunks, as Spark's function gets); Spark reads the same files
+as one streaming trigger (``applyInPandasWithState``, RocksDB state store). local[2], parallelism 2. A thread
+samples the VmRSS of every PySpark worker this benchmark started (``pyspark.daemon``
+processes descending from its own) every 100 ms; the peak per worker is reported.
 """
 
 from __future__ import annotations
@@ -53,18 +53,26 @@ class RssSampler:
         self._thread.join()
 
     def _run(self) -> None:
+        me = os.getpid()
         while not self._stop.is_set():
+            parents: dict[int, int] = {}
             for pid_dir in Path("/proc").iterdir():
-                if not pid_dir.name.isdigit():
-                    continue
+                if pid_dir.name.isdigit():
+                    try:  # "pid (comm) state ppid ...": comm may hold spaces, split after ")"
+                        stat = (pid_dir / "stat").read_text()
+                        parents[int(pid_dir.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+                    except (OSError, ValueError, IndexError):
+                        continue
+            for pid in parents:
+                if not _descends(pid, me, parents):
+                    continue  # another program's Spark workers on the same machine
                 try:
-                    cmd = (pid_dir / "cmdline").read_bytes()
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
                     if b"pyspark.daemon" not in cmd and b"pyspark/worker" not in cmd:
                         continue
-                    for line in (pid_dir / "status").read_text().splitlines():
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                         if line.startswith("VmRSS:"):
                             rss = int(line.split()[1]) * 1024
-                            pid = int(pid_dir.name)
                             self.peaks[pid] = max(self.peaks.get(pid, 0), rss)
                 except (OSError, ValueError):
                     continue
@@ -74,6 +82,16 @@ class RssSampler:
         peaks = sorted(self.peaks.values(), reverse=True)
         return {"max_worker_rss_mb": round(peaks[0] / 2**20) if peaks else 0,
                 "workers": len(peaks), "peaks_mb": [round(p / 2**20) for p in peaks[:4]]}
+
+
+def _descends(pid: int, ancestor: int, parents: dict[int, int]) -> bool:
+    seen = 0
+    while pid in parents and seen < 64:
+        pid = parents[pid]
+        if pid == ancestor:
+            return True
+        seen += 1
+    return False
 
 
 def write_input(spark: Any, path: Path, rows: int, keys: int, hot_rows: int) -> None:
@@ -105,9 +123,9 @@ class ChunkTotals(StatefulProcessor):
 
     def handle_input_rows(self, key: Any, rows: Any, timer_values: Any) -> Any:
         n = s = 0
-        for chunk in rows:
+        for chunk in rows:  # pandas DataFrames of at most task_batch_rows rows
             n += len(chunk)
-            s += sum(r["value"] for r in chunk)
+            s += int(chunk["value"].sum())
         before = self.total.get() or (0, 0)
         self.total.update((before[0] + n, before[1] + s))
         return [(key, before[0] + n)]
@@ -131,7 +149,8 @@ def run_statehold(spark: Any, src: Path, work: Path, name: str, hot: bool) -> di
     started = time.perf_counter()
     with RssSampler() as rss:
         if hot:
-            res = job.transform_with_state(df, ChunkTotals(), "key string, n long", key="key")
+            res = job.transform_with_state(df, ChunkTotals(), "key string, n long", key="key",
+                                           input_format="pandas")
         else:
             res = job.run_batch(df, per_key, "key string, n long", key="key")
         assert res.output is not None
