@@ -88,6 +88,7 @@ class JobConfig:
     on_phase: Callable[[str, int], None] | None
     history: int
     retain_for: float | None = None
+    task_batch_rows: int = 10_000
 
     def open(self, job_class: Callable[..., Any], spark: SparkSession) -> Any:
         """The job in this process: ``job_class`` is `StatefulJob` (handed over by it, as
@@ -99,6 +100,7 @@ class JobConfig:
             local_dir=self.local_dir, ha=self.ha, backend_options=self.backend_options,
             restore_from=self.restore_from, restore_mode=self.restore_mode,
             on_phase=self.on_phase, history=self.history, retain_for=self.retain_for,
+            task_batch_rows=self.task_batch_rows,
         )
         job._batches_here = True
         return job

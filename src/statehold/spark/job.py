@@ -570,6 +570,7 @@ class StatefulJob:
             backend_options=self.backend_options, restore_from=self.restore_from,
             restore_mode=self.restore_mode.value, on_phase=self.on_phase,
             history=self.history, retain_for=self.retain_for,
+            task_batch_rows=self.task_batch_rows,
         )
         self._batches_remote = True
         return RemoteBatches(config, type(self), process, output_schema, options)
