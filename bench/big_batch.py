@@ -187,6 +187,7 @@ def main() -> None:
     parser.add_argument("--hot-rows", type=int, default=5_000_000)
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--skip-spark", action="store_true")
+    parser.add_argument("--cases", default="plain,hot", help="plain, hot or both")
     args = parser.parse_args()
     from pyspark.sql import SparkSession
 
@@ -207,13 +208,13 @@ def main() -> None:
             "rows": args.rows, "keys": args.keys, "hot_rows": args.hot_rows,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, local[2]",
         }
-        results["statehold"] = run_statehold(spark, work / "input" / "plain", work, "plain",
-                                             False)
-        results["statehold_hot"] = run_statehold(spark, work / "input" / "hot", work, "hot",
-                                                 True)
-        if not args.skip_spark:
-            results["spark"] = run_spark(spark, work / "input" / "plain", work, "plain")
-            results["spark_hot"] = run_spark(spark, work / "input" / "hot", work, "hot")
+        for case in args.cases.split(","):
+            hot = case == "hot"
+            suffix = "_hot" if hot else ""
+            results[f"statehold{suffix}"] = run_statehold(spark, work / "input" / case, work,
+                                                          case, hot)
+            if not args.skip_spark:
+                results[f"spark{suffix}"] = run_spark(spark, work / "input" / case, work, case)
         print(json.dumps(results, indent=2))
     finally:
         spark.stop()

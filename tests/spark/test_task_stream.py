@@ -1,6 +1,7 @@
 """The streaming task's parts without Spark: keys cut from sorted Arrow batches and
 carried across batch boundaries, chunks of at most `task_batch_rows`, unsorted input
-refused, and output emitted every `limit` rows."""
+refused, output emitted every `limit` rows, and the staging's key, key group and task
+columns (hashed once per distinct key) equal to those of each row on its own."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pytest
 
+from statehold.backend.keys import key_group_of, task_of
 from statehold.processor.compat import whole
 from statehold.processor.output import Output
 from statehold.spark.task import (
@@ -16,11 +18,13 @@ from statehold.spark.task import (
     KG_COL,
     MARKER_KG,
     TASK_COL,
+    KeyGroupStage,
     UnsortedInputError,
     _Counts,
     _Keys,
     _segments,
     _user,
+    state_key,
 )
 
 
@@ -70,3 +74,27 @@ def test_output_is_emitted_every_limit_rows_in_order() -> None:
     emitted += list(out.drain())
     assert [t.num_rows for t in emitted] == [3, 3, 1]
     assert [r["n"] for t in emitted for r in t.to_pylist()] == list(range(7))
+
+
+@pytest.mark.parametrize(
+    ("columns", "data"),
+    [
+        (("k",), {"k": ["hot"] * 500 + ["a", "ß", "hot", "", "a"], "v": list(range(505))}),
+        (("k",), {"k": [3, -1, 3, 2**40, 3], "v": [0, 1, 2, 3, 4]}),
+        (("k",), {"k": [0.0, -0.0, 1.5, 0.0], "v": [0, 1, 2, 3]}),
+        (("k",), {"k": [[1, 2], [1, 2], [3]], "v": [0, 1, 2]}),  # nested: row by row
+        (("k", "j"), {"k": ["a", "a", "b"], "j": [1, 2, 1], "v": [0, 1, 2]}),
+    ],
+)
+def test_staging_routes_each_row_as_on_its_own(
+    columns: tuple[str, ...], data: dict[str, list[object]]
+) -> None:
+    stage = KeyGroupStage(columns, parallelism=3, max_parallelism=16)
+    (out,) = stage(iter([pa.RecordBatch.from_pydict(data)]))
+    rows = list(zip(*(data[c] for c in columns), strict=True))
+    keys = [state_key(r) for r in rows]
+    groups = [key_group_of(k, 16) for k in keys]
+    assert out.column(KEY_COL).to_pylist() == keys
+    assert out.column(KG_COL).to_pylist() == groups
+    assert out.column(TASK_COL).to_pylist() == [task_of(g, 3, 16) for g in groups]
+    assert out.column("v").to_pylist() == data["v"]

@@ -92,15 +92,39 @@ class KeyGroupStage:
                         f"(filter or fill them before the stateful step). Row: "
                         f"{_describe_row(batch, first)}"
                     )
-            values = [c.to_pylist() for c in columns]
-            keys = [state_key(vs) for vs in zip(*values, strict=True)]
-            groups = [key_group_of(k, self.max_parallelism) for k in keys]
-            tasks = [task_of(g, self.parallelism, self.max_parallelism) for g in groups]
+            keys, groups, tasks = self._route(columns)
             yield (
-                batch.append_column(KEY_COL, pa.array(keys, pa.string()))
-                .append_column(KG_COL, pa.array(groups, pa.int32()))
-                .append_column(TASK_COL, pa.array(tasks, pa.int32()))
+                batch.append_column(KEY_COL, keys)
+                .append_column(KG_COL, groups)
+                .append_column(TASK_COL, tasks)
             )
+
+    def _route(self, columns: list[pa.Array]) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """The key, key group and task columns. A single key column is hashed once per
+        distinct value of the batch (dictionary-encoded by Arrow), not once per row: a hot
+        key's millions of rows cost one hash per Arrow batch."""
+        if len(columns) == 1:
+            # a string key is its own state key (`state_key`): the column is kept as it is
+            is_text = columns[0].type == pa.string()
+            try:
+                encoded = pc.dictionary_encode(columns[0])
+            except pa.ArrowNotImplementedError:  # a nested type: hashed row by row below
+                encoded = None
+            if encoded is not None:
+                uniques = [(v,) for v in encoded.dictionary.to_pylist()]
+                unique_keys, unique_groups, unique_tasks = self._route_rows(uniques)
+                keys = columns[0] if is_text else unique_keys.take(encoded.indices)
+                return (keys, unique_groups.take(encoded.indices),
+                        unique_tasks.take(encoded.indices))
+        values = [c.to_pylist() for c in columns]
+        return self._route_rows(list(zip(*values, strict=True)))
+
+    def _route_rows(self, rows: list[tuple[Any, ...]]) -> tuple[pa.Array, pa.Array, pa.Array]:
+        keys = [state_key(vs) for vs in rows]
+        groups = [key_group_of(k, self.max_parallelism) for k in keys]
+        tasks = [task_of(g, self.parallelism, self.max_parallelism) for g in groups]
+        return (pa.array(keys, pa.string()), pa.array(groups, pa.int32()),
+                pa.array(tasks, pa.int32()))
 
 
 @dataclass(frozen=True)
