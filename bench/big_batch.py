@@ -8,14 +8,16 @@ Input: `--rows` rows over `--keys` keys with a 100-byte payload, written once as
 then the hot-key case: one key with `--hot-rows` rows. statehold reads it as one batch
 (`run_batch` with a per-key function; the hot key through a processor with
 ``input_chunks`` and pandas chunks, as Spark's function gets); Spark reads the same files
-as one streaming trigger (``applyInPandasWithState``, RocksDB state store). local[2], parallelism 2. A thread
-samples the VmRSS of every PySpark worker this benchmark started (``pyspark.daemon``
-processes descending from its own) every 100 ms; the peak per worker is reported.
+as one streaming trigger (``applyInPandasWithState``, RocksDB state store). local[2],
+parallelism 2, a new Spark session per run. A thread samples the VmRSS of every PySpark
+worker this benchmark started (``pyspark.daemon`` processes descending from its own)
+every 100 ms; the peak per worker is reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -189,10 +191,37 @@ def main() -> None:
     parser.add_argument("--skip-spark", action="store_true")
     parser.add_argument("--cases", default="plain,hot", help="plain, hot or both")
     args = parser.parse_args()
-    from pyspark.sql import SparkSession
-
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = args.work or Path(tempfile.mkdtemp(prefix="big-batch-"))
+    try:
+        with session() as spark:
+            write_input(spark, work / "input", args.rows, args.keys, args.hot_rows)
+        results: dict[str, Any] = {
+            "rows": args.rows, "keys": args.keys, "hot_rows": args.hot_rows,
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, local[2]",
+        }
+        for case in args.cases.split(","):
+            hot = case == "hot"
+            suffix = "_hot" if hot else ""
+            # A new session (new Python workers) per run, so no run's peak RSS includes
+            # what an earlier run left in a reused worker.
+            with session() as spark:
+                results[f"statehold{suffix}"] = run_statehold(
+                    spark, work / "input" / case, work, case, hot)
+            if not args.skip_spark:
+                with session() as spark:
+                    results[f"spark{suffix}"] = run_spark(spark, work / "input" / case, work,
+                                                          case)
+        print(json.dumps(results, indent=2))
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def session() -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
     spark = (
         SparkSession.builder.master("local[2]").appName("big-batch")
         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
@@ -203,23 +232,9 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        write_input(spark, work / "input", args.rows, args.keys, args.hot_rows)
-        results: dict[str, Any] = {
-            "rows": args.rows, "keys": args.keys, "hot_rows": args.hot_rows,
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, local[2]",
-        }
-        for case in args.cases.split(","):
-            hot = case == "hot"
-            suffix = "_hot" if hot else ""
-            results[f"statehold{suffix}"] = run_statehold(spark, work / "input" / case, work,
-                                                          case, hot)
-            if not args.skip_spark:
-                results[f"spark{suffix}"] = run_spark(spark, work / "input" / case, work, case)
-        print(json.dumps(results, indent=2))
+        yield spark
     finally:
         spark.stop()
-        if args.work is None:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
