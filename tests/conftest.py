@@ -15,11 +15,17 @@ from hypothesis import settings
 
 from statehold.storage import Storage
 from tests.support.infra.object_stores import azurite_server, azurite_tls_server, gcs_server
+from tests.support.kafka import kafka_broker
 from tests.support.s3 import S3Server
+from tests.support.spark_session import spark
 from tests.support.storages import StorageFactory, storage_factory_for
+from tests.support.zk import zk_server
 
-# session fixtures, for every test module
-__all__ = ["azurite_server", "azurite_tls_server", "gcs_server"]
+# Session fixtures, for every test module, defined here once: a session fixture imported
+# into several test modules is a new definition in each, so each module would start its
+# own server (and keep it until the session ends).
+__all__ = ["azurite_server", "azurite_tls_server", "gcs_server", "kafka_broker", "spark",
+           "zk_server"]
 
 # Property tests check results, never speed: a machine busy with Spark and servers must not
 # turn a slow example into a failure (Hypothesis' default deadline is 200 ms per example).

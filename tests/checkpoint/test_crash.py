@@ -46,7 +46,7 @@ from statehold.tools import locate, verify
 from tests.support import crash_driver as drv
 from tests.support.paths import ROOT, SUPPORT, python_path
 from tests.support.s3 import S3Server
-from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer
 
 pytestmark = pytest.mark.crash
 
@@ -283,7 +283,7 @@ def test_kill_9_on_s3(tmp_path: Path, s3_server: S3Server) -> None:
 def test_kill_9_on_s3_with_zookeeper(
     tmp_path: Path,
     s3_server: S3Server,
-    zk_server: ZooKeeperServer,  # noqa: F811
+    zk_server: ZooKeeperServer,
 ) -> None:
     """The cluster-like configuration: state on S3 (moto), pointers and epoch in a real
     ZooKeeper. The same kills and the same listing-based checks as above."""

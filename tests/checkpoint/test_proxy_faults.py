@@ -8,10 +8,9 @@ state is exact. Under an S3 outage longer than the client's retries the checkpoi
 with one StorageError line, nothing is published, and the job resumes once S3 is back.
 Under a partition from ZooKeeper longer than the session timeout the driver cannot
 publish, a new attempt takes over, and the old one is fenced when the partition heals:
-none of its writes lands on the new attempt's files. A ZooKeeper server restarted under
-the job fails the checkpoint taken while it is down, and the same attempt goes on. Each
-test ends by listing the job directory: every referenced file is there, and no orphan is
-left once the job ends.
+none of its writes lands on the new attempt's files. Each test ends by listing the job
+directory: every referenced file is there, and no orphan is left once the job ends
+(a ZooKeeper server restarted under a job: tests/ha/test_zk_session_loss.py).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from tests.support.faultproxy import FaultProxy
 from tests.support.faults import bounded
 from tests.support.s3 import S3Server
 from tests.support.stored import assert_reconciled_exact, data_files, referenced
-from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper
 
@@ -76,7 +75,7 @@ def s3_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
 
 
 @pytest.fixture
-def zk_proxy(zk_server: ZooKeeperServer) -> Iterator[FaultProxy]:  # noqa: F811
+def zk_proxy(zk_server: ZooKeeperServer) -> Iterator[FaultProxy]:
     with FaultProxy((zk_server.host, zk_server.port), "tcp") as proxy:
         yield proxy
 
@@ -144,7 +143,7 @@ def test_a_job_rides_through_transient_s3_and_zookeeper_faults(
 
 
 def test_an_s3_outage_fails_the_checkpoint_in_one_line_and_the_job_resumes(
-    tmp_path: Path, s3_server: S3Server, s3_proxy: FaultProxy, zk_server: ZooKeeperServer,  # noqa: F811
+    tmp_path: Path, s3_server: S3Server, s3_proxy: FaultProxy, zk_server: ZooKeeperServer,
 ) -> None:
     job_id = f"job-{uuid.uuid4().hex[:12]}"
     storage = job_storage(s3_server, s3_proxy.endpoint, job_id)
@@ -187,7 +186,7 @@ def test_an_s3_outage_fails_the_checkpoint_in_one_line_and_the_job_resumes(
 
 
 def test_a_partition_from_zookeeper_past_the_session_timeout_fences_the_old_attempt(
-    tmp_path: Path, s3_server: S3Server, zk_server: ZooKeeperServer, zk_proxy: FaultProxy,  # noqa: F811
+    tmp_path: Path, s3_server: S3Server, zk_server: ZooKeeperServer, zk_proxy: FaultProxy,
 ) -> None:
     job_id = f"job-{uuid.uuid4().hex[:12]}"
     root = "statehold-partition"
@@ -287,62 +286,3 @@ def test_a_partition_from_zookeeper_past_the_session_timeout_fences_the_old_atte
             if store is not None:
                 store.close()
 
-
-def test_a_zookeeper_restart_under_the_job_fails_one_checkpoint_and_the_job_goes_on(
-    tmp_path: Path, s3_server: S3Server, zk_server: ZooKeeperServer,  # noqa: F811
-) -> None:
-    """The ensemble's only server is stopped under a running job and started again on the
-    same port and data: the checkpoint taken while it is down fails in one line and
-    publishes nothing; the driver's client reconnects by itself and, as the epoch lives
-    in the job's znode, not in the session, the same attempt goes on."""
-    job_id = f"job-{uuid.uuid4().hex[:12]}"
-    storage = job_storage(s3_server, s3_server.endpoint, job_id)
-    ha = ZooKeeperHAStore.from_uri(
-        f"zookeeper://{zk_server.hosts}/statehold-restart", job_id, timeout=HA_TIMEOUT
-    )
-    coord = CheckpointCoordinator.start(
-        storage, ha, job_id=job_id, max_parallelism=zd.MAX_PARALLELISM, retain=zd.RETAIN
-    )
-    tasks = zd.open_tasks(storage, coord, tmp_path / "local")
-    ids = iter(range(1, 1000))  # checkpoint ids: one per attempt to checkpoint
-    try:
-        for n in (1, 2):
-            zd.apply(tasks, n)
-            checkpoint(storage, coord, tasks, next(ids))
-        zk_server.stop()
-        try:
-            zd.apply(tasks, 3)
-            down = next(ids)
-            with pytest.raises(HAStoreError) as caught:
-                bounded(lambda: checkpoint(storage, coord, tasks, down), BOUND,
-                        "a checkpoint while ZooKeeper is down")
-            assert "\n" not in str(caught.value), caught.value
-            coord.abort(down, "HA store unreachable")  # deletes nothing: outcome unknown
-        finally:
-            zk_server.start()
-
-        def publishes() -> bool:
-            n = next(ids)
-            try:
-                checkpoint(storage, coord, tasks, n)
-                return True
-            except HAStoreError:  # the client is still reconnecting
-                coord.abort(n, "HA store unreachable")
-                return False
-
-        # The next checkpoint that publishes holds batch 3 and batch 4.
-        zd.apply(tasks, 4)
-        until(publishes, "a checkpoint to publish after the restart")
-        for n in (5, 6):
-            zd.apply(tasks, n)
-            checkpoint(storage, coord, tasks, next(ids))
-        retained = [p.checkpoint_id for p in ha.read().retained]
-        assert len(retained) == zd.RETAIN and retained[0] > down, retained
-        assert zd.totals_of(tasks) == zd.reference(6)
-        assert_reconciled_exact(storage, coord, BOUND)
-        assert zd.restored_totals(storage, ha, tmp_path / "verify") == zd.reference(6)
-    finally:
-        for task in tasks:
-            task.close()
-        coord.close()
-        ha.close()

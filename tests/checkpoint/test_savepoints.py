@@ -11,10 +11,8 @@ from pyspark.sql import SparkSession
 
 from statehold import tools
 from statehold.spark import KeyedState, StatefulJob, iter_state
-from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
-spark = spark_session.spark
 
 
 def count(key: str, rows: list[dict[str, Any]], state: KeyedState) -> list[tuple[str, int]]:

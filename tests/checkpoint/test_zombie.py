@@ -24,7 +24,7 @@ from statehold.job.lease import lease_key
 from statehold.storage import LocalStorage, Storage
 from tests.support import zombie_driver as zd
 from tests.support.paths import ROOT, SUPPORT
-from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer
 
 DRIVER = SUPPORT / "zombie_driver.py"
 BATCHES = 8

@@ -58,7 +58,7 @@ from statehold.job.directory import OWNER_KEY, HAStoreMismatchError, open_job, r
 from statehold.storage import Storage, open_storage
 from tests.support.jobs import MAX_PARALLELISM, RANGES, Task
 from tests.support.stored import bytes_checksum
-from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer
 
 runner = CliRunner()
 
@@ -264,7 +264,7 @@ def deep_json(depth: int = 100_000) -> bytes:
 # == 1. the recorded HA store (ZooKeeper) =================================================
 @pytest.mark.zookeeper
 def test_zookeeper_job_uses_its_recorded_store_and_refuses_another(
-    where: Where, zk_server: ZooKeeperServer  # noqa: F811
+    where: Where, zk_server: ZooKeeperServer
 ) -> None:
     zk_uri = f"zookeeper://{zk_server.hosts}/statehold-opsafety"
 

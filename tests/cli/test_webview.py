@@ -26,11 +26,9 @@ from statehold.job import history
 from statehold.job.directory import open_job
 from statehold.spark import StatefulJob
 from statehold.storage import Storage, open_storage
-from tests.support import spark_session
 from tests.support.minipipeline import MiniPipeline, make_batch
 
 CHROMIUM = shutil.which("chromium")
-spark = spark_session.spark  # the shared session fixture
 
 
 def build(storage: Storage, local: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 from statehold.ha import EmbeddedHAStore, ZooKeeperHAStore
 from statehold.ha.open import open_ha_store
 from statehold.storage import Storage
-from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer
 
 
 @pytest.mark.parametrize("uri", [None, "embedded", " embedded "])
@@ -43,7 +43,7 @@ def test_bad_zookeeper_uri_is_refused(storage: Storage) -> None:
 @pytest.mark.zookeeper
 def test_zookeeper_uri_opens_the_job_znode(
     storage: Storage,
-    zk_server: ZooKeeperServer,  # noqa: F811
+    zk_server: ZooKeeperServer,
 ) -> None:
     job_id = f"job-{uuid.uuid4().hex}"
     uri = f"zookeeper://{zk_server.hosts}/statehold-open-test"

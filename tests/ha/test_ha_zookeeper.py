@@ -14,7 +14,7 @@ from statehold.format import layout
 from statehold.ha import CheckpointPointer, HAStoreError
 from statehold.ha.zookeeper import ZooKeeperHAStore, parse_uri
 from tests.support.ha_contract import ALL_CHECKS, check_concurrent_publishers_lose_nothing
-from tests.support.zk import ZooKeeperServer, free_port, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer, free_port
 
 pytestmark = pytest.mark.zookeeper
 
@@ -33,7 +33,7 @@ def job_id() -> str:
 
 @pytest.fixture
 def make_store(
-    zk_server: ZooKeeperServer,  # noqa: F811
+    zk_server: ZooKeeperServer,
     job_id: str,
 ) -> Iterator[StoreFactory]:
     """Opens stores (each with its own ZooKeeper session) on one fresh job."""
@@ -50,7 +50,7 @@ def make_store(
 
 
 @pytest.fixture
-def raw_client(zk_server: ZooKeeperServer) -> Iterator[KazooClient]:  # noqa: F811
+def raw_client(zk_server: ZooKeeperServer) -> Iterator[KazooClient]:
     """A plain kazoo client, to look at and tamper with znodes behind the store's back."""
     client = KazooClient(hosts=zk_server.hosts)
     client.start(timeout=30)
@@ -150,7 +150,7 @@ def test_unreachable_server_raises_store_error() -> None:
 
 
 def test_session_loss_blocks_writes_until_reconnected(
-    zk_server: ZooKeeperServer,  # noqa: F811
+    zk_server: ZooKeeperServer,
     make_store: StoreFactory,
 ) -> None:
     store = make_store(timeout=1.5)

@@ -27,7 +27,7 @@ from statehold.ha import HAStoreError, ZooKeeperHAStore
 from statehold.storage import LocalStorage, Storage
 from tests.support import zombie_driver as zd
 from tests.support.stored import data_files, listing, referenced
-from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper
 
@@ -53,7 +53,7 @@ def until(cond: Callable[[], bool], what: str) -> None:
 
 def test_session_loss_stops_writing_until_the_epoch_is_re_established(
     tmp_path: Path,
-    zk_server: ZooKeeperServer,  # noqa: F811
+    zk_server: ZooKeeperServer,
 ) -> None:
     job_id = f"job-{uuid.uuid4().hex[:12]}"
     storage = LocalStorage(tmp_path / "checkpoints").child(job_id)

@@ -21,11 +21,9 @@ from statehold.processor import (
     TimerValues,
 )
 from statehold.spark import StatefulJob, iter_state
-from tests.support import spark_session
 from tests.support.spark_versions import SparkProcessor, needs_transform_with_state
 
 pytestmark = pytest.mark.spark
-spark = spark_session.spark  # the shared session fixture
 
 INPUT = "user string, ts long, page string"
 GAP_MS = 100

@@ -19,11 +19,9 @@ from statehold.processor import (
     TimerValues,
 )
 from statehold.spark import StatefulJob, replace_output
-from tests.support import spark_session
 from tests.support.spark_queries import write_batch
 
 pytestmark = pytest.mark.spark
-spark = spark_session.spark  # the shared session fixture
 
 OUT = "what string, user string"
 DELAY_MS = 60_000

@@ -16,7 +16,6 @@ import pytest
 
 from statehold import processor as sh
 from statehold.spark import StatefulJob, replace_output
-from tests.support import spark_session
 from tests.support.spark_queries import rocksdb_session, run_query, write_batch
 from tests.support.spark_versions import SparkProcessor, needs_transform_with_state
 
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
     )
 
 pytestmark = pytest.mark.spark
-spark = spark_session.spark  # the shared session fixture
 
 OUT = "user STRING, count BIGINT"
 INITIAL = [("a", 10), ("b", 5), ("b", 7), ("c", 100)]  # c: only in the initial state at first

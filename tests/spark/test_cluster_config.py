@@ -29,7 +29,7 @@ from statehold.storage import open_storage
 from statehold.tools import verify
 from tests.support.paths import SRC
 from tests.support.s3 import S3Server
-from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.zookeeper]
 
@@ -101,7 +101,7 @@ def run(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProce
 def test_example_on_s3_with_zookeeper(
     tmp_path: Path,
     s3_server: S3Server,
-    zk_server: ZooKeeperServer,  # noqa: F811
+    zk_server: ZooKeeperServer,
 ) -> None:
     job_id = f"cluster-{uuid.uuid4().hex[:8]}"
     root = f"s3://{s3_server.bucket}/cluster-config-{os.getpid()}"

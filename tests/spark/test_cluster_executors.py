@@ -39,12 +39,12 @@ from statehold.job.history import read_history
 from statehold.storage import open_storage
 from tests.support.cluster import StandaloneCluster, alive, executor_of, standalone_cluster
 from tests.support.infra import jvm
-from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401
+from tests.support.kafka import KafkaBroker
 from tests.support.kafka_runs import PER_BATCH, check_exact, jar_args, new_topic, records
 from tests.support.paths import ROOT, SRC, SUPPORT
 from tests.support.pause_once import MARK_ENV, PAUSE_ENV
 from tests.support.s3 import S3Server
-from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer
 
 # Three batches with Spark starts take minutes on a loaded 2-core machine (10 at load 30).
 pytestmark = [pytest.mark.spark, pytest.mark.zookeeper, pytest.mark.crash,
@@ -121,8 +121,8 @@ def test_kill_executor_mid_batch_exact_kafka(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     s3_server: S3Server,
-    zk_server: ZooKeeperServer,  # noqa: F811
-    kafka_broker: KafkaBroker,  # noqa: F811
+    zk_server: ZooKeeperServer,
+    kafka_broker: KafkaBroker,
 ) -> None:
     master = ("local-cluster[2,1,1024]" if kind == "local-cluster"
               else request.getfixturevalue("standalone").url)

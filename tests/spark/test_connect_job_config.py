@@ -13,7 +13,6 @@ from pyspark.sql import SparkSession
 
 from statehold.spark import StatefulJob
 from statehold.spark.connect import JobConfig
-from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
 
@@ -28,7 +27,7 @@ def test_job_config_carries_every_job_setting() -> None:
     assert settings <= carried, f"not carried to the server: {sorted(settings - carried)}"
 
 
-def test_job_config_opens_the_same_job(spark: SparkSession, tmp_path: Path) -> None:  # noqa: F811
+def test_job_config_opens_the_same_job(spark: SparkSession, tmp_path: Path) -> None:
     config = JobConfig(
         checkpoints=str(tmp_path / "ckpt"), job_id="carried", max_parallelism=32,
         parallelism=3, retain=4, storage_options={}, operator="op",

@@ -21,7 +21,6 @@ from statehold.spark.data_source import DataSourceUnavailableError, data_sources
 from statehold.spark.reader import iter_state, locate_state
 from statehold.spark_checkpoints import open_spark_checkpoint
 from tests.support.keyed_totals import MAXP, OUT, make_batches, totals
-from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
 #: Python data sources came with PySpark 4.0 (on 3.5 only the refusal is tested)
@@ -52,7 +51,7 @@ class Visits(StatefulProcessor):
 
 
 @pytest.fixture(scope="module")
-def job_dir(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:  # noqa: F811
+def job_dir(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A processor's job directory: checkpoint 0 (ann, bob), 1 (ann again, cy), savepoint
     "first" of checkpoint 0. The job registers the data source when its attempt starts."""
     root = tmp_path_factory.mktemp("ds")
@@ -68,7 +67,7 @@ def job_dir(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:  # noq
     return str(root / "visits")
 
 
-def _read(spark: Any, path: str, **options: str) -> Any:  # noqa: F811
+def _read(spark: Any, path: str, **options: str) -> Any:
     reader = spark.read.format("statehold")
     for name, value in options.items():
         reader = reader.option(name, value)
@@ -76,7 +75,7 @@ def _read(spark: Any, path: str, **options: str) -> Any:  # noqa: F811
 
 
 @needs_4
-def test_rows_per_state_variable_match_iter_state(spark: Any, job_dir: str) -> None:  # noqa: F811
+def test_rows_per_state_variable_match_iter_state(spark: Any, job_dir: str) -> None:
     frame = _read(spark, job_dir)
     assert [(f.name, f.dataType.simpleString()) for f in frame.schema.fields] == [
         ("key", "string"), ("state", "string"), ("value", "string"),
@@ -94,7 +93,7 @@ def test_rows_per_state_variable_match_iter_state(spark: Any, job_dir: str) -> N
 
 @needs_4
 def test_a_state_variable_is_typed_by_its_recorded_schema(
-    spark: Any, job_dir: str  # noqa: F811
+    spark: Any, job_dir: str
 ) -> None:
     profile = _read(spark, job_dir, stateVar="profile")
     assert profile.schema["value"].dataType.simpleString() == (
@@ -125,7 +124,7 @@ def test_a_state_variable_is_typed_by_its_recorded_schema(
 
 
 @needs_4
-def test_checkpoint_savepoint_and_a_users_schema(spark: Any, job_dir: str) -> None:  # noqa: F811
+def test_checkpoint_savepoint_and_a_users_schema(spark: Any, job_dir: str) -> None:
     def counts(**options: str) -> dict[str, int]:
         rows = _read(spark, job_dir, stateVar="count", **options).collect()
         return {r["key"]: json.loads(r["value"]) for r in rows}
@@ -145,7 +144,7 @@ def test_checkpoint_savepoint_and_a_users_schema(spark: Any, job_dir: str) -> No
 
 
 @needs_4
-def test_history_view_has_one_row_per_checkpoint(spark: Any, job_dir: str) -> None:  # noqa: F811
+def test_history_view_has_one_row_per_checkpoint(spark: Any, job_dir: str) -> None:
     rows = _read(spark, job_dir, view="history").orderBy("checkpoint_id").collect()
     assert [(r["checkpoint_id"], r["outcome"]) for r in rows] == [(0, "completed"),
                                                                   (1, "completed")]
@@ -167,7 +166,7 @@ def test_history_view_has_one_row_per_checkpoint(spark: Any, job_dir: str) -> No
     ],
 )
 def test_bad_options_say_why_in_one_line(
-    spark: Any, job_dir: str, options: dict[str, str], line: str  # noqa: F811
+    spark: Any, job_dir: str, options: dict[str, str], line: str
 ) -> None:
     with pytest.raises(Exception) as failed:  # Spark's AnalysisException around ours
         _read(spark, job_dir, **options).collect()
@@ -181,7 +180,7 @@ def test_bad_options_say_why_in_one_line(
 
 
 @needs_4
-def test_a_plain_job_on_s3_read_by_the_tasks(spark: Any, s3_server: Any) -> None:  # noqa: F811
+def test_a_plain_job_on_s3_read_by_the_tasks(spark: Any, s3_server: Any) -> None:
     """A `run_batch` job (state names recorded nowhere: values as JSON) on S3 (moto): the
     storage options go as storage.*, and each task opens the bucket itself."""
     uri = f"s3://{s3_server.bucket}/ds-{random.getrandbits(32)}"
@@ -207,14 +206,14 @@ def test_a_plain_job_on_s3_read_by_the_tasks(spark: Any, s3_server: Any) -> None
 
 
 @needs_4
-def test_not_a_job_directory(spark: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_not_a_job_directory(spark: Any, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(Exception) as failed:
         _read(spark, str(tmp_path / "empty")).collect()
     assert "empty: not a statehold job directory" in str(failed.value)
 
 
-def test_register_data_source_and_pyspark_without_data_sources(spark: Any) -> None:  # noqa: F811
+def test_register_data_source_and_pyspark_without_data_sources(spark: Any) -> None:
     """On PySpark 4 registering again is harmless; on 3.5 it refuses at once, one line."""
     if data_sources_supported():
         register_data_source(spark)
@@ -228,7 +227,7 @@ def test_register_data_source_and_pyspark_without_data_sources(spark: Any) -> No
 
 # -- a Spark checkpoint location ---------------------------------------------------------------
 @pytest.fixture(scope="module")
-def spark_location(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:  # noqa: F811
+def spark_location(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
     from tests.support.spark_checkpoint_queries import run_query, write_inputs
 
     root = tmp_path_factory.mktemp("spark-ckpt")
@@ -239,7 +238,7 @@ def spark_location(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @needs_4
-def test_spark_checkpoint_location_views(spark: Any, spark_location: str) -> None:  # noqa: F811
+def test_spark_checkpoint_location_views(spark: Any, spark_location: str) -> None:
     register_data_source(spark)
     location = open_spark_checkpoint(spark_location)
     listed = location.listing()
@@ -271,7 +270,7 @@ def test_spark_checkpoint_location_views(spark: Any, spark_location: str) -> Non
 
 @needs_4
 def test_spark_checkpoint_location_without_a_view(
-    spark: Any, spark_location: str  # noqa: F811
+    spark: Any, spark_location: str
 ) -> None:
     with pytest.raises(Exception) as failed:
         _read(spark, spark_location).collect()

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support import kafka
 from tests.support.infra import jvm
-from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401
+from tests.support.kafka import KafkaBroker
 
 
 def test_cached_set_needs_no_maven(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,7 +39,7 @@ def test_missing_maven_is_a_clear_error(
 
 
 def test_broker_keeps_each_keys_records_in_order(
-    kafka_broker: KafkaBroker,  # noqa: F811
+    kafka_broker: KafkaBroker,
 ) -> None:
     """Produced records come back complete; one key's records share a partition, in the
     order they were sent, at increasing offsets."""

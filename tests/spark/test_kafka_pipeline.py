@@ -19,7 +19,7 @@ import pytest
 from statehold.format import layout
 from statehold.storage import open_storage
 from tests.support.example_runs import run_and_kill
-from tests.support.kafka import KafkaBroker, Record, kafka_broker  # noqa: F401
+from tests.support.kafka import KafkaBroker
 from tests.support.kafka_runs import (
     JOB,
     PER_BATCH,
@@ -31,7 +31,7 @@ from tests.support.kafka_runs import (
     records,
     run_example_to_end,
 )
-from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer
 
 pytestmark = [pytest.mark.spark]
 
@@ -39,8 +39,8 @@ pytestmark = [pytest.mark.spark]
 @pytest.mark.crash
 @pytest.mark.timeout(1800)  # three Spark drivers; minutes on a busy shared machine
 def test_kill_driver_kafka_s3_zookeeper(
-    kafka_broker: KafkaBroker,  # noqa: F811
-    zk_server: ZooKeeperServer,  # noqa: F811
+    kafka_broker: KafkaBroker,
+    zk_server: ZooKeeperServer,
     s3_server: object,
     tmp_path: Path,
 ) -> None:
@@ -76,7 +76,7 @@ def test_kill_driver_kafka_s3_zookeeper(
 
 @pytest.mark.timeout(900)
 def test_kafka_to_end_exact_local(
-    kafka_broker: KafkaBroker,  # noqa: F811
+    kafka_broker: KafkaBroker,
     tmp_path: Path,
 ) -> None:
     """The Kafka pipeline without kills, as cheaply as it goes (the one Kafka test of the

@@ -17,11 +17,9 @@ from statehold.format.metadata import read_metadata
 from statehold.job.history import HistoryRecord, read_history
 from statehold.spark import BatchResult, StatefulJob, read_history_df
 from statehold.storage import open_storage
-from tests.support import spark_session
 from tests.support.keyed_totals import MAXP, OUT, make_batches, totals
 
 pytestmark = pytest.mark.spark
-spark = spark_session.spark  # the shared session fixture
 
 
 def scrape(port: int) -> dict[str, float]:

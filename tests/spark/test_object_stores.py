@@ -15,7 +15,6 @@ from pyspark.sql import SparkSession
 from statehold.format import layout
 from statehold.spark import StatefulJob
 from statehold.storage import open_storage
-from tests.support import spark_session
 from tests.support.keyed_totals import (
     MAXP,
     OUT,
@@ -29,7 +28,6 @@ from tests.support.keyed_totals import (
 from tests.support.storages import OBJECT_STORES, object_store_server
 
 pytestmark = pytest.mark.spark
-spark = spark_session.spark  # the shared session fixture
 
 
 @pytest.mark.parametrize("backend", ["azure", "gcs"])

@@ -37,7 +37,6 @@ from tests.support.cli_process import Run, statehold_cli
 from tests.support.example_runs import example_env, group_alive
 from tests.support.operated_stream import KEYS, OUTPUT_SCHEMA, count
 from tests.support.paths import SUPPORT
-from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
@@ -128,7 +127,7 @@ def one_line_error(run: Run, *words: str) -> None:
 
 
 def test_savepoint_and_stop_with_savepoint_then_restore_exactly(
-    spark: SparkSession, tmp_path: Path  # noqa: F811
+    spark: SparkSession, tmp_path: Path
 ) -> None:
     job_dir = tmp_path / "checkpoints" / "operated"
     driver = Driver(tmp_path, "operated")
@@ -228,7 +227,7 @@ def test_an_idle_query_serves_savepoints_and_stops_at_its_next_batch(tmp_path: P
     no_orphans(job_dir)
 
 
-def test_a_run_batch_loop_sees_stop_requested(spark: SparkSession, tmp_path: Path) -> None:  # noqa: F811
+def test_a_run_batch_loop_sees_stop_requested(spark: SparkSession, tmp_path: Path) -> None:
     """A driver looping over run_batch itself: the stop lands after the batch it asked
     during, `stop_requested` ends the loop, and run_batch refuses afterwards."""
     job = StatefulJob(spark, str(tmp_path), "looped", max_parallelism=8, parallelism=2)

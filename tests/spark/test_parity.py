@@ -15,7 +15,6 @@ import pandas as pd
 import pytest
 from pyspark.sql import functions as F
 
-from tests.support import spark_session
 from tests.support.spark_queries import rocksdb_session, run_query, write_batch
 from tests.support.spark_versions import SparkProcessor, needs_transform_with_state
 
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
     )
 
 pytestmark = [pytest.mark.spark, needs_transform_with_state]
-spark = spark_session.spark  # the shared session fixture
 
 GAP = 60  # seconds of silence that close a session
 DELAY = 30  # watermark delay, seconds

@@ -20,13 +20,12 @@ from statehold.job.history import HistoryRecord
 from statehold.spark import StatefulJob
 from statehold.spark.data_source import data_sources_supported
 from tests.support.keyed_totals import MAXP, OUT, make_batches, totals
-from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
 
 
 def test_observed_metrics_listener_and_history_view(
-    spark: Any, tmp_path: Path  # noqa: F811
+    spark: Any, tmp_path: Path
 ) -> None:
     src = tmp_path / "in"
     src.mkdir()

@@ -15,7 +15,6 @@ from statehold import tools
 from statehold.cleanup.reconcile import plan
 from statehold.job.directory import open_job
 from statehold.spark import KeyedState, StatefulJob
-from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
 
@@ -31,7 +30,7 @@ def retained(job_dir: Path) -> list[int]:
             if c.retained]
 
 
-def test_retain_for_keeps_young_checkpoints(spark: SparkSession, tmp_path: Path) -> None:  # noqa: F811
+def test_retain_for_keeps_young_checkpoints(spark: SparkSession, tmp_path: Path) -> None:
     rows = spark.createDataFrame([("a",), ("b",), ("a",)], "key string")
     job = StatefulJob(spark, str(tmp_path), "aged", max_parallelism=8, parallelism=2,
                       retain=1, retain_for=timedelta(days=7))

@@ -11,12 +11,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from statehold.spark import routing
-from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = pytest.mark.spark
 
 
-def test_murmur3_matches_sparks_hash(spark: SparkSession) -> None:  # noqa: F811
+def test_murmur3_matches_sparks_hash(spark: SparkSession) -> None:
     rng = random.Random(7)
     values = [0, 1, -1, 2**31 - 1, -(2**31), *(rng.randrange(-(2**31), 2**31) for _ in range(200))]
     df = spark.createDataFrame([(v,) for v in values], "v int")
@@ -26,7 +25,7 @@ def test_murmur3_matches_sparks_hash(spark: SparkSession) -> None:  # noqa: F811
 
 @pytest.mark.parametrize("partitions", [1, 2, 3, 7, 16])
 def test_hash_fallback_puts_task_i_in_partition_i(
-    spark: SparkSession,  # noqa: F811
+    spark: SparkSession,
     partitions: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

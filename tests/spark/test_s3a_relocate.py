@@ -15,7 +15,7 @@ import pytest
 
 from statehold.format import layout
 from statehold.storage import open_storage
-from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401
+from tests.support.kafka import KafkaBroker
 from tests.support.kafka_runs import (
     JOB,
     check_exact,
@@ -49,7 +49,7 @@ def keys_under(client: object, bucket: str, prefix: str) -> list[str]:
 
 @pytest.mark.timeout(1200)  # two Spark drivers; minutes on a busy shared machine
 def test_job_directory_with_sparks_checkpoint_relocates(
-    kafka_broker: KafkaBroker,  # noqa: F811
+    kafka_broker: KafkaBroker,
     s3_server: object,
     tmp_path: Path,
 ) -> None:

@@ -30,7 +30,6 @@ from tests.support.spark_checkpoint_queries import (
     unsupported,
     write_inputs,
 )
-from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
 
@@ -41,7 +40,7 @@ PAIRS = [(q, p) for q in QUERIES for p in PROVIDERS if unsupported(q, p) is None
 
 @pytest.fixture(scope="module")
 def reference(
-    spark: Any,  # noqa: F811
+    spark: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Callable[[str], list[Row]]:
     """The rows of one run of a query over all FIRST + MORE files (each query run once)."""
@@ -68,7 +67,7 @@ def check_batches(output: Path, first_stop: int, last: int) -> None:
 
 @pytest.mark.parametrize(("query", "provider"), PAIRS)
 def test_stop_and_restart_equals_an_uninterrupted_run(
-    spark: Any,  # noqa: F811
+    spark: Any,
     reference: Callable[[str], list[Row]],
     tmp_path: Path,
     query: str,
@@ -87,7 +86,7 @@ def test_stop_and_restart_equals_an_uninterrupted_run(
 
 
 def test_transform_with_state_on_hdfs_is_refused(
-    spark: Any,  # noqa: F811
+    spark: Any,
     tmp_path: Path,
 ) -> None:
     if "transform" not in QUERIES:

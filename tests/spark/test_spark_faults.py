@@ -37,8 +37,7 @@ from tests.support.keyed_totals import (
     totals,
 )
 from tests.support.s3 import S3Server
-from tests.support.spark_session import spark  # noqa: F401
-from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
+from tests.support.zk import ZooKeeperServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.zookeeper]
 
@@ -54,13 +53,13 @@ def s3_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
 
 
 @pytest.fixture
-def zk_proxy(zk_server: ZooKeeperServer) -> Iterator[FaultProxy]:  # noqa: F811
+def zk_proxy(zk_server: ZooKeeperServer) -> Iterator[FaultProxy]:
     with FaultProxy((zk_server.host, zk_server.port), "tcp") as proxy:
         yield proxy
 
 
 def test_a_stateful_job_on_s3_and_zookeeper_under_faults(
-    spark: SparkSession,  # noqa: F811
+    spark: SparkSession,
     s3_server: S3Server, s3_proxy: FaultProxy, zk_proxy: FaultProxy, tmp_path: Path,
 ) -> None:
     root = f"s3://{s3_server.bucket}/spark-faults-{random.getrandbits(32)}"

@@ -15,7 +15,6 @@ from statehold.format import layout
 from statehold.format.metadata import read_metadata
 from statehold.spark import KeyedState, MalformedInputError, StatefulJob
 from statehold.storage import open_storage
-from tests.support import spark_session
 from tests.support.keyed_totals import (
     MAXP,
     OUT,
@@ -28,7 +27,6 @@ from tests.support.keyed_totals import (
 )
 
 pytestmark = pytest.mark.spark
-spark = spark_session.spark  # the shared session fixture
 
 
 def test_batches_restart_and_rescale_match_reference(spark: SparkSession, tmp_path: Path) -> None:

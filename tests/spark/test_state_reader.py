@@ -23,10 +23,8 @@ from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.spark import StatefulJob
 from statehold.spark.reader import StateReadError, iter_state, read_state
 from statehold.storage import Storage
-from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
-spark = spark_session.spark  # the shared session fixture
 runner = CliRunner()
 MAXP = 16
 

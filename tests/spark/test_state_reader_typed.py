@@ -20,10 +20,8 @@ import pytest
 from statehold.processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 from statehold.spark import StatefulJob
 from statehold.spark.reader import iter_state, read_state
-from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
-spark = spark_session.spark  # the shared session fixture
 
 PROFILE = "seen TIMESTAMP, spent DECIMAL(10,2), tag BINARY, last STRUCT<page: STRING, n: INT>"
 WHEN = datetime.datetime(2024, 5, 6, 7, 8, 9)

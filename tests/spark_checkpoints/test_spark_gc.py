@@ -34,7 +34,6 @@ from tests.support.spark_checkpoint_trees import (
     needs_of_restartable,
     plant,
 )
-from tests.support.spark_session import spark  # noqa: F401
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -47,7 +46,7 @@ FIRST_FILES = 6
 
 
 @pytest.fixture(scope="module")
-def base(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:  # noqa: F811
+def base(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One checkpoint per provider, every input file read, every file two hours old."""
     root = tmp_path_factory.mktemp("spark-gc")
     made = {}
@@ -103,7 +102,7 @@ def plant_orphans(ckpt: Path, provider: str) -> tuple[set[str], set[str]]:
 
 @pytest.mark.parametrize("provider", sorted(PROVIDERS))
 def test_gc_removes_orphans_keeps_needs_and_the_query_continues(
-    spark: SparkSession,  # noqa: F811
+    spark: SparkSession,
     base: dict[str, Path],
     tmp_path: Path,
     provider: str,

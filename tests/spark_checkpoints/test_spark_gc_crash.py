@@ -55,7 +55,6 @@ from tests.support.spark_checkpoint_queries import (
     run_query,
     write_inputs,
 )
-from tests.support.spark_session import spark  # noqa: F401
 
 QUERY = "multi"
 FILES = 28
@@ -72,7 +71,7 @@ CASES = [p for p in ("rocksdb_changelog", "rocksdb_v2", "hdfs") if p in PROVIDER
 
 @pytest.fixture(scope="module")
 def reference(
-    spark: Any,  # noqa: F811
+    spark: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Callable[[], list[Row]]:
     """The rows of one uninterrupted run over all FILES files (run once)."""

@@ -57,7 +57,6 @@ from tests.support.spark_checkpoint_trees import (
     plant,
     restartable_batches,
 )
-from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
 
@@ -103,7 +102,7 @@ class Run:
 
 @pytest.fixture(scope="module")
 def runs(
-    spark: Any,  # noqa: F811
+    spark: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Callable[[str, str], Run]:
     """Each pair's run, made the first time a test asks for it."""
@@ -122,7 +121,7 @@ def runs(
     return run
 
 
-def restart(spark: Any, run: Run, checkpoint: Path, k: int, output: Path) -> list[Row]:  # noqa: F811
+def restart(spark: Any, run: Run, checkpoint: Path, k: int, output: Path) -> list[Row]:
     """Start `run`'s query on `checkpoint` (restartable after batch k) with `run`'s input,
     its output of batches 0..k kept: every row the two runs wrote."""
     output.mkdir()
@@ -267,7 +266,7 @@ def test_the_formats_spark_wrote_are_read(
 # -- savepoint, rollback, gc and a restart -------------------------------------------------
 @pytest.mark.parametrize(("query", "provider"), available(SAVEPOINT_ROLLBACK))
 def test_savepoint_of_an_earlier_batch_restarts_elsewhere_with_the_same_rows(
-    spark: Any,  # noqa: F811
+    spark: Any,
     runs: Callable[[str, str], Run], tmp_path: Path, query: str, provider: str,
 ) -> None:
     run = runs(query, provider)
@@ -284,7 +283,7 @@ def test_savepoint_of_an_earlier_batch_restarts_elsewhere_with_the_same_rows(
 
 @pytest.mark.parametrize(("query", "provider"), available(SAVEPOINT_ROLLBACK))
 def test_rollback_to_an_earlier_batch_then_a_rerun_writes_the_same_rows(
-    spark: Any,  # noqa: F811
+    spark: Any,
     runs: Callable[[str, str], Run], tmp_path: Path, query: str, provider: str,
 ) -> None:
     run = runs(query, provider)
@@ -353,7 +352,7 @@ def plant_orphans(ckpt: Path, provider: str) -> tuple[set[str], set[str]]:
 
 @pytest.mark.parametrize(("query", "provider"), available(GC))
 def test_gc_removes_planted_orphans_and_the_query_restarts_from_what_it_kept(
-    spark: Any,  # noqa: F811
+    spark: Any,
     runs: Callable[[str, str], Run], tmp_path: Path, query: str, provider: str,
 ) -> None:
     run = runs(query, provider)

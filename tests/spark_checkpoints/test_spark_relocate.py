@@ -11,13 +11,12 @@ import pytest
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.relocate import absolute_paths, relocate
 from tests.support.spark_checkpoint_queries import all_rows, run_query, write_inputs
-from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
 
 
 def test_relocated_checkpoint_continues_with_its_moved_input(
-    spark, tmp_path: Path  # noqa: F811
+    spark, tmp_path: Path
 ) -> None:
     write_inputs(tmp_path / "ref-in", 0, 6)
     run_query(spark, "dedup", "rocksdb", str(tmp_path / "ref"), tmp_path / "ref-in",

@@ -20,7 +20,6 @@ from tests.support.spark_checkpoint_queries import (
     write_inputs,
 )
 from tests.support.spark_checkpoint_trees import newest_log, restartable_batches
-from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
 
@@ -44,7 +43,7 @@ def _listing(root: Path) -> dict[str, int]:
 
 @pytest.mark.parametrize(("query", "provider"), CASES)
 def test_rollback_then_rerun_gives_the_same_output(
-    spark, tmp_path: Path, query: str, provider: str  # noqa: F811
+    spark, tmp_path: Path, query: str, provider: str
 ) -> None:
     inputs, ckpt, out = tmp_path / "in", tmp_path / "ckpt", tmp_path / "out"
     write_inputs(inputs, 0, FILES)
@@ -71,7 +70,7 @@ def test_rollback_then_rerun_gives_the_same_output(
 
 
 def test_rollback_to_a_batch_whose_state_is_gone_is_refused_with_nothing_deleted(
-    spark, tmp_path: Path  # noqa: F811
+    spark, tmp_path: Path
 ) -> None:
     inputs, ckpt = tmp_path / "in", tmp_path / "ckpt"
     write_inputs(inputs, 0, 8)
@@ -86,7 +85,7 @@ def test_rollback_to_a_batch_whose_state_is_gone_is_refused_with_nothing_deleted
 
 
 def test_rollback_of_a_live_looking_query_is_refused_without_force(
-    spark, tmp_path: Path  # noqa: F811
+    spark, tmp_path: Path
 ) -> None:
     inputs, ckpt = tmp_path / "in", tmp_path / "ckpt"
     write_inputs(inputs, 0, 4)

@@ -38,7 +38,6 @@ from tests.support.spark_checkpoint_queries import (
     run_query,
     write_inputs,
 )
-from tests.support.spark_session import spark  # noqa: F401
 
 QUERY, PROVIDER = "window", "hdfs"
 FIRST, MORE = 6, 4
@@ -103,7 +102,7 @@ def test_directory_markers_are_not_operator_files() -> None:
 @pytest.mark.spark
 @pytest.mark.timeout(900)  # a reference run and three driver JVMs with the AWS SDK (~1 min each)
 def test_a_checkpoint_spark_wrote_through_s3a(
-    spark: Any,  # noqa: F811
+    spark: Any,
     s3_server: S3Server,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

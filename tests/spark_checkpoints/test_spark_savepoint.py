@@ -20,7 +20,6 @@ from tests.support.spark_checkpoint_queries import (
     write_inputs,
 )
 from tests.support.spark_checkpoint_trees import newest_log, restartable_batches
-from tests.support.spark_session import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark]
 
@@ -52,7 +51,7 @@ def copy_output(reference: Path, out: Path, upto: int) -> None:
 
 @pytest.mark.parametrize(("query", "provider"), CASES)
 def test_savepoint_of_batch_k_restarts_elsewhere_with_the_same_output(
-    spark, tmp_path: Path, query: str, provider: str  # noqa: F811
+    spark, tmp_path: Path, query: str, provider: str
 ) -> None:
     inputs, ckpt = tmp_path / "in", tmp_path / "ckpt"
     write_inputs(inputs, 0, FILES)
@@ -77,7 +76,7 @@ def test_savepoint_of_batch_k_restarts_elsewhere_with_the_same_output(
 
 
 def test_savepoint_refuses_a_batch_whose_state_is_gone_and_a_full_destination(
-    spark, tmp_path: Path  # noqa: F811
+    spark, tmp_path: Path
 ) -> None:
     inputs, ckpt = tmp_path / "in", tmp_path / "ckpt"
     write_inputs(inputs, 0, 4)
@@ -101,7 +100,7 @@ def test_savepoint_refuses_a_batch_whose_state_is_gone_and_a_full_destination(
 
 
 def test_savepoint_local_to_s3_and_back_restarts_locally(
-    spark, tmp_path: Path, s3_server  # noqa: F811
+    spark, tmp_path: Path, s3_server
 ) -> None:
     inputs = tmp_path / "in"
     write_inputs(inputs, 0, FILES)

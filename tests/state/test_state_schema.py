@@ -48,9 +48,6 @@ from statehold.state.schema import (
     codec_for,
     from_schema_json,
 )
-from tests.support import spark_session
-
-spark = spark_session.spark  # the shared session fixture
 
 
 def same_value(a: Any, b: Any) -> bool:

@@ -18,10 +18,8 @@ from statehold.processor import StatefulProcessor, StatefulProcessorHandle, Time
 from statehold.spark import StatefulJob
 from statehold.state.schema import SchemaEvolutionError, codec_for
 from statehold.storage import open_storage
-from tests.support import spark_session
 
 pytestmark = pytest.mark.spark
-spark = spark_session.spark  # the shared session fixture
 
 OUT = "user string, visits long, before string"
 

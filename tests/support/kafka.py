@@ -1,7 +1,7 @@
 """A real Kafka broker for tests: one KRaft node (broker and controller) on 127.0.0.1.
 
-Use it with ``from tests.support.kafka import KafkaBroker, kafka_broker  # noqa: F401``.
-The fixture is session-scoped: Apache Kafka's own jars from Maven Central
+A test asks for the `kafka_broker` fixture by name (registered once in tests/conftest.py).
+It is session-scoped, one broker for the whole run: Apache Kafka's own jars from Maven Central
 (`tests.support.infra.jvm`, cached), ``kafka.tools.StorageTool format`` on a fresh log
 directory, then ``kafka.Kafka`` with a generated ``server.properties`` on two free ports
 (clients, controller). It is ready when the broker logs that it started and answers a topic listing.

@@ -1,7 +1,7 @@
 """One shared local SparkSession for the whole test run.
 
-Starting Spark costs seconds, so every Spark test shares one session: import the fixture
-into a test module with ``from tests.support.spark_session import spark  # noqa: F401``.
+Starting Spark costs seconds, so every Spark test shares one session: the `spark` fixture,
+registered once in tests/conftest.py (a test asks for it by name).
 The session is small on purpose (local[2], few shuffle partitions, no UI) to keep the suite fast.
 """
 

@@ -1,10 +1,10 @@
 """A real ZooKeeper server for tests, from Apache ZooKeeper's jars on Maven Central
 (fetched into a cache by tests/support/infra/provision.py and jvm.py).
 
-Use it with `from tests.support.zk import zk_server` in a test module (or `pytest_plugins =
-["tests.support.zk"]`). The fixture is session-scoped: one standalone server on 127.0.0.1 and a
-free port, data in a temporary directory. `stop()` and `start()` restart it on the same
-port and data directory, so tests can cut the connection and check that state survives.
+A test asks for the `zk_server` fixture by name (registered once in tests/conftest.py). It
+is session-scoped: one standalone server for the whole run, on 127.0.0.1 and a free port,
+data in a temporary directory. `stop()` and `start()` restart it on the same port and
+data directory, so tests can cut the connection and check that state survives.
 """
 
 from __future__ import annotations
