@@ -112,3 +112,35 @@ def test_latency_and_a_bandwidth_limit_slow_calls_but_change_nothing(
     assert bounded(lambda: storage.read("big"), BOUND, "a slow read") == data
     assert keys(storage) == ["big"]
     assert proxy.counts["requests"] >= 3
+
+
+def chunked_put(proxy: FaultProxy, path: str, pieces: list[bytes]) -> int:
+    """PUT `pieces` through the proxy as a ``Transfer-Encoding: chunked`` body (as Hadoop's
+    s3a sends some uploads); the response's status."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+    try:
+        conn.request("PUT", path, body=iter(pieces), encode_chunked=True,
+                     headers={"Transfer-Encoding": "chunked"})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_a_chunked_request_body_is_relayed_whole_or_cut(
+    storage: Storage, proxy: FaultProxy
+) -> None:
+    base = "/" + storage.uri.removeprefix("s3://")  # path-style: /bucket/prefix
+    pieces = [os.urandom(n) for n in (70_000, 1, 50_000, 3)]
+    assert bounded(lambda: chunked_put(proxy, f"{base}/whole", pieces), BOUND,
+                   "a chunked PUT") == 200
+    assert storage.read("whole") == b"".join(pieces)
+    # a cut counts the framed bytes: the body stops inside its second chunk, the PUT fails
+    proxy.cut_upload(after_bytes=70_100, action="close", min_body=1)
+    with pytest.raises(OSError):  # the connection closed under the request
+        bounded(lambda: chunked_put(proxy, f"{base}/cut", pieces), BOUND, "a cut chunked PUT")
+    assert proxy.counts["cut_close"] == 1
+    assert keys(storage) == ["whole"]  # nothing partial landed

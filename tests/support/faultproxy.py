@@ -13,7 +13,10 @@ Two modes:
     (`fail_requests`), reset the next N connections once their request head has arrived
     (`reset_requests`), and cut the next upload part-way through its body
     (`cut_upload`: forward some bytes of the body, then stall until healed, or close, or
-    reset). Latency, bandwidth and `partition` apply as in tcp mode.
+    reset). Latency, bandwidth and `partition` apply as in tcp mode. Request bodies come
+    with a ``Content-Length`` or ``Transfer-Encoding: chunked`` (as Hadoop's s3a sends
+    them): a chunked body is relayed as it is, its framing read only to find its end (a
+    cut counts the framed bytes).
 
 Written with threads and blocking sockets rather than asyncio so a synchronous test can
 drive it directly; it serves a handful of connections at a time, which is all tests need.
@@ -49,6 +52,46 @@ class _Cut:
     after_bytes: int
     action: CutAction
     min_body: int
+
+
+class _ChunkedBody:
+    """Finds the end of a ``Transfer-Encoding: chunked`` body in the bytes fed to it (the
+    framing: ``<hex size>[;ext]\\r\\n<data>\\r\\n`` ..., ``0\\r\\n``, trailers, an empty line)."""
+
+    def __init__(self) -> None:
+        self._line = bytearray()
+        self._left = 0  # bytes of the current chunk's data and its CRLF still to come
+        self._state: Literal["size", "data", "trailer"] = "size"
+
+    def feed(self, data: bytes) -> int | None:
+        """The index in `data` just past the body's end, or None if it goes on."""
+        i = 0
+        while i < len(data):
+            if self._state == "data":
+                take = min(self._left, len(data) - i)
+                i += take
+                self._left -= take
+                if self._left == 0:
+                    self._state = "size"
+                continue
+            newline = data.find(b"\n", i)
+            if newline < 0:
+                self._line += data[i:]
+                return None
+            self._line += data[i : newline + 1]
+            i = newline + 1
+            line = bytes(self._line).strip()
+            self._line.clear()
+            if self._state == "trailer":
+                if not line:
+                    return i
+                continue
+            size = int(line.split(b";", 1)[0], 16)
+            if size == 0:
+                self._state = "trailer"
+            else:
+                self._state, self._left = "data", size + 2
+        return None
 
 
 class _Closed(Exception):
@@ -275,9 +318,10 @@ class FaultProxy:
         fields = (ln.partition(":") for ln in lines[1:] if ln)
         headers = {k.strip().lower(): v.strip() for k, _, v in fields}
         self.counts["requests"] += 1
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         length = int(headers.get("content-length", "0") or 0)
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            raise AssertionError("the fault proxy does not relay chunked request bodies")
+        if chunked:  # the size of what is framed, where the client says it (AWS SDKs do)
+            length = int(headers.get("x-amz-decoded-content-length", "0") or 0) or CHUNK
         expects = headers.get("expect", "").lower() == "100-continue"
         with self._lock:
             status = self._fail.pop(0) if self._fail else None
@@ -298,9 +342,7 @@ class FaultProxy:
         if status is not None:
             self.counts[f"status_{status}"] += 1
             if not expects:  # read (and drop) the body the client sends anyway
-                remaining = length - len(buffer)
-                while remaining > 0:
-                    remaining -= len(self._recv(client))
+                self._drain_body(client, buffer, length, chunked)
             body = S3_ERROR.format(code=S3_CODES.get(status, "InternalError")).encode()
             client.sendall(
                 f"HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\n"
@@ -315,29 +357,54 @@ class FaultProxy:
         upstream = self._connect()
         try:
             self._send(upstream, out_head)
-            self._relay_body(client, upstream, buffer, length, cut)
+            self._relay_body(client, upstream, buffer, None if chunked else length, cut)
             self._relay_response(upstream, client)
         finally:
             self._untrack(upstream)
             upstream.close()
 
-    def _relay_body(
-        self, client: socket.socket, upstream: socket.socket, buffer: bytearray, length: int,
-        cut: _Cut | None,
+    def _drain_body(
+        self, client: socket.socket, buffer: bytearray, length: int, chunked: bool
     ) -> None:
+        if chunked:
+            scanner = _ChunkedBody()
+            data = bytes(buffer)
+            while scanner.feed(data) is None:
+                data = self._recv(client)
+            return
+        remaining = length - len(buffer)
+        while remaining > 0:
+            remaining -= len(self._recv(client))
+
+    def _relay_body(
+        self, client: socket.socket, upstream: socket.socket, buffer: bytearray,
+        length: int | None, cut: _Cut | None,
+    ) -> None:
+        """Forward the request body: `length` bytes, or (None) a chunked body to its end.
+        With `cut`, only its first `after_bytes` go; a body that ends before that leaves
+        the cut for the next upload."""
+        scanner = _ChunkedBody() if length is None else None
         sent = 0
-        limit = cut.after_bytes if cut is not None else length
-        while sent < length:
+        while length is None or sent < length:
             data = bytes(buffer) if buffer else self._recv(client)
             buffer.clear()
-            if sent + len(data) > limit:
-                data = data[: max(0, limit - sent)]
+            ended = False
+            if scanner is not None:
+                end = scanner.feed(data)
+                if end is not None:
+                    data, ended = data[:end], True
+            if cut is not None and sent + len(data) > cut.after_bytes:
+                data, ended = data[: max(0, cut.after_bytes - sent)], False
             if data:
                 self._send(upstream, data)
                 sent += len(data)
-            if cut is not None and sent >= limit:
+            if cut is not None and sent >= cut.after_bytes:
                 self._cut_now(client, upstream, cut.action)
-                return
+            if ended:
+                break
+        if cut is not None:
+            with self._lock:  # the body was shorter than the cut: the next one gets it
+                self._cut = self._cut or cut
 
     def _cut_now(self, client: socket.socket, upstream: socket.socket, action: CutAction) -> None:
         self.counts[f"cut_{action}"] += 1
