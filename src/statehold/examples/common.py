@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +45,26 @@ def run_job(
     """``body(spark, job)`` in a local session (``--master``; this interpreter as Spark's
     Python, the comma-separated local `jars` on the class path, s3a settings from ``AWS_*``
     for S3 checkpoints, ABFS ones from ``AZURE_STORAGE_*`` for Azure) with the job
-    ``--checkpoints``/``--job-id``; both are closed after it. 130 on ^C."""
+    ``--checkpoints``/``--job-id``; both are closed after it. 130 on ^C; on any error one
+    ``error: ...`` line on stderr and 1 (``STATEHOLD_DEBUG=1``: the traceback instead)."""
+    try:
+        return _run_job(args, app_name, body, jars, **job_options)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        if os.environ.get("STATEHOLD_DEBUG"):
+            raise
+        print(f"error: {error_summary(e)}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _run_job(
+    args: argparse.Namespace,
+    app_name: str,
+    body: Callable[[SparkSession, StatefulJob], int],
+    jars: str,
+    **job_options: Any,
+) -> int:
     from statehold.spark import StatefulJob, local_session
     from statehold.spark.session import abfs_conf, classpath_conf, s3a_conf
 
@@ -52,15 +74,49 @@ def run_job(
     if args.checkpoints.startswith(("az://", "azure://", "abfs://", "abfss://")):
         conf.update(abfs_conf())
     spark = local_session(app_name, master=args.master, conf=conf)
-    job = StatefulJob(spark, args.checkpoints, args.job_id, max_parallelism=args.max_parallelism,
-                      parallelism=args.parallelism, **job_options)
     try:
-        return body(spark, job)
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        job.close()
+        job = StatefulJob(spark, args.checkpoints, args.job_id,
+                          max_parallelism=args.max_parallelism, parallelism=args.parallelism,
+                          **job_options)
+    except BaseException:
         spark.stop()
+        raise
+    try:
+        code = body(spark, job)
+    except BaseException:
+        # The body's error is the one to report; closing after it may fail for the same
+        # cause (an unreachable store) and must not hide it.
+        try:
+            with contextlib.suppress(Exception):
+                job.close()
+        finally:
+            spark.stop()
+        raise
+    try:
+        job.close()
+    finally:
+        spark.stop()
+    return code
+
+
+def error_summary(error: BaseException, limit: int = 800) -> str:
+    """One line for an error that ends a run: a statehold error's message; for Spark's
+    (a JVM exception reached through py4j, a failed streaming query, whose messages go
+    on with the query's plan and stack traces) the first line of the JVM exception."""
+    from statehold.errors import StateholdError
+
+    if isinstance(error, StateholdError):
+        text = str(error)
+    else:
+        text = str(error)
+        java = getattr(error, "java_exception", None)
+        if java is not None:
+            with contextlib.suppress(Exception):  # the JVM may be gone already
+                text = str(java.toString())
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        text = f"{type(error).__name__}: {lines[0] if lines else '(no message)'}"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def output_sink(args: argparse.Namespace) -> Sink:

@@ -25,6 +25,7 @@ import argparse
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from statehold.errors import StateholdError
 from statehold.examples.common import human, output_sink
 from statehold.examples.totals import MalformedRowError, parse_line, totals_batch
 
@@ -108,18 +109,24 @@ def run_kafka(
     on_phase: PhaseHook | None = None,
 ) -> int:
     """Run the streaming query until the topic's records at start are processed (or, with
-    --keep-running, until ^C). 1 on a malformed record."""
+    --keep-running, until ^C). 1 on a malformed record; a statehold error that failed a
+    batch is raised as itself (not as the streaming query's failure, whose message
+    carries it inside a Python traceback, the query's plan and JVM stack traces)."""
     sink = output_sink(args)
     malformed: list[MalformedRowError] = []
+    failed: list[StateholdError] = []
 
     def per_batch(batch_df: DataFrame, batch_id: int) -> None:
-        job.check_replay(batch_id)
         try:
+            job.check_replay(batch_id)
             result = totals_batch(job, batch_df, lambda rows: check_records(rows, args.topic),
                                   sink, batch_id, ["partition", "offset"],
                                   {"topic": args.topic}, on_phase)
         except MalformedRowError as e:
             malformed.append(e)
+            raise
+        except StateholdError as e:
+            failed.append(e)
             raise
         if result.skipped:
             print(f"batch {batch_id}: already checkpointed (a replay): skipped", flush=True)
@@ -145,6 +152,8 @@ def run_kafka(
 
             print(f"error: {malformed[0]}", file=sys.stderr)
             return 1
+        if failed:
+            raise failed[-1] from None
         raise
     finally:
         if query.isActive:
