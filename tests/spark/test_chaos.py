@@ -7,7 +7,8 @@ fault proxy, by statehold's object-store client on the driver and the executors 
 Spark's s3a for ``_spark/`` (both take the proxy's endpoint from ``AWS_ENDPOINT_URL``);
 its HA store is ZooKeeper through a tcp-mode fault proxy. A scheduler seeded with one
 number (tests/support/chaos.py) injects, at random moments of each driver run: bursts of
-503 and 500, connection resets, an upload cut (closed, reset or stalled), slow links,
+503 and 500, connection resets, an upload cut (closed, reset or stalled), answers lost
+after the request landed, slow links,
 ZooKeeper connections reset, short ZooKeeper partitions and, once per seed, a partition
 longer than ZooKeeper's session timeout; and kill -9 of an executor JVM and of the
 driver (its whole process group). More records are produced before every run.
@@ -174,7 +175,8 @@ def test_chaos_run(
         report.append(check_run(seed, n, plan, run, produced, job))
         print(report[-1], flush=True)
     s3_faults = sum(s3_proxy.counts[k] for k in (
-        "status_503", "status_500", "reset", "cut_close", "cut_reset", "cut_stall"))
+        "status_503", "status_500", "reset", "cut_close", "cut_reset", "cut_stall",
+        "lost_response"))
     report.append(f"S3 faults that hit a request: {s3_faults}; proxy counts: "
                   f"S3 {dict(s3_proxy.counts)}, ZooKeeper {dict(zk_proxy.counts)}")
 

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from statehold.storage import Storage, StorageError, open_storage
+from statehold.storage import AlreadyExistsError, Storage, StorageError, open_storage
 from tests.support.faultproxy import CutAction, FaultProxy
 from tests.support.faults import bounded
 from tests.support.s3 import S3Server
@@ -144,3 +144,27 @@ def test_a_chunked_request_body_is_relayed_whole_or_cut(
         bounded(lambda: chunked_put(proxy, f"{base}/cut", pieces), BOUND, "a cut chunked PUT")
     assert proxy.counts["cut_close"] == 1
     assert keys(storage) == ["whole"]  # nothing partial landed
+
+
+@pytest.mark.parametrize("fault", ["reset", "lost response"])
+def test_a_create_if_absent_whose_connection_broke_is_tried_again(
+    storage: Storage, proxy: FaultProxy, fault: str
+) -> None:
+    """A conditional create is not idempotent, so the client does not send it again on
+    its own once it may have been sent; statehold does, and if the earlier try landed
+    (its answer lost), the object with exactly these bytes is the create's success."""
+    for n, key in enumerate(("a", "b")):
+        if fault == "reset":
+            proxy.reset_requests(1)
+        else:
+            proxy.lose_responses(1)
+        bounded(lambda key=key: storage.create_if_absent(key, b"doc"), BOUND,
+                f"a create under a {fault}")
+        assert proxy.counts["reset" if fault == "reset" else "lost_response"] == n + 1
+    assert keys(storage) == ["a", "b"]
+    assert storage.read("a") == storage.read("b") == b"doc"
+    # ... and another writer's object is still refused, after a lost answer too
+    proxy.lose_responses(1)
+    with pytest.raises(AlreadyExistsError):
+        bounded(lambda: storage.create_if_absent("a", b"other"), BOUND, "a create of a taken key")
+    assert storage.read("a") == b"doc"

@@ -57,7 +57,7 @@ def fault_kinds(rng: random.Random, s3: FaultProxy, zk: FaultProxy
 
     def cut() -> Fault:
         action = rng.choice(["close", "reset", "stall"])
-        after = rng.randrange(1, 4000)
+        after = rng.randrange(1, 400)  # state files of a few KiB: cut inside them
         return Fault(f"upload cut ({action} after {after} B)",
                      lambda: s3.cut_upload(after, action, min_body=after + 1),
                      rng.uniform(3, 15))
@@ -73,8 +73,12 @@ def fault_kinds(rng: random.Random, s3: FaultProxy, zk: FaultProxy
         n = rng.randint(1, 4)
         return Fault(f"S3 resets x{n}", lambda: s3.reset_requests(n), rng.uniform(2, 10))
 
+    def lost() -> Fault:
+        n = rng.randint(1, 3)
+        return Fault(f"S3 answers lost x{n}", lambda: s3.lose_responses(n), rng.uniform(2, 10))
+
     return [
-        burst(503), burst(500), resets, cut,
+        burst(503), burst(500), resets, cut, lost,
         lambda: Fault("slow links", slow, rng.uniform(5, 20)),
         lambda: Fault("ZooKeeper reset", zk.reset_all, 0.0),
         lambda: Fault("ZooKeeper partition (short)", zk.partition, rng.uniform(1, 4)),

@@ -13,7 +13,9 @@ Two modes:
     (`fail_requests`), reset the next N connections once their request head has arrived
     (`reset_requests`), and cut the next upload part-way through its body
     (`cut_upload`: forward some bytes of the body, then stall until healed, or close, or
-    reset). Latency, bandwidth and `partition` apply as in tcp mode. Request bodies come
+    reset), or forward the next N requests whole and RST the client instead of relaying
+    the answer (`lose_responses`: the request landed, the client cannot know). Latency,
+    bandwidth and `partition` apply as in tcp mode. Request bodies come
     with a ``Content-Length`` or ``Transfer-Encoding: chunked`` (as Hadoop's s3a sends
     them): a chunked body is relayed as it is, its framing read only to find its end (a
     cut counts the framed bytes).
@@ -122,6 +124,7 @@ class FaultProxy:
         self._rate: float | None = None
         self._fail: list[int] = []
         self._resets = 0
+        self._lost = 0
         self._cut: _Cut | None = None
         self._open: set[socket.socket] = set()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -162,6 +165,13 @@ class FaultProxy:
         with self._lock:
             self._resets += n
 
+    def lose_responses(self, n: int) -> None:
+        """http mode: forward the next `n` requests with a body whole, let the server
+        answer, then RST the client instead of relaying the answer."""
+        self._need_http()
+        with self._lock:
+            self._lost += n
+
     def cut_upload(self, after_bytes: int, action: CutAction, min_body: int = 1) -> None:
         """http mode: the next request whose body has at least `min_body` bytes gets
         `after_bytes` of it forwarded; then the proxy stalls (until `heal`), closes
@@ -188,6 +198,7 @@ class FaultProxy:
         with self._lock:
             self._fail.clear()
             self._resets = 0
+            self._lost = 0
             self._cut = None
         self._latency = 0.0
         self._rate = None
@@ -332,6 +343,10 @@ class FaultProxy:
                                 and length >= self._cut.min_body) else None
             if cut is not None:
                 self._cut = None
+            lose = (status is None and not reset and cut is None and self._lost > 0
+                    and (length > 0 or chunked))
+            if lose:
+                self._lost -= 1
         if self._latency:
             time.sleep(self._latency)
         if reset:
@@ -358,6 +373,9 @@ class FaultProxy:
         try:
             self._send(upstream, out_head)
             self._relay_body(client, upstream, buffer, None if chunked else length, cut)
+            if lose:
+                self._lose_response(upstream, client)
+                return
             self._relay_response(upstream, client)
         finally:
             self._untrack(upstream)
@@ -422,6 +440,19 @@ class FaultProxy:
         else:
             upstream.close()
             client.close()
+        raise _Closed
+
+    def _lose_response(self, upstream: socket.socket, client: socket.socket) -> None:
+        """Wait for the server's whole answer (the request took effect), then RST the
+        client without a byte of it."""
+        buffer = bytearray()
+        self._read_head(upstream, buffer)
+        with contextlib.suppress(_Closed, OSError):
+            while True:
+                self._recv(upstream)
+        self.counts["lost_response"] += 1
+        self._untrack(client)
+        _rst(client)
         raise _Closed
 
     def _relay_response(self, upstream: socket.socket, client: socket.socket) -> None:

@@ -25,7 +25,6 @@ import argparse
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from statehold.errors import StateholdError
 from statehold.examples.common import human, output_sink
 from statehold.examples.totals import MalformedRowError, parse_line, totals_batch
 
@@ -109,12 +108,12 @@ def run_kafka(
     on_phase: PhaseHook | None = None,
 ) -> int:
     """Run the streaming query until the topic's records at start are processed (or, with
-    --keep-running, until ^C). 1 on a malformed record; a statehold error that failed a
-    batch is raised as itself (not as the streaming query's failure, whose message
-    carries it inside a Python traceback, the query's plan and JVM stack traces)."""
+    --keep-running, until ^C). 1 on a malformed record; the error that failed a batch is
+    raised as itself (not as the streaming query's failure, whose message carries it
+    inside a Python traceback, the query's plan and JVM stack traces)."""
     sink = output_sink(args)
     malformed: list[MalformedRowError] = []
-    failed: list[StateholdError] = []
+    failed: list[Exception] = []
 
     def per_batch(batch_df: DataFrame, batch_id: int) -> None:
         try:
@@ -125,7 +124,7 @@ def run_kafka(
         except MalformedRowError as e:
             malformed.append(e)
             raise
-        except StateholdError as e:
+        except Exception as e:  # a statehold error, or Spark's from a job of the batch
             failed.append(e)
             raise
         if result.skipped:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 import obstore
 import obstore.exceptions as obe
 
+from statehold import clock
 from statehold.storage.base import (
     AlreadyExistsError,
     ConflictError,
@@ -68,6 +69,12 @@ CLIENT_KEYS = frozenset(
 #: request failed and each key is retried alone to learn which ones failed).
 DELETE_CONCURRENCY = 16
 
+#: Tries of a conditional create whose request broke in transit. The client does not send
+#: a request that is not idempotent again once it may have reached the server, so one
+#: reset connection would fail a checkpoint; statehold sends it again and settles an
+#: "already exists" by reading the object back.
+CREATE_TRIES = 4
+
 #: obstore raises the builtin FileNotFoundError/FileExistsError for these; catch both forms.
 _NOT_FOUND = (obe.NotFoundError, FileNotFoundError)
 _EXISTS = (obe.AlreadyExistsError, obe.PreconditionError, FileExistsError)
@@ -78,6 +85,12 @@ def one_line(error: BaseException, limit: int = 600) -> str:
     body (S3's XML error document, over several lines) after its own summary."""
     text = " ".join(str(error).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _in_transit(error: BaseException | None) -> bool:
+    """The request failed on the wire rather than with the server's answer (obstore's
+    "HTTP error": a connection reset or closed, a timeout), so it may have landed."""
+    return isinstance(error, obe.BaseError) and "HTTP error" in str(error)
 
 
 def env_bool(value: str) -> bool:
@@ -272,9 +285,30 @@ class ObjectStorage(Storage):
             obstore.put(self._store, path, local_path)
 
     def create_if_absent(self, key: str, data: bytes) -> None:
+        """See Storage. A try that broke in transit (reset, closed, timed out) may have
+        landed: it is sent again, and an object that then exists with exactly `data` is
+        this create's own (or one with the same outcome); other bytes are another's."""
         path = self._path(key)
-        with self._errors(key):
-            obstore.put(self._store, path, data, mode="create")
+        for attempt in range(CREATE_TRIES):
+            try:
+                with self._errors(key):
+                    obstore.put(self._store, path, data, mode="create")
+                return
+            except AlreadyExistsError:
+                if attempt == 0:
+                    raise
+                try:
+                    if self.read(key) == data:
+                        return
+                except NotFoundError:
+                    continue  # gone again meanwhile: create it
+                raise
+            except StorageError as e:
+                if attempt + 1 == CREATE_TRIES or not _in_transit(e.__cause__):
+                    raise
+                clock.sleep(0.2 * 2**attempt)
+        raise StorageError(f"{self.uri}/{key}: not created in {CREATE_TRIES} tries (it came and "
+                           "went meanwhile)")
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         """See Storage: the content, and its ETag and version (GCS's generation) from the
