@@ -57,7 +57,7 @@ from tests.support.s3 import S3Server
 from tests.support.zk import ZooKeeperServer, zk_server  # noqa: F401
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash, pytest.mark.zookeeper,
-              pytest.mark.timeout(3600 * 8)]
+              pytest.mark.timeout(3600)]  # per seed
 
 MASTER = "local-cluster[2,1,1024]"
 RUNS = int(os.environ.get("STATEHOLD_CHAOS_RUNS", "4"))
