@@ -95,7 +95,8 @@ def driver_env(s3: S3Server, proxy: FaultProxy) -> dict[str, str]:
 
 def plans(rng: random.Random, runs: int) -> list[RunPlan]:
     """Per driver run: whether and when the driver and an executor are killed; the long
-    ZooKeeper partition in one run. The driver is killed in about half the runs."""
+    ZooKeeper partition in one run. The driver is killed in about half the runs. (Drawn
+    before the runs: the scheduler's thread draws from the same generator during them.)"""
     long_in = rng.randrange(runs)
     executor_in = rng.randrange(runs)
     return [
@@ -103,6 +104,7 @@ def plans(rng: random.Random, runs: int) -> list[RunPlan]:
             kill_driver_after=rng.uniform(5, 60) if rng.random() < 0.5 else None,
             kill_executor_after=rng.uniform(2, 40) if i == executor_in else None,
             long_partition=i == long_in,
+            victim=rng.randrange(2),
         )
         for i in range(runs)
     ]

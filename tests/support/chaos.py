@@ -115,6 +115,7 @@ class RunPlan:
     kill_driver_after: float | None  # seconds after the query started
     kill_executor_after: float | None
     long_partition: bool
+    victim: int = 0  # which executor (by pid order) is killed
 
     def describe(self) -> str:
         parts = []
@@ -213,7 +214,7 @@ class Chaos:
                     executor_killed = True
                     executors = executors_in(proc.pid)
                     if executors:
-                        victim = self.rng.choice(executors)
+                        victim = executors[plan.victim % len(executors)]
                         os.kill(victim, signal.SIGKILL)
                         self.note(f"kill -9 executor {victim}")
                     else:
