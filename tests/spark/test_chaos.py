@@ -115,7 +115,8 @@ def check_run(seed: int, n: int, plan: RunPlan, run: RunResult, produced: int,
     """A run's outcome is one of the allowed ones; its one-line summary."""
     where = f"seed {seed}, run {n} ({plan.describe()}); events: {run.events}"
     tail = run.stdout[-2000:] + "\n--- stderr ---\n" + run.stderr[-4000:]
-    assert not run.hung, f"{where}: no progress and no exit within {HANG:g} s\n{tail}"
+    assert not run.hung, (f"{where}: no progress (no batch, no file written or removed) and "
+                          f"no exit within {HANG:g} s\n{tail}")
     if run.returncode is None:
         outcome = "killed -9"
     elif run.returncode == 0:
@@ -165,13 +166,17 @@ def test_chaos_run(
     env = driver_env(s3_server, s3_proxy)
     job = open_storage(f"{root}/{job_id}", **s3_server.options)  # the test's view: direct
     chaos = Chaos(rng, s3_proxy, zk_proxy)
+
+    def watch() -> list[tuple[str, int]]:
+        """The job directory's files (the lease, a heartbeat, aside): a change is progress."""
+        return sorted((i.key, i.size) for i in job.list() if "/lease-" not in i.key)
     produced = 0
     report = [f"seed {seed}"]
     for n, plan in enumerate(plans(rng, RUNS)):
         more = records(seed * 100 + n, rng.randint(PER_BATCH // 2, 2 * PER_BATCH))
         kafka_broker.produce(topic, more)
         produced += len(more)
-        run = chaos.run_driver(tmp_path, args, env, plan, f"run-{n}")
+        run = chaos.run_driver(tmp_path, args, env, plan, f"run-{n}", watch)
         report.append(check_run(seed, n, plan, run, produced, job))
         print(report[-1], flush=True)
     s3_faults = sum(s3_proxy.counts[k] for k in (
@@ -184,9 +189,10 @@ def test_chaos_run(
     more = records(seed * 100 + 99, PER_BATCH // 2)
     kafka_broker.produce(topic, more)
     produced += len(more)
-    final = chaos.run_driver(tmp_path, args, env, RunPlan(None, None, False), "final",
+    final = chaos.run_driver(tmp_path, args, env, RunPlan(None, None, False), "final", watch,
                              faults=False)
     where = f"seed {seed}: " + " | ".join(report)
+    assert not final.hung, f"{where}\nthe run after healing hung: {final.events}"
     assert final.returncode == 0, (f"{where}\nthe run after healing: exit {final.returncode}\n"
                                    f"{final.stdout[-2000:]}\n{final.stderr[-4000:]}")
     try:

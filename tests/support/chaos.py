@@ -29,9 +29,13 @@ from tests.support.faultproxy import FaultProxy
 #: ZooKeeper's session timeout for the driver's client (statehold's HA timeout, 10 s,
 #: within the test server's 2..20 ticks of 500 ms).
 ZK_SESSION = 10.0
-#: Hang detector: a driver run that neither checkpoints nor exits for this long is
-#: killed and fails the test (far above any retry schedule; not a timing assertion).
+#: Hang detector: a driver run that neither progresses nor exits for this long is killed
+#: and fails the test (far above any retry schedule; not a timing assertion). Progress:
+#: a batch's line, or a file written or removed in the job directory (its heartbeat,
+#: the lease, aside), so a run that is merely slow on a loaded machine is not a hang.
 HANG = 300.0
+#: How often the job directory is listed to see progress.
+WATCH_EVERY = 5.0
 
 #: A batch's line in the driver's stdout: a new checkpoint, or a replay already done.
 PROGRESS = re.compile(r"^batch (\d+): (checkpoint \d+,|already checkpointed)", re.M)
@@ -175,9 +179,10 @@ class Chaos:
             self.heal()
 
     def run_driver(self, cwd: Path, args: list[str], env: dict[str, str], plan: RunPlan,
-                   name: str, faults: bool = True) -> RunResult:
+                   name: str, watch: Callable[[], object], faults: bool = True) -> RunResult:
         """The example until it exits, is killed by the plan, or hangs (then killed);
-        faults injected meanwhile unless `faults` is False."""
+        faults injected meanwhile unless `faults` is False. `watch()` tells the job
+        directory's state: a change is progress."""
         self._t0 = time.monotonic()
         self.events = []
         self._stop.clear()
@@ -192,6 +197,7 @@ class Chaos:
         started: float | None = None
         executor_killed = False
         last_progress, seen = time.monotonic(), 0
+        last_watch, watched = 0.0, watch()
         try:
             while proc.poll() is None:
                 time.sleep(0.5)
@@ -203,6 +209,10 @@ class Chaos:
                 progress = len(PROGRESS.findall(text))
                 if progress > seen:
                     seen, last_progress = progress, now
+                if now - last_watch >= WATCH_EVERY:
+                    last_watch, state = now, watch()
+                    if state != watched:
+                        watched, last_progress = state, now
                 if now - last_progress > HANG:
                     hung = True
                     self.note("no progress and no exit: hung")
