@@ -69,11 +69,12 @@ CLIENT_KEYS = frozenset(
 #: request failed and each key is retried alone to learn which ones failed).
 DELETE_CONCURRENCY = 16
 
-#: Tries of a conditional create whose request broke in transit. The client does not send
+#: Tries of a conditional create whose request broke in transit, as many as obstore makes
+#: of an idempotent request (backoff from 100 ms, at most 2 s). The client does not send
 #: a request that is not idempotent again once it may have reached the server, so one
 #: reset connection would fail a checkpoint; statehold sends it again and settles an
 #: "already exists" by reading the object back.
-CREATE_TRIES = 4
+CREATE_TRIES = 10
 
 #: obstore raises the builtin FileNotFoundError/FileExistsError for these; catch both forms.
 _NOT_FOUND = (obe.NotFoundError, FileNotFoundError)
@@ -306,7 +307,7 @@ class ObjectStorage(Storage):
             except StorageError as e:
                 if attempt + 1 == CREATE_TRIES or not _in_transit(e.__cause__):
                     raise
-                clock.sleep(0.2 * 2**attempt)
+                clock.sleep(min(2.0, 0.1 * 2**attempt))
         raise StorageError(f"{self.uri}/{key}: not created in {CREATE_TRIES} tries (it came and "
                            "went meanwhile)")
 
