@@ -9,17 +9,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 from hypothesis import settings
 
 from statehold.storage import Storage
+from tests.support.faultproxy import FaultProxy
 from tests.support.infra.object_stores import azurite_server, azurite_tls_server, gcs_server
 from tests.support.kafka import kafka_broker
 from tests.support.s3 import S3Server
 from tests.support.spark_session import spark
 from tests.support.storages import StorageFactory, storage_factory_for
-from tests.support.zk import zk_server
+from tests.support.zk import ZooKeeperServer, zk_server
 
 # Session fixtures, for every test module, defined here once: a session fixture imported
 # into several test modules is a new definition in each, so each module would start its
@@ -54,6 +56,21 @@ def s3_server() -> Iterator[S3Server]:
     client.create_bucket(Bucket=info.bucket)
     yield info
     server.stop()
+
+
+@pytest.fixture
+def s3_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy (http mode) in front of the moto server: `.endpoint`."""
+    target = urlparse(s3_server.endpoint)
+    with FaultProxy((target.hostname or "127.0.0.1", target.port or 80), "http") as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def zk_proxy(zk_server: ZooKeeperServer) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy (tcp mode) in front of ZooKeeper: `.hosts`."""
+    with FaultProxy((zk_server.host, zk_server.port), "tcp") as proxy:
+        yield proxy
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
@@ -67,17 +66,6 @@ def checkpoint(
         task.commit_local(n)
 
 
-@pytest.fixture
-def s3_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
-    target = urlparse(s3_server.endpoint)
-    with FaultProxy((target.hostname or "127.0.0.1", target.port or 80), "http") as proxy:
-        yield proxy
-
-
-@pytest.fixture
-def zk_proxy(zk_server: ZooKeeperServer) -> Iterator[FaultProxy]:
-    with FaultProxy((zk_server.host, zk_server.port), "tcp") as proxy:
-        yield proxy
 
 
 def job_storage(s3_server: S3Server, endpoint: str, job_id: str) -> Storage:

@@ -32,9 +32,7 @@ import random
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
@@ -55,7 +53,6 @@ from tests.support.kafka_runs import (
 )
 from tests.support.paths import ROOT, SRC
 from tests.support.s3 import S3Server
-from tests.support.zk import ZooKeeperServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash, pytest.mark.zookeeper,
               pytest.mark.timeout(3600)]  # per seed
@@ -71,17 +68,6 @@ SEEDS = [FIRST_SEED + i for i in range(int(os.environ.get("STATEHOLD_CHAOS_SEEDS
 ONE_ERROR = "error: "
 
 
-@pytest.fixture
-def s3_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
-    target = urlparse(s3_server.endpoint)
-    with FaultProxy((target.hostname or "127.0.0.1", target.port or 80), "http") as proxy:
-        yield proxy
-
-
-@pytest.fixture
-def zk_proxy(zk_server: ZooKeeperServer) -> Iterator[FaultProxy]:
-    with FaultProxy((zk_server.host, zk_server.port), "tcp") as proxy:
-        yield proxy
 
 
 def driver_env(s3: S3Server, proxy: FaultProxy) -> dict[str, str]:

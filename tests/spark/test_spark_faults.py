@@ -11,9 +11,8 @@ verifies whole and no orphan is left."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 from pyspark.sql import SparkSession
@@ -37,7 +36,6 @@ from tests.support.keyed_totals import (
     totals,
 )
 from tests.support.s3 import S3Server
-from tests.support.zk import ZooKeeperServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.zookeeper]
 
@@ -45,17 +43,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.zookeeper]
 BOUND = 300.0
 
 
-@pytest.fixture
-def s3_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
-    target = urlparse(s3_server.endpoint)
-    with FaultProxy((target.hostname or "127.0.0.1", target.port or 80), "http") as proxy:
-        yield proxy
-
-
-@pytest.fixture
-def zk_proxy(zk_server: ZooKeeperServer) -> Iterator[FaultProxy]:
-    with FaultProxy((zk_server.host, zk_server.port), "tcp") as proxy:
-        yield proxy
 
 
 def test_a_stateful_job_on_s3_and_zookeeper_under_faults(
