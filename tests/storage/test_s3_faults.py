@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from statehold.storage import AlreadyExistsError, Storage, StorageError, open_storage
+from statehold.storage.base import ConflictError
 from tests.support.faultproxy import CutAction, FaultProxy
 from tests.support.faults import bounded
 from tests.support.s3 import S3Server
@@ -163,3 +164,34 @@ def test_a_create_if_absent_whose_connection_broke_is_tried_again(
     with pytest.raises(AlreadyExistsError):
         bounded(lambda: storage.create_if_absent("a", b"other"), BOUND, "a create of a taken key")
     assert storage.read("a") == b"doc"
+
+
+@pytest.mark.parametrize("fault", ["reset", "lost response"])
+def test_a_replace_if_version_whose_connection_broke_is_tried_again(
+    storage: Storage, s3_proxy: FaultProxy, fault: str
+) -> None:
+    """The same for a conditional replace (the embedded HA store's head, a `_metadata`
+    rewritten by a restore): sent again after a break in transit; if the earlier try
+    landed, the server's refusal of the resend (the version moved) is the write's own
+    success when the object holds exactly its bytes."""
+    storage.create_if_absent("head", b"v0")
+    _, stale = storage.read_versioned("head")
+    seen = 0
+    for n, times in ((1, 1), (2, 5)):
+        _, version = storage.read_versioned("head")
+        if fault == "reset":
+            s3_proxy.reset_requests(times)
+        else:
+            s3_proxy.lose_responses(1)
+            times = 1
+        bounded(lambda n=n, version=version: storage.replace_if_version(
+            "head", version, f"v{n}".encode()), BOUND, f"a replace under a {fault}")
+        seen += times
+        assert s3_proxy.counts["reset" if fault == "reset" else "lost_response"] == seen
+    assert storage.read("head") == b"v2"
+    # ... and a write on a version that moved is still refused, after a lost answer too
+    s3_proxy.lose_responses(1)
+    with pytest.raises(ConflictError):
+        bounded(lambda: storage.replace_if_version("head", stale, b"other"), BOUND,
+                "a replace on a stale version")
+    assert storage.read("head") == b"v2"

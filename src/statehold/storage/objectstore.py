@@ -69,12 +69,12 @@ CLIENT_KEYS = frozenset(
 #: request failed and each key is retried alone to learn which ones failed).
 DELETE_CONCURRENCY = 16
 
-#: Tries of a conditional create whose request broke in transit, as many as obstore makes
-#: of an idempotent request (backoff from 100 ms, at most 2 s). The client does not send
-#: a request that is not idempotent again once it may have reached the server, so one
-#: reset connection would fail a checkpoint; statehold sends it again and settles an
-#: "already exists" by reading the object back.
-CREATE_TRIES = 10
+#: Tries of a conditional write (create, replace) whose request broke in transit, as many as
+#: obstore makes of an idempotent request (backoff from 100 ms, at most 2 s). The client
+#: does not send a request that is not idempotent again once it may have reached the
+#: server, so one reset connection would fail a checkpoint; statehold sends it again and
+#: settles a refusal by reading the object back.
+CONDITIONAL_TRIES = 10
 
 #: obstore raises the builtin FileNotFoundError/FileExistsError for these; catch both forms.
 _NOT_FOUND = (obe.NotFoundError, FileNotFoundError)
@@ -290,7 +290,7 @@ class ObjectStorage(Storage):
         landed: it is sent again, and an object that then exists with exactly `data` is
         this create's own (or one with the same outcome); other bytes are another's."""
         path = self._path(key)
-        for attempt in range(CREATE_TRIES):
+        for attempt in range(CONDITIONAL_TRIES):
             try:
                 with self._errors(key):
                     obstore.put(self._store, path, data, mode="create")
@@ -305,11 +305,11 @@ class ObjectStorage(Storage):
                     continue  # gone again meanwhile: create it
                 raise
             except StorageError as e:
-                if attempt + 1 == CREATE_TRIES or not _in_transit(e.__cause__):
+                if attempt + 1 == CONDITIONAL_TRIES or not _in_transit(e.__cause__):
                     raise
                 clock.sleep(min(2.0, 0.1 * 2**attempt))
-        raise StorageError(f"{self.uri}/{key}: not created in {CREATE_TRIES} tries (it came and "
-                           "went meanwhile)")
+        raise StorageError(f"{self.uri}/{key}: not created in {CONDITIONAL_TRIES} tries (it came "
+                           "and went meanwhile)")
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         """See Storage: the content, and its ETag and version (GCS's generation) from the
@@ -325,7 +325,9 @@ class ObjectStorage(Storage):
 
     def replace_if_version(self, key: str, version: str, data: bytes) -> None:
         """See Storage: a conditional PUT on the version read (``If-Match`` on S3 and
-        Azure, the generation on GCS)."""
+        Azure, the generation on GCS). As for `create_if_absent`, a try that broke in
+        transit is sent again; a refusal after such a try is this write's own success if
+        the object now holds exactly `data`."""
         path = self._path(key)
         e_tag, _, object_version = version.partition("\n")
         mode: dict[str, str] = {}
@@ -333,12 +335,24 @@ class ObjectStorage(Storage):
             mode["e_tag"] = e_tag
         if object_version:
             mode["version"] = object_version
+        for attempt in range(CONDITIONAL_TRIES):
+            try:
+                obstore.put(self._store, path, data, mode=mode)  # type: ignore[arg-type]
+                return
+            except (*_NOT_FOUND, obe.PreconditionError) as e:
+                if attempt and self._holds(key, data):
+                    return  # an earlier try landed; its answer was lost
+                raise ConflictError(f"{self.uri}/{key}: changed or gone since it was read") from e
+            except obe.BaseError as e:
+                if attempt + 1 == CONDITIONAL_TRIES or not _in_transit(e):
+                    raise StorageError(f"{self.uri}/{key}: {one_line(e)}") from e
+                clock.sleep(min(2.0, 0.1 * 2**attempt))
+
+    def _holds(self, key: str, data: bytes) -> bool:
         try:
-            obstore.put(self._store, path, data, mode=mode)  # type: ignore[arg-type]
-        except (*_NOT_FOUND, obe.PreconditionError) as e:
-            raise ConflictError(f"{self.uri}/{key}: changed or gone since it was read") from e
-        except obe.BaseError as e:
-            raise StorageError(f"{self.uri}/{key}: {one_line(e)}") from e
+            return self.read(key) == data
+        except NotFoundError:
+            return False
 
     def delete_many(self, keys: Iterable[str]) -> None:
         checked = list(dict.fromkeys(check_key(k) for k in keys))  # check all first
