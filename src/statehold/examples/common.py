@@ -105,10 +105,8 @@ def error_summary(error: BaseException, limit: int = 800) -> str:
     on with the query's plan and stack traces) the first line of the JVM exception."""
     from statehold.errors import StateholdError
 
-    if isinstance(error, StateholdError):
-        text = str(error)
-    else:
-        text = str(error)
+    text = str(error)
+    if not isinstance(error, StateholdError):
         java = getattr(error, "java_exception", None)
         if java is not None:
             with contextlib.suppress(Exception):  # the JVM may be gone already

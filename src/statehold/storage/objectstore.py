@@ -94,6 +94,11 @@ def _in_transit(error: BaseException | None) -> bool:
     return isinstance(error, obe.BaseError) and "HTTP error" in str(error)
 
 
+def _back_off(attempt: int) -> None:
+    """Wait before try `attempt + 1` of a conditional write (100 ms doubling, at most 2 s)."""
+    clock.sleep(min(2.0, 0.1 * 2**attempt))
+
+
 def env_bool(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
@@ -307,7 +312,7 @@ class ObjectStorage(Storage):
             except StorageError as e:
                 if attempt + 1 == CONDITIONAL_TRIES or not _in_transit(e.__cause__):
                     raise
-                clock.sleep(min(2.0, 0.1 * 2**attempt))
+                _back_off(attempt)
         raise StorageError(f"{self.uri}/{key}: not created in {CONDITIONAL_TRIES} tries (it came "
                            "and went meanwhile)")
 
@@ -346,7 +351,7 @@ class ObjectStorage(Storage):
             except obe.BaseError as e:
                 if attempt + 1 == CONDITIONAL_TRIES or not _in_transit(e):
                     raise StorageError(f"{self.uri}/{key}: {one_line(e)}") from e
-                clock.sleep(min(2.0, 0.1 * 2**attempt))
+                _back_off(attempt)
 
     def _holds(self, key: str, data: bytes) -> bool:
         try:
