@@ -15,6 +15,7 @@ import pytest
 from hypothesis import settings
 
 from statehold.storage import Storage
+from tests.support.cluster import StandaloneCluster, standalone_cluster
 from tests.support.faultproxy import FaultProxy
 from tests.support.infra.object_stores import azurite_server, azurite_tls_server, gcs_server
 from tests.support.kafka import kafka_broker
@@ -58,6 +59,18 @@ def s3_server() -> Iterator[S3Server]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """A standalone Spark master with two workers (tests/support/cluster.py), started when
+    a test first asks for it and shared by the executor-loss tests (a start takes seconds;
+    the executors they kill are relaunched by the workers for the next application)."""
+    from tests.support.infra import provision
+
+    provision.require("java")
+    with standalone_cluster(tmp_path_factory.mktemp("standalone")) as cluster:
+        yield cluster
+
+
 @pytest.fixture
 def s3_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
     """A fault-injecting proxy (http mode) in front of the moto server: `.endpoint`."""
@@ -94,6 +107,7 @@ FIXTURE_NEEDS = {
     "azurite_server": ("azurite",),
     "azurite_tls_server": ("azurite",),
     "kafka_broker": ("kafka-broker", "spark-kafka"),
+    "standalone": ("java",),
 }
 #: Test modules (name prefixes), and what they need beyond their fixtures.
 MODULE_NEEDS = {

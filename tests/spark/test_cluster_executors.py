@@ -1,9 +1,12 @@
 """The pipeline on a cluster of executors, one of them killed with kill -9 mid-batch.
 
 The running-totals example (a real driver subprocess) reads a topic of a real Kafka broker
-(tests/support/kafka.py) with Structured Streaming on ``local-cluster[2,1,1024]`` (two
-executor JVMs beside the driver) and on a standalone master with two workers started from
-PySpark's own ``sbin/spark-daemon.sh`` (tests/support/cluster.py). Its job directory is on
+(tests/support/kafka.py) with Structured Streaming on a standalone master with two
+workers started from PySpark's own ``sbin/spark-daemon.sh`` (tests/support/cluster.py; the session's
+`standalone` fixture), whose executors get nothing of the driver's environment but what
+``spark.executorEnv`` carries. (The same on ``local-cluster[2,1,1024]`` is part of the
+chaos runs, tests/spark/test_chaos.py, and an executor killed inside a stateful task there
+is a phase of tests/spark/test_executor_loss.py.) Its job directory is on
 S3 (moto server), Spark's checkpoint in ``<job>/_spark/`` through s3a, its HA pointers in
 a real ZooKeeper. The spark-sql-kafka and hadoop-aws jars come from the Maven cache
 (tests/support/infra/jvm.py) onto the driver's and the executors' class path (``--jars``,
@@ -29,7 +32,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,7 +39,7 @@ import pytest
 from statehold.format import layout
 from statehold.job.history import read_history
 from statehold.storage import open_storage
-from tests.support.cluster import StandaloneCluster, alive, executor_of, standalone_cluster
+from tests.support.cluster import StandaloneCluster, alive, executor_of
 from tests.support.infra import jvm
 from tests.support.kafka import KafkaBroker
 from tests.support.kafka_runs import PER_BATCH, check_exact, jar_args, new_topic, records
@@ -55,12 +57,6 @@ MAX_PARALLELISM = 16
 RECORDS = 2 * PER_BATCH + PER_BATCH // 2
 KILL_BATCH = 1
 TIMEOUT = 1500.0
-
-
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
-    with standalone_cluster(tmp_path_factory.mktemp("standalone")) as cluster:
-        yield cluster
 
 
 def driver_env(tmp: Path, s3: S3Server, mark: Path) -> dict[str, str]:
@@ -115,18 +111,15 @@ def run_killing_executor(cwd: Path, args: list[str], env: dict[str, str], mark: 
     return log.read_text()
 
 
-@pytest.mark.parametrize("kind", ["local-cluster", "standalone"])
 def test_kill_executor_mid_batch_exact_kafka(
-    kind: str,
-    request: pytest.FixtureRequest,
+    standalone: StandaloneCluster,
     tmp_path: Path,
     s3_server: S3Server,
     zk_server: ZooKeeperServer,
     kafka_broker: KafkaBroker,
 ) -> None:
-    master = ("local-cluster[2,1,1024]" if kind == "local-cluster"
-              else request.getfixturevalue("standalone").url)
-    job_id = f"{kind}-{uuid.uuid4().hex[:8]}"
+    master = standalone.url
+    job_id = f"standalone-{uuid.uuid4().hex[:8]}"
     root = f"s3://{s3_server.bucket}/executors-{os.getpid()}"
     topic = new_topic(kafka_broker, "executors")
     produced = records(5, RECORDS)
@@ -148,5 +141,5 @@ def test_kill_executor_mid_batch_exact_kafka(
     check_exact(kafka_broker, topic, len(produced), job, out, tmp_path)
     history = sorted(read_history(job), key=lambda r: r.checkpoint_id)
     assert f"checkpoint {history[-1].checkpoint_id}," in printed
-    print(kind, [(r.checkpoint_id, r.outcome, r.bytes_downloaded, r.state_size)
+    print("standalone", [(r.checkpoint_id, r.outcome, r.bytes_downloaded, r.state_size)
                  for r in history])

@@ -14,9 +14,9 @@ whole, and, the job ended, no orphan is left (a re-run task's unacknowledged upl
 included).
 
 One Spark session for all phases keeps the cost to one cluster start (see
-docs/design.md, "A cluster of executors", for the time it takes). The same phases on a
-standalone master with two workers (tests/support/cluster.py) take as long again, so they run only
-with ``STATEHOLD_TEST_STANDALONE=1``.
+docs/design.md, "A cluster of executors", for the time it takes). The same phases run
+again on a standalone master with two workers (tests/support/cluster.py, the session's
+`standalone` fixture), whose executors are separate worker-launched JVMs.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from statehold.cleanup.reconcile import plan
 from statehold.job.directory import open_job
 from statehold.storage import open_storage
 from statehold.tools import locate, verify
-from tests.support.cluster import standalone_cluster
 from tests.support.example_runs import final_state
 from tests.support.executor_loss import BATCHES, KILL_BATCH, MAX_PARALLELISM, PHASES, reference
 from tests.support.paths import ROOT, SRC
@@ -56,10 +55,7 @@ def losses(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     if request.param == "local-cluster":
         yield run_driver(work, MASTER)
         return
-    if os.environ.get("STATEHOLD_TEST_STANDALONE") != "1":
-        pytest.skip("standalone executor loss: set STATEHOLD_TEST_STANDALONE=1")
-    with standalone_cluster(work / "cluster") as cluster:
-        yield run_driver(work, cluster.url)
+    yield run_driver(work, request.getfixturevalue("standalone").url)
 
 
 def run_driver(work: Path, master: str) -> Path:
