@@ -229,3 +229,48 @@ def test_a_zip_rewritten_under_its_name_is_read_again(tmp_path: Path) -> None:
     write(tmp_path, f"{STORE}/5.zip", snapshot_zip({ssts[5][0]: 100, "000777-new.sst": 7}))
     [problem] = [p.path for p in location.verify().problems]
     assert problem == f"{STORE}/SSTs/000777-new.sst"
+
+
+# -- found by tests/spark_checkpoints/test_fuzz_spark_files.py --------------------------------
+@pytest.mark.parametrize("info", [[1], [{"numPartitions": "x"}], [{"numPartitions": 10**9}],
+                                  [{"storeName": ["a"]}], "stores"])
+def test_operator_metadata_that_is_not_sane_leaves_the_listing_to_decide(
+        tmp_path: Path, info: object) -> None:
+    """A store list of the wrong shape, or claiming a billion partitions (each an expected
+    store: memory without bound), is set aside like unreadable metadata."""
+    changelog_checkpoint(tmp_path)
+    write(tmp_path, "state/0/_metadata/metadata",
+          "v1\n" + json.dumps({"operatorInfo": {"operatorId": 0}, "stateStoreInfo": info}))
+    assert problems_of(tmp_path) == []
+
+
+@pytest.mark.parametrize("key", ["state/\u00b2/0/1.delta", "sources/\u00b2/0",
+                                 "state/0/\u00b2/1.delta", "offsets/\u0661\u0662",
+                                 "state/0/0/\u0661.delta"])
+def test_a_name_with_digits_spark_never_writes_is_unknown(key: str) -> None:
+    """``²`` passes `str.isdigit` and int() refuses it; ``١٢`` int() reads as 12, so it
+    would alias batch 12. Neither is Spark's."""
+    assert parse(key).kind is Kind.UNKNOWN
+
+
+def test_a_zip_whose_header_points_before_its_start(tmp_path: Path) -> None:
+    changelog_checkpoint(tmp_path)
+    path = tmp_path / STORE / "5.zip"
+    path.write_bytes(path.read_bytes()[1:])  # every offset now one byte off
+    [problem] = problems_of(tmp_path)
+    assert f"{STORE}/5.zip: not a whole snapshot zip" in problem
+
+
+def test_a_block_longer_than_its_header_allows_is_refused_before_it_is_inflated() -> None:
+    import struct
+
+    header = b"LZ4Block" + struct.pack("<Biii", 0x25, 16, 1 << 30, 0)  # 32 KiB blocks
+    with pytest.raises(SparkCheckpointError, match="longer than its header allows"):
+        check_stream(iter([header + bytes(16)]), "x.delta")
+
+
+def test_a_query_metadata_nested_too_deeply(tmp_path: Path) -> None:
+    changelog_checkpoint(tmp_path)
+    write(tmp_path, "metadata", "[" * 100_000)
+    with pytest.raises(SparkCheckpointError, match="metadata: nested more than"):
+        open_spark_checkpoint(str(tmp_path)).query_id()

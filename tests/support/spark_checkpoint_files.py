@@ -19,10 +19,11 @@ _END = b"LZ4Block" + struct.pack("<Biii", 0x10, 0, 0, 0)
 def lz4_stream(payload: bytes, block: int = 32_768) -> bytes:
     """lz4-java's block stream of `payload` (what Spark's lz4 codec writes)."""
     out = bytearray()
+    level = max(0, (block - 1).bit_length() - 10)  # the token's block size, as lz4-java's
     for at in range(0, len(payload), block):
         raw = payload[at : at + block]
         body = lz4.block.compress(raw, store_size=False)
-        out += b"LZ4Block" + struct.pack("<Biii", 0x20, len(body), len(raw), 0) + body
+        out += b"LZ4Block" + struct.pack("<Biii", 0x20 | level, len(body), len(raw), 0) + body
     return bytes(out + _END)
 
 

@@ -34,7 +34,7 @@ LOCAL_MARKER = "statehold-local.json"
 _MARKER_FORMAT = "statehold.local-snapshot"
 #: A RocksDB file name we accept from a marker or a checkpoint (no paths, no dot files).
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-_SNAP_DIR = re.compile(r"^snap-(?P<ckpt>\d+)-[0-9a-f]+$")
+_SNAP_DIR = re.compile(r"^snap-(?P<ckpt>\d+)-[0-9a-f]+$", re.ASCII)
 
 #: (RocksDB file name, checksum) -> a local file with that content.
 LocalPool = dict[tuple[str, str], Path]

@@ -37,8 +37,10 @@ SPARK_DIR = "_spark"
 METADATA_NAME = "_metadata"
 TEMP_MARKER = ".tmp-"
 
-_DATA_NAME = re.compile(r"^e(?P<epoch>\d+)-c(?P<ckpt>\d+)-(?P<unique>[A-Za-z0-9._-]+)$")
-_CHK_DIR = re.compile(r"^chk-(?P<ckpt>\d+)$")
+# ASCII digits only: `\d` alone also matches other scripts' digits, which int() reads, so
+# a crafted ``chk-١٢`` would alias checkpoint 12
+_DATA_NAME = re.compile(r"^e(?P<epoch>\d+)-c(?P<ckpt>\d+)-(?P<unique>[A-Za-z0-9._-]+)$", re.ASCII)
+_CHK_DIR = re.compile(r"^chk-(?P<ckpt>\d+)$", re.ASCII)
 _SAVEPOINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

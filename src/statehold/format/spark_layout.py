@@ -40,10 +40,12 @@ DEFAULT_STORE = "default"
 #: Directories inside a store (or a partition directory holding the default store).
 _STORE_SUBDIRS = {"SSTs", "logs", "_metadata"}
 
-_BATCH = re.compile(r"^(\d+)$")
-_COMPACT = re.compile(r"^(\d+)\.compact$")
+# ASCII digits only (re.ASCII): Spark writes no other, and int() would take some (``١٢``)
+_BATCH = re.compile(r"^(\d+)$", re.ASCII)
+_COMPACT = re.compile(r"^(\d+)\.compact$", re.ASCII)
 _VERSIONED = re.compile(
-    r"^(?P<version>\d+)(?:_(?P<uid>[0-9A-Za-z-]+))?\.(?P<ext>zip|changelog|delta|snapshot)$"
+    r"^(?P<version>\d+)(?:_(?P<uid>[0-9A-Za-z-]+))?\.(?P<ext>zip|changelog|delta|snapshot)$",
+    re.ASCII,
 )
 _TEMP = re.compile(r"(^\..*\.tmp$)|(\.tmp$)")
 
@@ -128,7 +130,7 @@ def parse(key: str) -> Name:
     if top in (OFFSETS_DIR, COMMITS_DIR) and len(parts) == 2 and _BATCH.match(leaf):
         kind = Kind.OFFSETS if top == OFFSETS_DIR else Kind.COMMITS
         return Name(key, kind, batch=int(leaf))
-    if top == SOURCES_DIR and len(parts) == 3 and parts[1].isdigit():
+    if top == SOURCES_DIR and len(parts) == 3 and is_decimal(parts[1]):
         match = _BATCH.match(leaf) or _COMPACT.match(leaf)
         if match:
             return Name(
@@ -138,9 +140,15 @@ def parse(key: str) -> Name:
                 source=int(parts[1]),
                 compact=leaf.endswith(".compact"),
             )
-    if top == STATE_DIR and len(parts) >= 3 and parts[1].isdigit():
+    if top == STATE_DIR and len(parts) >= 3 and is_decimal(parts[1]):
         return _state_file(key, int(parts[1]), parts[2:])
     return Name(key, Kind.UNKNOWN)
+
+
+def is_decimal(text: str) -> bool:
+    """A number as Spark writes one in a name: ASCII digits. `str.isdigit` alone also
+    takes ``²`` (which int() refuses) and ``١٢`` (which no Spark writes)."""
+    return text.isascii() and text.isdigit()
 
 
 def _state_file(key: str, operator: int, rest: list[str]) -> Name:
@@ -149,7 +157,7 @@ def _state_file(key: str, operator: int, rest: list[str]) -> Name:
         # ``_stateSchema/STORE/N_ID``); S3A's directory markers list as the bare folders
         folder = len(rest) < (3 if rest[0] == "_stateSchema" else 2) or rest[1:] == ["v2"]
         return Name(key, Kind.UNKNOWN if folder else Kind.OPERATOR_METADATA)
-    if not rest[0].isdigit() or len(rest) < 2:
+    if not is_decimal(rest[0]) or len(rest) < 2:
         return Name(key, Kind.UNKNOWN)
     partition = int(rest[0])
     inside = rest[1:]

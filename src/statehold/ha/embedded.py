@@ -80,7 +80,7 @@ DEFAULT_KEEP = 10
 MAX_ATTEMPTS = 200
 
 _SEQ_DIGITS = 20
-_DOC_KEY = re.compile(rf"^{re.escape(HA_DIR)}/(?P<seq>\d{{{_SEQ_DIGITS}}})\.json$")
+_DOC_KEY = re.compile(rf"^{re.escape(HA_DIR)}/(?P<seq>\d{{{_SEQ_DIGITS}}})\.json$", re.ASCII)
 
 
 def pointer_key(seq: int) -> str:

@@ -46,7 +46,7 @@ from statehold.storage import (
 )
 from statehold.storage.base import StorageError, UnsafePathError
 
-_CHK = re.compile(r"^chk-(\d+)$")
+_CHK = re.compile(r"^chk-(\d+)$", re.ASCII)
 
 
 class JobDirectoryError(StateholdError):

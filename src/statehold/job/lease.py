@@ -34,7 +34,8 @@ log = logging.getLogger("statehold.job.lease")
 DEFAULT_TTL = 120.0
 
 
-_LEASE_KEY = re.compile(rf"^{re.escape(layout.JOB_DIR)}/lease-e(?P<epoch>\d+)\.json$")
+_LEASE_KEY = re.compile(rf"^{re.escape(layout.JOB_DIR)}/lease-e(?P<epoch>\d+)\.json$",
+                        re.ASCII)
 
 
 def lease_key(epoch: int) -> str:

@@ -24,7 +24,7 @@ from statehold.storage import Storage, StorageError
 
 TargetKind = Literal["job", "checkpoint", "savepoint"]
 
-_CHK = re.compile(r"^chk-(\d+)$")
+_CHK = re.compile(r"^chk-(\d+)$", re.ASCII)
 
 
 class ToolError(StateholdError):

@@ -124,7 +124,7 @@ class ReadOptions:
         checkpoint_id = None
         if "checkpointid" in given:
             text = given["checkpointid"]
-            if not text.isdigit():
+            if not (text.isascii() and text.isdigit()):
                 raise DataSourceError(
                     f"checkpointId must be a checkpoint number (0, 1, ...), not {text!r}"
                 )

@@ -35,7 +35,7 @@ from statehold.cleanup.spark_policy import (
     judge_names,
     shared_dir_store,
 )
-from statehold.format.spark_layout import COMMITS_DIR, Kind, StoreId, crc_of, parse
+from statehold.format.spark_layout import COMMITS_DIR, Kind, StoreId, crc_of, is_decimal, parse
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import SparkCheckpoint, unique_id
 from statehold.spark_checkpoints.logs import Commit
@@ -487,7 +487,7 @@ def _check_commits(storage: Storage, newest: int | None, report: SparkGcReport) 
         _dirs, files = storage.list_top(COMMITS_DIR)
     except StorageError as e:
         raise SparkGcInterruptedError(f"{COMMITS_DIR}: cannot be listed ({e})") from None
-    batches = [int(n) for f in files if (n := f.key.rpartition("/")[2]).isdigit()]
+    batches = [int(n) for f in files if is_decimal(n := f.key.rpartition("/")[2])]
     now = max(batches, default=None)
     if now is None or now < newest:
         raise SparkGcInterruptedError(

@@ -10,17 +10,19 @@ savepoint copies and what gc never deletes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from statehold.format.signed import load_json
 from statehold.format.spark_layout import (
     COMMITS_DIR,
     DEFAULT_STORE,
     OFFSETS_DIR,
     QUERY_METADATA,
     StoreId,
+    is_decimal,
 )
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.logs import (
@@ -48,6 +50,26 @@ def looks_like_spark_checkpoint(storage: Storage) -> bool:
     if any(d in _JOB_MARKERS for d in dirs):
         return False
     return OFFSETS_DIR in dirs or COMMITS_DIR in dirs or any(f.key == QUERY_METADATA for f in files)
+
+
+#: The most partitions statehold believes an operator's metadata claims (Spark's
+#: `spark.sql.shuffle.partitions`; every one is an expected store to check).
+MAX_PARTITIONS = 1 << 17
+
+
+class StoreInfo(BaseModel):
+    """One store of a stateful operator, from ``state/N/_metadata``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    storeName: str = DEFAULT_STORE  # noqa: N815 - Spark's field names
+    numPartitions: int = Field(0, ge=0, le=MAX_PARTITIONS)  # noqa: N815
+
+
+class _OperatorMetadata(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    stateStoreInfo: list[StoreInfo] | None = None  # noqa: N815
 
 
 @dataclass
@@ -94,11 +116,12 @@ class SparkCheckpoint:
         return parse_file_log(self.read(key), key)
 
     def query_id(self) -> str:
-        data = self.read(QUERY_METADATA)
-        try:
-            return str(json.loads(data)["id"])
-        except (ValueError, KeyError, TypeError):
-            raise SparkCheckpointError(f"{QUERY_METADATA}: no query id in it") from None
+        doc = load_json(self.read(QUERY_METADATA), where=QUERY_METADATA,
+                        error=SparkCheckpointError)
+        query = doc.get("id") if isinstance(doc, dict) else None
+        if not isinstance(query, str):
+            raise SparkCheckpointError(f"{QUERY_METADATA}: no query id in it")
+        return query
 
     def zip_files(self, key: str) -> dict[str, int]:
         return dict(self._zip_files(key))
@@ -133,7 +156,7 @@ class SparkCheckpoint:
         """Spark's retention where the offsets record it; Spark does not record it by
         default, so what is retained is read from the logs instead (`Scan.commits`)."""
         value = self.conf(found).get(_RETAIN_CONF)
-        return int(value) if value and value.isdigit() else None
+        return int(value) if value and is_decimal(value) else None
 
     def codec(self, found: Scan) -> str:
         return self.conf(found).get(_CODEC_CONF, "lz4")
@@ -203,24 +226,26 @@ class SparkCheckpoint:
         listed = sorted({s.name for s in found.stores if s.operator == operator})
         parts = {s.partition for s in found.stores if s.operator == operator}
         if info:
-            names = [str(i.get("storeName", DEFAULT_STORE)) for i in info]
-            count = max(int(i.get("numPartitions", 0)) for i in info)
+            names = [i.storeName for i in info]
+            count = max(i.numPartitions for i in info)
             return names, max(count, max(parts, default=-1) + 1)
         return listed or [DEFAULT_STORE], max(parts, default=-1) + 1
 
-    def _operator_metadata(self, found: Scan, operator: int) -> list[dict[str, Any]]:
+    def _operator_metadata(self, found: Scan, operator: int) -> list[StoreInfo]:
+        """The operator's stores as its newest metadata names them; none (the listing
+        decides) where that metadata cannot be read or is not sane."""
         key = f"state/{operator}/_metadata/metadata"
         v2 = sorted(
             (k for k in found.operator_files if k.startswith(f"state/{operator}/_metadata/v2/")),
-            key=lambda k: int(k.rsplit("/", 1)[1]) if k.rsplit("/", 1)[1].isdigit() else -1,
+            key=lambda k: int(k.rsplit("/", 1)[1]) if is_decimal(k.rsplit("/", 1)[1]) else -1,
         )
         for candidate in [key, *reversed(v2)]:
             if candidate in found.files:
                 try:
-                    text = self.read(candidate).decode("utf-8")
-                    doc = json.loads(text.partition("\n")[2])
-                    return list(doc.get("stateStoreInfo") or [])
-                except (ValueError, AttributeError, SparkCheckpointError):
+                    body = self.read(candidate).partition(b"\n")[2]
+                    doc = load_json(body, where=candidate, error=SparkCheckpointError)
+                    return _OperatorMetadata.model_validate(doc).stateStoreInfo or []
+                except (ValidationError, SparkCheckpointError):
                     return []
         return []
 

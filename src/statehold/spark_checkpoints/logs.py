@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from statehold.format.signed import load_json
+from statehold.format.spark_layout import is_decimal
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 
 #: The newest log version statehold reads, per log.
@@ -64,7 +66,7 @@ class FileEntry(BaseModel):
 def split_versioned(text: str, key: str, newest: int) -> tuple[int, list[str]]:
     """The version and the lines after it; refuses a newer version or a bad header."""
     first, _, rest = text.partition("\n")
-    if not (first.startswith("v") and first[1:].isdigit()):
+    if not (first.startswith("v") and is_decimal(first[1:])):
         raise SparkCheckpointError(f"{key}: not a Spark log file (first line {first[:20]!r})")
     version = int(first[1:])
     if version < 1 or version > newest:
@@ -76,10 +78,10 @@ def split_versioned(text: str, key: str, newest: int) -> tuple[int, list[str]]:
 
 
 def _json(line: str, key: str) -> Any:
-    try:
-        return json.loads(line)
-    except ValueError as e:
-        raise SparkCheckpointError(f"{key}: not JSON ({e})") from None
+    """One JSON line, parsed as every untrusted document is (`load_json`: bounded depth
+    and size, one line on refusal)."""
+    return load_json(line.encode("utf-8", "surrogatepass"), where=key, error=SparkCheckpointError,
+                     invalid="not JSON")
 
 
 def _decode(data: bytes, key: str) -> str:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from statehold.format.spark_layout import SOURCES_DIR, Kind, crc_of
+from statehold.format.spark_layout import SOURCES_DIR, Kind, crc_of, is_decimal
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import SparkCheckpoint
 from statehold.spark_checkpoints.rollback import SINK_LOG_DIR
@@ -200,7 +200,7 @@ def _documents(
             raise SparkCheckpointError(f"{sink}: cannot open ({e})") from None
         for info in sorted(storage.list(SINK_LOG_DIR), key=lambda i: i.key):
             leaf = info.key.rsplit("/", 1)[-1]
-            if leaf.removesuffix(".compact").isdigit():
+            if is_decimal(leaf.removesuffix(".compact")):
                 doc = _file_log(storage, info.key, "sink log")
                 if doc is not None:
                     docs.append(doc)
@@ -220,7 +220,7 @@ def _parsed(storage: Storage, key: str, where: Where) -> _Doc | None:
         doc = _Doc(storage, key, where)
     except ValueError:
         return None
-    if not (doc.version.startswith("v") and doc.version[1:].isdigit()):
+    if not (doc.version.startswith("v") and is_decimal(doc.version[1:])):
         return None
     return doc
 

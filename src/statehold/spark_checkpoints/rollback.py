@@ -38,6 +38,7 @@ from statehold.format.spark_layout import (
     SOURCES_DIR,
     STATE_DIR,
     VERSION_FILES,
+    is_decimal,
 )
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import SparkCheckpoint
@@ -218,7 +219,7 @@ def _plan_sink(sink: Storage, to_batch: int) -> list[str]:
     for info in sink.list(SINK_LOG_DIR):
         leaf = info.key.rsplit("/", 1)[-1]
         stem = leaf.removesuffix(".compact")
-        if stem.isdigit() and "/" not in info.key[len(SINK_LOG_DIR) + 1 :]:
+        if is_decimal(stem) and "/" not in info.key[len(SINK_LOG_DIR) + 1 :]:
             log[int(stem)] = info.key
     keys = _roll_log(log, to_batch, f"{sink.uri}/{SINK_LOG_DIR}")
     crcs = {info.key for info in sink.list(SINK_LOG_DIR)}

@@ -35,7 +35,8 @@ from statehold.storage.local import LocalStorage
 #: Operator metadata v2 (``_metadata/v2/<batch>``) and state schema v3
 #: (``_stateSchema/<store>/<batch>_<uuid>``) files: the batch that wrote them.
 _BATCH_NAMED = re.compile(
-    r"^state/\d+/(?:_metadata/v2/(?P<meta>\d+)|_stateSchema/[^/]+/(?P<schema>\d+)_[^/]+)$"
+    r"^state/\d+/(?:_metadata/v2/(?P<meta>\d+)|_stateSchema/[^/]+/(?P<schema>\d+)_[^/]+)$",
+    re.ASCII,
 )
 
 

@@ -12,24 +12,37 @@ reported as not checked. The records are never interpreted: statehold needs no r
 from __future__ import annotations
 
 import io
-import json
 import struct
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import lz4.block
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from statehold.format.signed import load_json
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.logs import split_versioned
 from statehold.storage.base import UnsafePathError, check_names
 
 #: The newest version of a snapshot zip's ``metadata`` statehold reads.
 ZIP_METADATA_VERSION = 2
+#: The largest file list statehold reads from a snapshot zip (Spark's lists a few hundred
+#: bytes per SST file): a bound on what a crafted zip can make it inflate.
+ZIP_METADATA_MAX_BYTES = 64 << 20
+#: What Python's zipfile raises on a damaged archive, besides BadZipFile: a header
+#: pointing before the start (ValueError), a member that is missing (KeyError), encrypted
+#: (RuntimeError), of a method it cannot read (NotImplementedError), or that does not
+#: inflate (zlib.error, EOFError).
+_NOT_A_ZIP = (zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, ValueError, EOFError,
+              OSError, RuntimeError, NotImplementedError, zlib.error, struct.error)
 _MAGIC = b"LZ4Block"
 _HEADER = struct.Struct("<Biii")  # token, compressed length, decompressed length, checksum
 _RAW, _LZ4 = 0x10, 0x20
+#: A block's token says its stream's block size: 2 ** (_LEVEL_BASE + its low 4 bits), at
+#: most 32 MiB (lz4-java's `LZ4BlockOutputStream`).
+_LEVEL_BASE = 10
 #: The records of a stream end with a key length of -1; those of the typed changelogs
 #: (v2, v4: with column families) with a record type of 0.
 _END_OF_RECORDS = b"\xff\xff\xff\xff"
@@ -77,12 +90,18 @@ def read_zip_metadata(data: bytes, key: str) -> ZipMetadata:
             bad = archive.testzip()
             if bad is not None:
                 raise SparkCheckpointError(f"{key}: member {bad!r} fails its CRC")
+            if archive.getinfo("metadata").file_size > ZIP_METADATA_MAX_BYTES:
+                raise SparkCheckpointError(
+                    f"{key}: its metadata member is over {ZIP_METADATA_MAX_BYTES} bytes")
             text = archive.read("metadata").decode("utf-8")
-    except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, EOFError) as e:
-        raise SparkCheckpointError(f"{key}: not a whole snapshot zip ({e})") from None
+    except _NOT_A_ZIP as e:
+        raise SparkCheckpointError(
+            f"{key}: not a whole snapshot zip ({_one_line(e) or type(e).__name__})") from None
     _version, lines = split_versioned(text, f"{key}!metadata", ZIP_METADATA_VERSION)
+    doc = load_json("\n".join(lines).encode("utf-8", "surrogatepass"), where=f"{key}!metadata",
+                    error=SparkCheckpointError, max_bytes=ZIP_METADATA_MAX_BYTES)
     try:
-        meta = ZipMetadata.model_validate(json.loads("\n".join(lines)))
+        meta = ZipMetadata.model_validate(doc)
     except (ValueError, ValidationError) as e:
         raise SparkCheckpointError(f"{key}!metadata: bad file list ({_one_line(e)})") from None
     try:
@@ -132,8 +151,9 @@ def lineage(head: bytes, key: str) -> list[tuple[int, str]] | None:
     body = _utf(head, text[1])
     if body is None:
         raise SparkCheckpointError(f"{key}: the lineage header is cut short")
+    entries = load_json(body[0].encode("utf-8", "surrogatepass"), where=f"{key} (lineage)",
+                        error=SparkCheckpointError)
     try:
-        entries = json.loads(body[0])
         return [(int(e["version"]), str(e["checkpointUniqueId"])) for e in entries]
     except (ValueError, KeyError, TypeError) as e:
         raise SparkCheckpointError(f"{key}: bad lineage ({e})") from None
@@ -179,6 +199,9 @@ class _Blocks:
         token, compressed, decompressed, _checksum = _HEADER.unpack_from(header, len(_MAGIC))
         if compressed < 0 or decompressed < 0:
             raise SparkCheckpointError(f"{self._key}: a negative block length")
+        if decompressed > 1 << (_LEVEL_BASE + (token & 0x0F)):
+            # lz4-java's own reader refuses it too; decompressing would first allocate it
+            raise SparkCheckpointError(f"{self._key}: a block longer than its header allows")
         if compressed == 0 and decompressed == 0:  # the end block
             if self._take(1) is not None:
                 raise SparkCheckpointError(f"{self._key}: data after the end of the stream")

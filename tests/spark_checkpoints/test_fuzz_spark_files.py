@@ -1,0 +1,303 @@
+"""Every decoder of a Spark checkpoint file, fuzzed: the offsets, commit (v1 and v2) and
+file-source logs, a RocksDB snapshot zip and the file list inside it, an lz4 stream
+(changelog, delta, HDFS snapshot: whole, and read in small chunks), a format-v2
+changelog's lineage header, and the names of a location's files. Then whole locations:
+one file of a small location replaced by a mutation, and the location read as the tools
+read it (listing, verify, du).
+
+The strategies are tests/format/test_fuzz_decoders.py's (tests/support/fuzz.py): arbitrary
+bytes, and mutations of a valid file (its JSON lines' values replaced by extreme ones,
+bytes flipped, inserted, deleted, truncated). A decode either succeeds or raises
+SparkCheckpointError with one bounded line; nothing else escapes. A 1 MB input, and an
+lz4 block header claiming a 2 GB block, are decoded within a bounded peak of memory.
+
+A crafted Spark checkpoint location is what an outside tool meets most: it is written by
+Spark, by a user's copy, or by anyone who can write the bucket. tests/spark_checkpoints/
+test_spark_verify.py has the crafted cases; this module looks for what nobody thought of.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import struct
+import tempfile
+import tracemalloc
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from statehold.format.spark_layout import Kind, parse
+from statehold.spark_checkpoints import open_spark_checkpoint
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.logs import parse_commit, parse_file_log, parse_offsets
+from statehold.spark_checkpoints.state_files import check_stream, lineage, read_zip_metadata
+from tests.support.fuzz import JSONISH, byte_mutations, json_mutations
+from tests.support.spark_checkpoint_files import (
+    lineage_header,
+    logs,
+    lz4_stream,
+    records,
+    rocksdb_changelog_store,
+    snapshot_zip,
+    write,
+)
+
+#: Longest message a refusal may carry.
+MAX_MESSAGE = 2000
+#: Peak memory a decode of a 1 MB input may take.
+MAX_PEAK = 64 << 20
+FUZZ = settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+STORE = "state/0/0"
+
+
+def _offsets() -> bytes:
+    meta = {"batchWatermarkMs": 5000, "batchTimestampMs": 1_700_000_000_000,
+            "conf": {"spark.sql.streaming.stateStore.providerClass":
+                     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"}}
+    return f'v1\n{json.dumps(meta)}\n{{"logOffset":3}}\n-'.encode()
+
+
+def _commit_v2() -> bytes:
+    doc = {"nextBatchWatermarkMs": 5000,
+           "stateUniqueIds": {"0": [["6b0c6fd4-6a8c-4ae2-9d43-3b4f6c1b1c1e"]]}}
+    return f"v2\n{json.dumps(doc)}".encode()
+
+
+def _file_log() -> bytes:
+    entries = [{"path": f"file:///data/in/{i:05d}.json", "timestamp": 1, "batchId": 3}
+               for i in range(3)]
+    return ("v1\n" + "\n".join(json.dumps(e) for e in entries)).encode()
+
+
+def _zip_text() -> bytes:
+    """The `metadata` member of a snapshot zip, as text (mutated, then zipped)."""
+    with zipfile.ZipFile(io.BytesIO(_zip())) as archive:
+        return archive.read("metadata")
+
+
+def _zip() -> bytes:
+    return snapshot_zip({"000011-6b0c6fd4-6a8c-4ae2-9d43-3b4f6c1b1c1e.sst": 120,
+                         "000012-0d6cbe0e-3f37-4a5e-9c1a-6a3f3f0e2b11.sst": 340})
+
+
+def _zipped(text: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("CURRENT", "MANIFEST-000005\n")
+        archive.writestr("metadata", text)
+    return buffer.getvalue()
+
+
+def _stream() -> bytes:
+    return lz4_stream(records([(b"k%d" % i, b"v" * i) for i in range(40)] + [(b"gone", None)]),
+                      block=256)
+
+
+def _chunks(data: bytes, size: int = 7) -> object:
+    return iter([data[i : i + size] for i in range(0, len(data), size)])
+
+
+def _lineage() -> bytes:
+    return lineage_header([(4, "6b0c6fd4-6a8c"), (5, "0d6cbe0e-3f37")]) + b"\x00\x00\x00\x05"
+
+
+@dataclass(frozen=True)
+class Decoder:
+    name: str
+    sample: Callable[[], bytes]
+    decode: Callable[[bytes], object]
+    #: Whether the sample's lines after the first are JSON (mutated as JSON too).
+    json_lines: bool = False
+
+    def __str__(self) -> str:
+        return self.name
+
+
+DECODERS = [
+    Decoder("offsets", _offsets, lambda d: parse_offsets(d, "offsets/3"), json_lines=True),
+    Decoder("commit-v1", lambda: b'v1\n{"nextBatchWatermarkMs":5000}',
+            lambda d: parse_commit(d, "commits/3"), json_lines=True),
+    Decoder("commit-v2", _commit_v2, lambda d: parse_commit(d, "commits/3"), json_lines=True),
+    Decoder("file-log", _file_log, lambda d: parse_file_log(d, "sources/0/3"), json_lines=True),
+    Decoder("snapshot-zip", _zip, lambda d: read_zip_metadata(d, f"{STORE}/12.zip")),
+    Decoder("zip-file-list", _zip_text,
+            lambda d: read_zip_metadata(_zipped(d), f"{STORE}/12.zip"), json_lines=True),
+    Decoder("lz4-stream", _stream, lambda d: check_stream(iter([d]), f"{STORE}/12.delta")),
+    Decoder("lz4-stream-chunks", _stream,
+            lambda d: check_stream(_chunks(d), f"{STORE}/12.changelog")),  # type: ignore[arg-type]
+    Decoder("lineage", _lineage, lambda d: lineage(d, f"{STORE}/12_u.changelog")),
+]
+
+
+def decodes_or_refuses(decoder: Decoder, data: bytes) -> object:
+    """A value, or SparkCheckpointError with one bounded line; anything else fails the
+    test with its traceback."""
+    try:
+        return decoder.decode(data)
+    except SparkCheckpointError as e:
+        message = str(e)
+        assert message and len(message) <= MAX_MESSAGE, message[:200]
+        assert "\n" not in message and "\r" not in message, message[:200]
+        return e
+
+
+@pytest.mark.parametrize("decoder", DECODERS, ids=str)
+def test_the_sample_decodes(decoder: Decoder) -> None:
+    value = decodes_or_refuses(decoder, decoder.sample())
+    assert value is not None and not isinstance(value, Exception)
+
+
+@pytest.mark.parametrize("decoder", DECODERS, ids=str)
+@FUZZ
+@given(data=st.one_of(st.binary(max_size=2048), st.lists(JSONISH, max_size=300).map(b"".join),
+                      st.binary(max_size=200).map(lambda b: b"v1\n" + b)))
+def test_arbitrary_bytes(decoder: Decoder, data: bytes) -> None:
+    decodes_or_refuses(decoder, data)
+
+
+@st.composite
+def line_mutations(draw: st.DrawFn, sample: bytes) -> bytes:
+    """One JSON line of a versioned log file mutated as JSON; the version line kept."""
+    first, *lines = sample.split(b"\n")
+    at = draw(st.sampled_from([i for i, line in enumerate(lines) if line.startswith(b"{")]))
+    lines[at] = draw(json_mutations(lines[at]))
+    return b"\n".join([first, *lines])
+
+
+@pytest.mark.parametrize("decoder", DECODERS, ids=str)
+@FUZZ
+@given(data=st.data())
+def test_mutated_files(decoder: Decoder, data: st.DataObject) -> None:
+    sample = decoder.sample()
+    mutations = byte_mutations(sample)
+    if decoder.json_lines:
+        mutations = st.one_of(mutations, line_mutations(sample))
+    decodes_or_refuses(decoder, data.draw(mutations))
+
+
+# -- names ---------------------------------------------------------------------------------
+_PARTS = st.one_of(
+    st.sampled_from(["state", "offsets", "commits", "sources", "_metadata", "metadata", "v2",
+                     "SSTs", "logs", "0", "1", "12", "-1", "²", "١٢", "٣.delta", "1.zip",
+                     "1_ab.zip", "1.changelog", "2_x.changelog", ".1.delta.crc", "1.delta.crc",
+                     "1.compact", "ab.sst", "..", ".", "", "default", "left-keyToNumValues",
+                     "1.delta.tmp", ".1.delta.abc.tmp"]),
+    st.text(max_size=12),
+)
+
+
+@FUZZ
+@given(key=st.one_of(st.lists(_PARTS, min_size=1, max_size=6).map("/".join), st.text()))
+def test_any_name_gets_a_kind(key: str) -> None:
+    """A listing's names come from whoever wrote the location: each gets a kind (UNKNOWN
+    for what Spark does not write), never an exception."""
+    name = parse(key)
+    assert isinstance(name.kind, Kind)
+    assert name.key == key
+
+
+# -- whole locations -----------------------------------------------------------------------
+def _location(root: Path) -> dict[str, bytes]:
+    """A small location of two batches: logs, a file source, operator metadata, a RocksDB
+    store with changelogs and a snapshot zip. Returns its files' bytes by key."""
+    logs(root, range(2))
+    write(root, "state/0/_metadata/metadata", "v1\n" + json.dumps({
+        "operatorInfo": {"operatorId": 0, "operatorName": "stateStoreSave"},
+        "stateStoreInfo": [{"storeName": "default", "numColsPrefixKey": 0,
+                            "numPartitions": 1}]}))
+    rocksdb_changelog_store(root, STORE, range(1, 4), {2})
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+_TEMPLATE: dict[str, bytes] = {}
+
+
+def _template() -> dict[str, bytes]:
+    if not _TEMPLATE:
+        with tempfile.TemporaryDirectory() as tmp:
+            _TEMPLATE.update(_location(Path(tmp)))
+    return _TEMPLATE
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_location_with_one_file_mutated_is_read_or_refused(data: st.DataObject) -> None:
+    files = _template()
+    key = data.draw(st.sampled_from(sorted(files)))
+    sample = files[key]
+    mutations = byte_mutations(sample) if sample else st.binary(max_size=64)
+    if sample.startswith(b"v") and b"\n{" in sample:
+        mutations = st.one_of(mutations, line_mutations(sample))
+    mutated = data.draw(mutations)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "loc"
+        for k, v in files.items():
+            write(root, k, mutated if k == key else v)
+        before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+        try:
+            location = open_spark_checkpoint(str(root))
+            location.listing()
+            location.verify()
+            location.du()
+        except SparkCheckpointError as e:
+            message = str(e)
+            assert message and len(message) <= MAX_MESSAGE and "\n" not in message, message
+        # Reading never writes.
+        assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+        shutil.rmtree(root)
+
+
+# -- bounded memory ------------------------------------------------------------------------
+MB = 1 << 20
+
+
+def _large_inputs(decoder: Decoder) -> list[tuple[str, bytes]]:
+    inputs = [("garbage", bytes(range(256)) * (MB // 256)), ("digits", b"v1\n" + b"1" * MB),
+              ("open-brackets", b"v1\n" + b"[" * MB)]
+    if decoder.json_lines:
+        sample = decoder.sample()
+        first, *lines = sample.split(b"\n")
+        filler = json.dumps({"path": "file:///x", "batchId": 1, "pad": "x" * 64}).encode()
+        inputs.append(("many-lines", b"\n".join([first, *lines, *[filler] * (MB // 100)])))
+        inputs.append(("long-string", first + b'\n{"x": "' + b"x" * MB + b'"}'))
+    if decoder.name.startswith("lz4"):
+        # Block headers that claim far more than they hold, and than lz4-java writes.
+        for claimed in (1 << 31) - 1, 1 << 28:
+            header = b"LZ4Block" + struct.pack("<Biii", 0x2F, 16, claimed, 0)
+            inputs.append((f"claims-{claimed}", header + b"\x00" * 16 + b"x" * MB))
+        inputs.append(("many-blocks", lz4_stream(b"k" * MB, block=1024)))
+    return inputs
+
+
+@pytest.mark.parametrize("decoder", DECODERS, ids=str)
+def test_a_1mb_input_decodes_in_bounded_memory(decoder: Decoder) -> None:
+    peaks = {}
+    for name, data in _large_inputs(decoder):
+        tracemalloc.start()
+        try:
+            decodes_or_refuses(decoder, data)
+            peaks[name] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    over = {name: peak >> 20 for name, peak in peaks.items() if peak > MAX_PEAK}
+    assert not over, f"peak MB over {MAX_PEAK >> 20}: {over}"
+
+
+def test_the_location_template_is_whole() -> None:
+    """The whole-location fuzz starts from a location verify passes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _location(Path(tmp))
+        report = open_spark_checkpoint(tmp).verify()
+        assert report.ok, report
