@@ -16,13 +16,12 @@ module looks for what nobody thought of."""
 from __future__ import annotations
 
 import json
-import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from statehold.errors import StateholdError
@@ -58,18 +57,19 @@ from statehold.job.result import (
 )
 from statehold.storage import Storage
 from statehold.storage.base import NotFoundError
-from tests.support.fuzz import JSONISH, byte_mutations, dumps, json_mutations, nested, sign
-
-#: Longest message a refusal may carry (a log line; `signed.one_line` cuts at 500, plus
-#: the file's name).
-MAX_MESSAGE = 2000
-#: Peak memory a decode of a 1 MB input may take.
-MAX_PEAK = 64 << 20
-FUZZ = settings(
-    max_examples=120,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+from tests.support.fuzz import (
+    FUZZ,
+    JSONISH,
+    MAX_PEAK,
+    byte_mutations,
+    decoded_or_refused,
+    dumps,
+    json_mutations,
+    nested,
+    peaks_over,
+    sign,
 )
+
 KEY = layout.checkpoint_metadata_key(7)
 
 
@@ -205,13 +205,7 @@ def decodes_or_refuses(decoder: Decoder, data: bytes) -> object:
         value = decoder.decode(data)
         assert value is None or isinstance(value, LeaseRecord)
         return value
-    try:
-        return decoder.decode(data)
-    except decoder.error as e:
-        message = str(e)
-        assert message and len(message) <= MAX_MESSAGE, message[:200]
-        assert "\n" not in message and "\r" not in message, message[:200]
-        return e
+    return decoded_or_refused(decoder.decode, data, decoder.error)
 
 
 @pytest.mark.parametrize("decoder", DECODERS, ids=str)
@@ -300,13 +294,6 @@ def _large_inputs(decoder: Decoder) -> list[tuple[str, bytes]]:
 
 @pytest.mark.parametrize("decoder", DECODERS, ids=str)
 def test_a_1mb_input_decodes_in_bounded_memory(decoder: Decoder) -> None:
-    peaks = {}
-    for name, data in _large_inputs(decoder):
-        tracemalloc.start()
-        try:
-            decodes_or_refuses(decoder, data)
-            peaks[name] = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-    over = {name: peak >> 20 for name, peak in peaks.items() if peak > MAX_PEAK}
+    over = peaks_over(lambda data: decodes_or_refuses(decoder, data), _large_inputs(decoder),
+                      MAX_PEAK)
     assert not over, f"peak MB over {MAX_PEAK >> 20}: {over}"

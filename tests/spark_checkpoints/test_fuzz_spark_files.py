@@ -23,14 +23,13 @@ import json
 import shutil
 import struct
 import tempfile
-import tracemalloc
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from statehold.format.spark_layout import Kind, parse
@@ -38,7 +37,16 @@ from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.logs import parse_commit, parse_file_log, parse_offsets
 from statehold.spark_checkpoints.state_files import check_stream, lineage, read_zip_metadata
-from tests.support.fuzz import JSONISH, byte_mutations, json_mutations
+from tests.support.fuzz import (
+    FUZZ,
+    JSONISH,
+    MAX_MESSAGE,
+    MAX_PEAK,
+    byte_mutations,
+    decoded_or_refused,
+    json_mutations,
+    peaks_over,
+)
 from tests.support.spark_checkpoint_files import (
     lineage_header,
     logs,
@@ -49,15 +57,6 @@ from tests.support.spark_checkpoint_files import (
     write,
 )
 
-#: Longest message a refusal may carry.
-MAX_MESSAGE = 2000
-#: Peak memory a decode of a 1 MB input may take.
-MAX_PEAK = 64 << 20
-FUZZ = settings(
-    max_examples=120,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 STORE = "state/0/0"
 
 
@@ -143,13 +142,7 @@ DECODERS = [
 def decodes_or_refuses(decoder: Decoder, data: bytes) -> object:
     """A value, or SparkCheckpointError with one bounded line; anything else fails the
     test with its traceback."""
-    try:
-        return decoder.decode(data)
-    except SparkCheckpointError as e:
-        message = str(e)
-        assert message and len(message) <= MAX_MESSAGE, message[:200]
-        assert "\n" not in message and "\r" not in message, message[:200]
-        return e
+    return decoded_or_refused(decoder.decode, data, SparkCheckpointError)
 
 
 @pytest.mark.parametrize("decoder", DECODERS, ids=str)
@@ -283,15 +276,8 @@ def _large_inputs(decoder: Decoder) -> list[tuple[str, bytes]]:
 
 @pytest.mark.parametrize("decoder", DECODERS, ids=str)
 def test_a_1mb_input_decodes_in_bounded_memory(decoder: Decoder) -> None:
-    peaks = {}
-    for name, data in _large_inputs(decoder):
-        tracemalloc.start()
-        try:
-            decodes_or_refuses(decoder, data)
-            peaks[name] = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-    over = {name: peak >> 20 for name, peak in peaks.items() if peak > MAX_PEAK}
+    over = peaks_over(lambda data: decodes_or_refuses(decoder, data), _large_inputs(decoder),
+                      MAX_PEAK)
     assert not over, f"peak MB over {MAX_PEAK >> 20}: {over}"
 
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from statehold.format import signed
@@ -119,3 +122,45 @@ def byte_mutations(draw: st.DrawFn, sample: bytes) -> bytes:
         else:
             del data[at:]
     return bytes(data)
+
+
+#: Peak memory a decode of a 1 MB input may take.
+MAX_PEAK = 64 << 20
+#: How long each fuzz test searches (no deadline: a busy machine is not a failure).
+FUZZ = settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+#: Longest message a refusal may carry (a log line; `signed.one_line` cuts at 500, plus
+#: the file's name).
+MAX_MESSAGE = 2000
+
+
+def decoded_or_refused(decode: Callable[[bytes], object], data: bytes,
+                       error: type[Exception]) -> object:
+    """`decode(data)`: its value, or the `error` it raised, whose message must be one
+    line of at most `MAX_MESSAGE` characters; any other exception escapes (and fails
+    the test with its traceback)."""
+    try:
+        return decode(data)
+    except error as e:
+        message = str(e)
+        assert message and len(message) <= MAX_MESSAGE, message[:200]
+        assert "\n" not in message and "\r" not in message, message[:200]
+        return e
+
+
+def peaks_over(decode: Callable[[bytes], object], inputs: list[tuple[str, bytes]],
+               max_peak: int) -> dict[str, int]:
+    """The inputs whose decode took a peak of traced memory above `max_peak`, and that
+    peak in MiB (tracemalloc: Python's allocations, C extensions' through its allocator)."""
+    peaks = {}
+    for name, data in inputs:
+        tracemalloc.start()
+        try:
+            decode(data)
+            peaks[name] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    return {name: peak >> 20 for name, peak in peaks.items() if peak > max_peak}
