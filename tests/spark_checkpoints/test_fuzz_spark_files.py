@@ -3,7 +3,7 @@ file-source logs, a RocksDB snapshot zip and the file list inside it, an lz4 str
 (changelog, delta, HDFS snapshot: whole, and read in small chunks), a format-v2
 changelog's lineage header, and the names of a location's files. Then whole locations:
 one file of a small location replaced by a mutation, and the location read as the tools
-read it (listing, verify, du).
+read it (listing, verify, du, history, the absolute paths, a dry-run gc).
 
 The strategies are tests/format/test_fuzz_decoders.py's (tests/support/fuzz.py): arbitrary
 bytes, and mutations of a valid file (its JSON lines' values replaced by extreme ones,
@@ -180,24 +180,44 @@ def test_mutated_files(decoder: Decoder, data: st.DataObject) -> None:
 
 
 # -- names ---------------------------------------------------------------------------------
+#: Where Spark writes numbers in a name; filled with numbers, near-numbers and other text.
+_TEMPLATES = ["offsets/{}", "commits/{}", "sources/{}/{}", "sources/{}/{}.compact",
+              "state/{}/{}/{}.delta", "state/{}/{}/{}.snapshot", "state/{}/{}/{}.changelog",
+              "state/{}/{}/{}.zip", "state/{}/{}/{}_{}.zip", "state/{}/{}/default/{}.changelog",
+              "state/{}/_metadata/v2/{}", "state/{}/_stateSchema/default/{}_{}",
+              "state/{}/{}/SSTs/{}-{}.sst", "state/{}/{}/.{}.delta.crc", "state/{}/{}/{}.delta.crc"]
+_NUMBERS = st.one_of(
+    st.sampled_from(["0", "1", "12", "007", "\u00b2", "\u0661\u0662", "\u0663", "-1", "",
+                     "1e3", " 1", "1 ", "+1", "0x1f", "9" * 40, "..", "a/b"]),
+    st.text(max_size=4),
+)
 _PARTS = st.one_of(
     st.sampled_from(["state", "offsets", "commits", "sources", "_metadata", "metadata", "v2",
-                     "SSTs", "logs", "0", "1", "12", "-1", "²", "١٢", "٣.delta", "1.zip",
-                     "1_ab.zip", "1.changelog", "2_x.changelog", ".1.delta.crc", "1.delta.crc",
-                     "1.compact", "ab.sst", "..", ".", "", "default", "left-keyToNumValues",
-                     "1.delta.tmp", ".1.delta.abc.tmp"]),
+                     "SSTs", "logs", "0", "12", "1.zip", "1_ab.zip", "1.changelog", "..", ".",
+                     "", "default", "1.delta.tmp", ".1.delta.abc.tmp"]),
     st.text(max_size=12),
 )
 
 
+@st.composite
+def _names(draw: st.DrawFn) -> str:
+    template = draw(st.sampled_from(_TEMPLATES))
+    return template.format(*(draw(_NUMBERS) for _ in range(template.count("{}"))))
+
+
 @FUZZ
-@given(key=st.one_of(st.lists(_PARTS, min_size=1, max_size=6).map("/".join), st.text()))
+@given(key=st.one_of(_names(), st.lists(_PARTS, min_size=1, max_size=6).map("/".join),
+                     st.text()))
 def test_any_name_gets_a_kind(key: str) -> None:
     """A listing's names come from whoever wrote the location: each gets a kind (UNKNOWN
-    for what Spark does not write), never an exception."""
+    for what Spark does not write), never an exception; a number in a name is ASCII."""
     name = parse(key)
     assert isinstance(name.kind, Kind)
     assert name.key == key
+    partition = name.store.partition if name.store else None
+    for number in (name.batch, name.version, name.source, partition):
+        # as written in the key, in ASCII digits (``١٢`` read as 12 would alias batch 12)
+        assert number is None or (number >= 0 and str(number) in key), (number, key)
 
 
 # -- whole locations -----------------------------------------------------------------------
@@ -244,6 +264,9 @@ def test_a_location_with_one_file_mutated_is_read_or_refused(data: st.DataObject
             location.listing()
             location.verify()
             location.du()
+            location.history()
+            location.absolute_paths()
+            location.gc(dry_run=True, grace_seconds=0)
         except SparkCheckpointError as e:
             message = str(e)
             assert message and len(message) <= MAX_MESSAGE and "\n" not in message, message
