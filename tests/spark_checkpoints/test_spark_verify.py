@@ -274,3 +274,16 @@ def test_a_query_metadata_nested_too_deeply(tmp_path: Path) -> None:
     write(tmp_path, "metadata", "[" * 100_000)
     with pytest.raises(SparkCheckpointError, match="metadata: nested more than"):
         open_spark_checkpoint(str(tmp_path)).query_id()
+
+
+def test_gc_leaves_names_with_digits_spark_never_writes(tmp_path: Path) -> None:
+    """Such a name is UNKNOWN, which the deletion rule judges foreign: gc with no grace
+    keeps it, and still deletes the old versions it would otherwise."""
+    changelog_checkpoint(tmp_path)
+    crafted = ["offsets/\u0661", "commits/\u0661", f"{STORE}/\u0661.changelog",
+               f"{STORE}/\u00b2.zip"]
+    for key in crafted:
+        write(tmp_path, key, b"crafted")
+    report = open_spark_checkpoint(str(tmp_path)).gc(grace_seconds=0)
+    assert all((tmp_path / key).read_bytes() == b"crafted" for key in crafted)
+    assert report.deleted, report  # the pass did delete: the crafted names were judged
