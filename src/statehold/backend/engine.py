@@ -15,9 +15,15 @@ Why uploads stay near the changed state (see docs/benchmarks.md, "Incremental ch
   `MAX_SIZE_AMP` percent of it. Both numbers trade bytes uploaded for bytes stored; the
   defaults were chosen by measurement (docs/benchmarks.md, "The trade between bytes
   uploaded and bytes stored").
-* A snapshot waits for a running compaction to finish (`settle_compactions`), so its
-  result is checkpointed (a task's working DB is thrown away after the batch, so unfinished
-  work would be lost).
+* Compaction stays off the commit path. A snapshot checkpoints the DB as it is, whatever
+  compaction runs (a RocksDB checkpoint is consistent while one does); after the batch the
+  task hands its working DB to a background thread, which lets the compaction finish and
+  keeps its result as a local snapshot equivalent to the checkpoint just taken
+  (`rocks.TaskStateBackend.close_after_compactions`). The next task of that range on this
+  executor opens that one, and its checkpoint uploads the compaction's output with its
+  own. Only when runs pile up to `SYNC_COMPACTION_RUNS` (background work lost again and
+  again: Python workers not reused, executors lost) does a snapshot wait for compaction,
+  so reads never look into an unbounded number of runs.
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ RUNS_TRIGGER = 16
 MAX_SIZE_AMP = 50
 #: How long a snapshot gives a scheduled compaction to start (it then waits for it).
 COMPACTION_GRACE = 0.05
+#: Sorted runs at which a snapshot compacts before it checkpoints (RocksDB's own write
+#: slowdown starts there too: `raw_options`).
+SYNC_COMPACTION_RUNS = 4 * RUNS_TRIGGER
 
 
 class StateBackendError(StateholdError):
@@ -65,7 +74,7 @@ def raw_options(size_amplification: int = MAX_SIZE_AMP) -> Options:
     universal.max_size_amplification_percent = size_amplification
     opts.set_universal_compaction_options(universal)
     opts.set_level_zero_file_num_compaction_trigger(RUNS_TRIGGER)
-    opts.set_level_zero_slowdown_writes_trigger(4 * RUNS_TRIGGER)
+    opts.set_level_zero_slowdown_writes_trigger(SYNC_COMPACTION_RUNS)
     opts.set_level_zero_stop_writes_trigger(6 * RUNS_TRIGGER)
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
@@ -94,6 +103,22 @@ def settle_compactions(db: Rdict) -> None:
         ):
             return
         time.sleep(0.005)
+
+
+def sorted_runs(db: Rdict) -> int:
+    """The DB's sorted runs, as universal compaction counts them: each level-0 file, and
+    each other level that holds files."""
+    runs = db.property_int_value("rocksdb.num-files-at-level0") or 0
+    for level in range(1, 7):
+        if db.property_int_value(f"rocksdb.num-files-at-level{level}"):
+            runs += 1
+    return runs
+
+
+def compacting(db: Rdict) -> bool:
+    """Whether a compaction runs, or RocksDB has one it could pick."""
+    return bool(db.property_int_value("rocksdb.num-running-compactions")
+                or db.property_int_value("rocksdb.compaction-pending"))
 
 
 def in_parallel(fn: Callable[[Any], Any], items: list[Any], threads: int) -> list[Any]:

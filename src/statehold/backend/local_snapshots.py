@@ -12,6 +12,12 @@ ignored. On open, every file a restore needs is looked up in those markers by (R
 name, checksum) and hard-linked if found, else downloaded and verified. So "the cache holds
 this range at this checkpoint" is simply the case where nothing needs downloading, and a
 stale, foreign or half-written cache can only cost a download, never wrong state.
+
+A snapshot may also be *equivalent* to a checkpoint's state of the range without holding
+its files: the same DB after a compaction that finished once the task had snapshotted
+(engine.py). Its marker names the state it is equivalent to by `state_digest`, which
+covers every file name, checksum and inline file of that state; a restore of exactly
+that state opens it instead (`equivalent_snapshot`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from statehold.format import layout
-from statehold.format.metadata import KeyGroupRange
+from statehold.format.metadata import KeyGroupRange, KeyGroupState
 
 LOCAL_MARKER = "statehold-local.json"
 _MARKER_FORMAT = "statehold.local-snapshot"
@@ -64,9 +70,11 @@ def write_marker(
     key_groups: KeyGroupRange,
     checkpoint_id: int,
     metadata_key: str,
+    equivalent_to: str | None = None,
 ) -> None:
     """Declare `snap` complete: its `files` ({name: (size, checksum)}), written last and
-    atomically, so a crash leaves either no marker or a whole one."""
+    atomically, so a crash leaves either no marker or a whole one. `equivalent_to`: the
+    `state_digest` of the state `snap` holds in other files (see above)."""
     _write_json_atomic(
         snap / LOCAL_MARKER,
         {
@@ -77,8 +85,36 @@ def write_marker(
             "checkpoint_id": checkpoint_id,
             "metadata_key": metadata_key,
             "files": {n: {"size": size, "checksum": c} for n, (size, c) in files.items()},
+            **({"equivalent_to": equivalent_to} if equivalent_to else {}),
         },
     )
+
+
+def state_digest(state: KeyGroupState) -> str:
+    """What identifies a task's state in a checkpoint: its key groups, every stored file's
+    name, size and checksum, and every inline file's name and content (not where the
+    files are: a restored or relocated job's paths differ, the state does not)."""
+    doc = {
+        "key_groups": [state.key_groups.start, state.key_groups.end],
+        "files": sorted((f.name or "", f.size, f.checksum) for f in state.files),
+        "inline": sorted((i.name, i.data) for i in state.inline),
+    }
+    return hashlib.blake2b(json.dumps(doc).encode(), digest_size=16).hexdigest()
+
+
+def equivalent_snapshot(range_dir: Path, checkpoint_id: int, digest: str) -> Path | None:
+    """A complete local snapshot of `checkpoint_id` in `range_dir` equivalent to the state
+    whose `state_digest` is `digest`, if there is one."""
+    for snap in range_dir.glob(f"snap-{checkpoint_id}-*"):
+        try:
+            doc = json.loads((snap / LOCAL_MARKER).read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("equivalent_to") == digest and (
+            read_marker(snap) is not None
+        ):
+            return snap
+    return None
 
 
 def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:

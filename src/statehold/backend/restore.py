@@ -46,6 +46,8 @@ class RestoreStats:
     files_local: int = 0  # hard-linked (or copied) from a local snapshot
     rescaled: bool = False
     keys_copied: int = 0
+    #: opened from a local snapshot compacted after its checkpoint (`rocks._open_equivalent`)
+    compacted: bool = False
 
 
 def sources_from_metadata(

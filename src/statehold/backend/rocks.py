@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -26,6 +28,7 @@ from statehold.backend.engine import (
     MAX_SIZE_AMP,
     RocksKV,
     StateBackendError,
+    compacting,
     open_db,
     raw_options,
 )
@@ -38,11 +41,16 @@ from statehold.backend.keys import (
     range_bounds,
 )
 from statehold.backend.local_snapshots import (
+    equivalent_snapshot,
+    link_or_copy,
     local_pool,
     new_snapshot_dir,
     operator_dir_name,
     prune_snapshots,
     range_dir_name,
+    read_marker,
+    state_digest,
+    write_marker,
 )
 from statehold.backend.restore import (
     RestoreSource,
@@ -59,6 +67,7 @@ from statehold.backend.snapshot import (
     ReusableFiles,
     SnapshotStats,
     SnapshotTarget,
+    checkpoint_locally,
     write_snapshot,
 )
 from statehold.backend.state import (
@@ -73,7 +82,7 @@ from statehold.backend.ttl import MAX_GARBAGE
 from statehold.errors import InvalidArgumentError
 from statehold.format.metadata import KeyGroupRange, KeyGroupState
 from statehold.state.json_codec import EntryDecoders
-from statehold.storage.base import Storage, check_key
+from statehold.storage.base import Storage, check_key, file_checksum
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +133,8 @@ class TaskStateBackend:
         self._pending: dict[int, PendingSnapshot] = {}
         self._db: Rdict | None = None
         self._kv: RocksKV | None = None
+        #: the last snapshot's target and state (`close_after_compactions`)
+        self._last_state: tuple[SnapshotTarget, KeyGroupState, set[str]] | None = None
         #: The processing time (ms) state TTLs are measured on (None: the wall clock).
         self.now_ms: int | None = None
         if size_amplification < 1:
@@ -197,7 +208,9 @@ class TaskStateBackend:
         pool = local_pool(self.op_dir)
         base = largest_overlap(sources, self.key_groups)
         others = [s for s in sources if s is not base]
-        fetch(base, self.db_dir, pool, self.restore_stats, self.transfer_threads)
+        if not (not others and base[2].key_groups == self.key_groups
+                and self._open_equivalent(base[2])):
+            fetch(base, self.db_dir, pool, self.restore_stats, self.transfer_threads)
         self._attach(open_db(str(self.db_dir), self._options))
         self._reusable = ReusableFiles.of_restored(base)
         if base[2].key_groups != self.key_groups:
@@ -217,6 +230,28 @@ class TaskStateBackend:
         if all(isinstance(c, int) for c in restored):
             oldest = min(c for c in restored if isinstance(c, int))
             prune_snapshots(self.op_dir, oldest, holding=self.range_dir)
+
+    def _open_equivalent(self, state: KeyGroupState) -> bool:
+        """Put into the working DB's directory the files of a local snapshot equivalent to
+        `state` (compacted after its task snapshotted), if this executor has one."""
+        ckpt = state.info.get("checkpoint_id")
+        if not isinstance(ckpt, int):
+            return False
+        snap = equivalent_snapshot(self.range_dir, ckpt, state_digest(state))
+        files = read_marker(snap) if snap is not None else None
+        if snap is None or files is None:
+            return False
+        self.db_dir.mkdir(parents=True)
+        try:
+            for name in files:
+                # SSTs are immutable: hard link. RocksDB rewrites the others: copy.
+                link_or_copy(snap / name, self.db_dir / name, link=name.endswith(".sst"))
+        except FileNotFoundError:  # pruned meanwhile: restore the checkpoint's own files
+            shutil.rmtree(self.db_dir, ignore_errors=True)
+            return False
+        self.restore_stats.files_local += len(files)
+        self.restore_stats.compacted = True
+        return True
 
     # -- state access --------------------------------------------------------------------
     def _require_db(self) -> Rdict:
@@ -330,6 +365,9 @@ class TaskStateBackend:
         )
         self._pending[checkpoint_id] = pending
         self.last_snapshot = stats
+        # the files the checkpoint holds (a compaction may have replaced some since)
+        ssts = {f.name for f in state.files if f.name and f.name.endswith(".sst")}
+        self._last_state = (target, state, ssts)
         return state
 
     def commit_local(self, checkpoint_id: int) -> None:
@@ -363,6 +401,29 @@ class TaskStateBackend:
         next task for this range restores from them without downloading."""
         self._discard_work()
 
+    def close_after_compactions(self) -> threading.Thread | None:
+        """Close as `close` does, unless a compaction ran, runs or is due since the last
+        snapshot (which did not wait for it: engine.py). Then a daemon thread lets it
+        finish, keeps the result as a local snapshot equivalent to the last snapshot's
+        state, and closes; it is returned. Nothing writes to the DB after the snapshot,
+        so the compacted DB holds the same state. If the process ends first, the work is
+        lost and the next task of the range compacts again."""
+        db = self._db
+        if db is None or self._last_state is None or not (
+            compacting(db) or _live_ssts(db) != self._last_state[2]
+        ):
+            self.close()
+            return None
+        self._db = self._kv = None  # the thread's now: this backend is closed
+        thread = threading.Thread(
+            target=_compact_and_keep,
+            args=(db, self.work_dir, self.range_dir, *self._last_state[:2]),
+            name=f"statehold-compaction-{self.range_dir.name}",
+            daemon=True,
+        )
+        thread.start()
+        return thread
+
     def __enter__(self) -> TaskStateBackend:
         return self
 
@@ -373,3 +434,39 @@ class TaskStateBackend:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _live_ssts(db: Rdict) -> set[str]:
+    return {str(f["name"]).rsplit("/", 1)[-1] for f in db.live_files()}
+
+
+#: The longest a background compaction may run before its DB is closed unfinished.
+BACKGROUND_COMPACTION_TIMEOUT = 600.0
+
+
+def _compact_and_keep(
+    db: Rdict, work_dir: Path, range_dir: Path, target: SnapshotTarget, state: KeyGroupState
+) -> None:
+    """`close_after_compactions`'s thread: wait for the DB's compactions, checkpoint it as
+    a snapshot equivalent to `state`, close it, delete its working directory."""
+    snap = new_snapshot_dir(range_dir, target.checkpoint_id)
+    try:
+        deadline = time.monotonic() + BACKGROUND_COMPACTION_TIMEOUT
+        while compacting(db) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not compacting(db):
+            checkpoint_locally(db, snap)
+            files = {p.name: (p.stat().st_size, file_checksum(p))
+                     for p in snap.iterdir() if p.is_file()}
+            write_marker(snap, files, operator=target.operator,
+                         key_groups=target.key_groups, checkpoint_id=target.checkpoint_id,
+                         metadata_key=target.metadata_key, equivalent_to=state_digest(state))
+    except Exception as e:  # a full disk, the range pruned meanwhile: the work is lost
+        shutil.rmtree(snap, ignore_errors=True)
+        log.warning("background compaction in %s: %s", work_dir, " ".join(str(e).split()))
+    finally:
+        try:
+            db.close()
+        except Exception as e:  # rocksdict's bare Exception: the copy is deleted anyway
+            log.warning("closing %s: %s", work_dir, " ".join(str(e).split()))
+        shutil.rmtree(work_dir, ignore_errors=True)

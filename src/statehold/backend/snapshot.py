@@ -20,9 +20,11 @@ from rocksdict import Checkpoint, Rdict
 from statehold.backend.engine import (
     BACKEND_FORMAT,
     BACKEND_NAME,
+    SYNC_COMPACTION_RUNS,
     StateBackendError,
     in_parallel,
     settle_compactions,
+    sorted_runs,
 )
 from statehold.backend.local_snapshots import write_marker
 from statehold.backend.restore import RestoreSource
@@ -128,7 +130,7 @@ def write_snapshot(
     `_metadata`, the statistics, and the snapshot to confirm once the checkpoint
     completes. On failure `snap` is deleted."""
     try:
-        _checkpoint_locally(db, snap)
+        checkpoint_locally(db, snap)
         inline, names = _inline_and_stored(snap)
         reuse, new = _reused_and_new(snap, names, reusable, storage.uri)
         uploaded = dict(
@@ -160,13 +162,15 @@ def write_snapshot(
     return _task_state(target, files, inline_files, stats), stats, _pending(snap, stored)
 
 
-def _checkpoint_locally(db: Rdict, snap: Path) -> None:
-    """A RocksDB checkpoint of `db` in `snap`, flushed and without empty WAL files.
-    RocksDB's failures (a full disk above all) come as a bare `Exception` from
-    rocksdict: they become one StateBackendError line."""
+def checkpoint_locally(db: Rdict, snap: Path) -> None:
+    """A RocksDB checkpoint of `db` in `snap`, flushed and without empty WAL files. A
+    running compaction is not waited for (engine.py says why) unless the runs reached
+    `SYNC_COMPACTION_RUNS`. RocksDB's failures (a full disk above all) come as a bare
+    `Exception` from rocksdict: they become one StateBackendError line."""
     try:
         db.flush(True)
-        settle_compactions(db)
+        if sorted_runs(db) >= SYNC_COMPACTION_RUNS:
+            settle_compactions(db)
         Checkpoint(db).create_checkpoint(str(snap))
     except Exception as e:  # rocksdict raises Exception for every RocksDB status
         raise StateBackendError(

@@ -244,8 +244,11 @@ class StateStage:
                 storage, spec.epoch, spec.checkpoint_id, _metadata_key(spec.checkpoint_id)
             )
             report["snapshot_seconds"] = round(time.perf_counter() - snapshot_started, 4)
-        finally:
+        except BaseException:
             backend.close()
+            raise
+        # a compaction the snapshot left running finishes after the task (engine.py)
+        backend.close_after_compactions()
         ack = {
             "task": task,
             "state": handle.model_dump(mode="json"),
