@@ -102,3 +102,20 @@ def test_a_compacted_copy_of_another_attempt_is_not_opened(
                                checkpoint(storage, cid, [retried], epoch=2)) as b2:
         assert not b2.restore_stats.compacted
         assert {k: s["v"] for k, s in b2.items()} == restored
+
+
+def test_a_db_written_after_its_snapshot_is_not_kept_as_equivalent(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """Through compactions due and running, a DB written to after its snapshot is closed
+    as it is: it no longer holds the checkpoint's state."""
+    rng = random.Random(5)
+    model: dict[str, str] = {}
+    sources: list[RestoreSource] | None = None
+    for cid in range(2 * RUNS_TRIGGER):
+        b, state = batch(tmp_path, storage, cid, sources, model, rng)
+        b.value_state("v", KEYS[0]).update("after the snapshot")
+        assert b.close_after_compactions() is None
+        sources = checkpoint(storage, cid, [state])
+    assert not [m for m in b.range_dir.glob("snap-*/statehold-local.json")
+                if "equivalent_to" in m.read_text()]

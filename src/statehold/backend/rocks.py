@@ -134,7 +134,7 @@ class TaskStateBackend:
         self._db: Rdict | None = None
         self._kv: RocksKV | None = None
         #: the last snapshot's target and state (`close_after_compactions`)
-        self._last_state: tuple[SnapshotTarget, KeyGroupState, set[str]] | None = None
+        self._last_state: tuple[SnapshotTarget, KeyGroupState, set[str], int] | None = None
         #: The processing time (ms) state TTLs are measured on (None: the wall clock).
         self.now_ms: int | None = None
         if size_amplification < 1:
@@ -367,7 +367,7 @@ class TaskStateBackend:
         self.last_snapshot = stats
         # the files the checkpoint holds (a compaction may have replaced some since)
         ssts = {f.name for f in state.files if f.name and f.name.endswith(".sst")}
-        self._last_state = (target, state, ssts)
+        self._last_state = (target, state, ssts, db.latest_sequence_number())
         return state
 
     def commit_local(self, checkpoint_id: int) -> None:
@@ -405,19 +405,19 @@ class TaskStateBackend:
         """Close as `close` does, unless a compaction ran, runs or is due since the last
         snapshot (which did not wait for it: engine.py). Then a daemon thread lets it
         finish, keeps the result as a local snapshot equivalent to the last snapshot's
-        state, and closes; it is returned. Nothing writes to the DB after the snapshot,
-        so the compacted DB holds the same state. If the process ends first, the work is
-        lost and the next task of the range compacts again."""
-        db = self._db
-        if db is None or self._last_state is None or not (
-            compacting(db) or _live_ssts(db) != self._last_state[2]
-        ):
-            self.close()
+        state, and closes; it is returned. Only if nothing was written since the snapshot
+        (the sequence number tells), so the compacted DB holds the same state. If the
+        process ends first, the work is lost and the next task of the range compacts
+        again."""
+        db, last = self._db, self._last_state
+        if (db is None or last is None or db.latest_sequence_number() != last[3]
+                or not (compacting(db) or _live_ssts(db) != last[2])):
+            self.close()  # written to since the snapshot, or nothing to finish
             return None
         self._db = self._kv = None  # the thread's now: this backend is closed
         thread = threading.Thread(
             target=_compact_and_keep,
-            args=(db, self.work_dir, self.range_dir, *self._last_state[:2]),
+            args=(db, self.work_dir, self.range_dir, last[0], last[1]),
             name=f"statehold-compaction-{self.range_dir.name}",
             daemon=True,
         )
