@@ -75,6 +75,9 @@ class BatchResult:
     #: what the tasks downloaded to restore (not found in their local snapshots)
     bytes_downloaded: int = 0
     files_downloaded: int = 0
+    #: tasks that opened a local snapshot compacted after the previous checkpoint, the
+    #: compaction having run after that batch's tasks (off the commit path)
+    compacted_restores: int = 0
     #: stateful processors: the watermark (ms) after this batch, its earliest pending
     #: timer (ms), late input rows (dropped or processed), timers fired, TTL'd entries
     #: the sweep deleted (those also with per-key functions)
@@ -98,8 +101,8 @@ def batch_figures(handles: list[KeyGroupState], acks: list[str]) -> dict[str, An
         for name in ("bytes_uploaded", "files_uploaded", "state_size", "files_reused",
                      "bytes_reused")
     }
-    for name in ("rows_in", "keys", "bytes_downloaded", "files_downloaded", "late_rows",
-                 "timers_fired", "ttl_expired"):
+    for name in ("rows_in", "keys", "bytes_downloaded", "files_downloaded",
+                 "compacted_restores", "late_rows", "timers_fired", "ttl_expired"):
         figures[name] = sum(int(r.get(name) or 0) for r in reports)
     events = [r["max_event_ms"] for r in reports if r.get("max_event_ms") is not None]
     figures["max_event_ms"] = max(events) if events else None

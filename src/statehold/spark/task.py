@@ -257,6 +257,7 @@ class StateStage:
             "seconds": round(time.time() - started, 3),
             "bytes_downloaded": backend.restore_stats.bytes_downloaded,
             "files_downloaded": backend.restore_stats.files_downloaded,
+            "compacted_restores": int(backend.restore_stats.compacted),
             **report,
         }
         nulls = [pa.nulls(1, f.type) for f in spec.output_schema]
