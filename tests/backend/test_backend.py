@@ -32,7 +32,15 @@ from statehold.format import layout
 from statehold.format.metadata import KeyGroupRange, read_metadata, referenced_keys
 from statehold.storage import Storage, open_storage
 from tests.support.paths import SRC
-from tests.support.task_backend import MAXP, OP, CountingStorage, checkpoint, fill, snap
+from tests.support.task_backend import (
+    MAXP,
+    OP,
+    CountingStorage,
+    checkpoint,
+    close_as_a_task,
+    fill,
+    snap,
+)
 
 
 def keys_of(task: int, parallelism: int, n: int) -> list[str]:
@@ -230,10 +238,11 @@ def test_uploads_stay_near_changed_state_across_restores(storage: Storage, tmp_p
     sources: list[RestoreSource] | None = None
     uploaded, total = [], 0
     for cid in range(13):
-        with TaskStateBackend.open(tmp_path, OP, r, MAXP, sources) as b:
-            for k in keys if cid == 0 else rng.sample(keys, len(keys) // 20):
-                b.value_state("v", k).update(rng.randbytes(100).hex())
-            kgs = snap(b, storage, cid)
+        b = TaskStateBackend.open(tmp_path, OP, r, MAXP, sources)
+        for k in keys if cid == 0 else rng.sample(keys, len(keys) // 20):
+            b.value_state("v", k).update(rng.randbytes(100).hex())
+        kgs = snap(b, storage, cid)
+        close_as_a_task(b)
         sources = checkpoint(storage, cid, [kgs])
         if cid == 0:
             total = kgs.info["bytes_uploaded"]
@@ -486,12 +495,13 @@ def _cycle(root: Path, size_amplification: int, batches: int = 60) -> tuple[int,
     sources: list[RestoreSource] | None = None
     uploaded = size = 0
     for cid in range(batches + 1):
-        with TaskStateBackend.open(
+        b = TaskStateBackend.open(
             root / "local", OP, r, MAXP, sources, size_amplification=size_amplification
-        ) as b:
-            for k in keys if cid == 0 else rng.sample(keys, len(keys) // 20):
-                b.value_state("v", k).update(rng.randbytes(100).hex())
-            kgs = snap(b, storage, cid)
+        )
+        for k in keys if cid == 0 else rng.sample(keys, len(keys) // 20):
+            b.value_state("v", k).update(rng.randbytes(100).hex())
+        kgs = snap(b, storage, cid)
+        close_as_a_task(b)
         sources = checkpoint(storage, cid, [kgs])
         if cid:
             uploaded += kgs.info["bytes_uploaded"]

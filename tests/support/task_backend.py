@@ -59,6 +59,14 @@ def checkpoint(
     return sources_from_metadata(storage, key, read_metadata(storage, key), OP)
 
 
+def close_as_a_task(b: TaskStateBackend) -> None:
+    """Close `b` as a Spark task does after its snapshot (a compaction it left running
+    finishes and is kept for the next open), waiting for that, so runs are repeatable."""
+    thread = b.close_after_compactions()
+    if thread is not None:
+        thread.join()
+
+
 def snap(b: TaskStateBackend, storage: Storage, cid: int, epoch: int = 1) -> KeyGroupState:
     return b.snapshot(storage, epoch, cid, layout.checkpoint_metadata_key(cid))
 
