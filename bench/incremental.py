@@ -96,7 +96,9 @@ def run_backend(work: Path, keys: int, batches: int, changed: float, value_bytes
             b.value_state("v", k).update(value)
             written += len(k) + len(value) + 2  # key, JSON quotes
         kgs = b.snapshot(storage, 1, cid, layout.checkpoint_metadata_key(cid))
-        b.close()
+        compaction = b.close_after_compactions()  # as a Spark task closes
+        if compaction is not None:
+            compaction.join()  # repeatable: the next batch opens its result
         sources = _checkpoint(storage, cid, kgs)
         s = b.last_snapshot
         assert s is not None

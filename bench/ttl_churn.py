@@ -132,12 +132,14 @@ def run(policy: str, users: int, active: int, resident: int, batches: int, retai
     sources: list[RestoreSource] | None = None
     for n in range(batches):
         cid = n + 1
-        with TaskStateBackend.open(work / "local", OP, task_range(0, 1, MAXP), MAXP,
-                                   sources) as b:
-            step: dict[str, Any] = {"batch": n, **_batch(b, n, users, active, resident, policy)}
-            key = layout.checkpoint_metadata_key(cid)
-            state = b.snapshot(storage, 1, cid, key)
-            b.commit_local(cid)
+        b = TaskStateBackend.open(work / "local", OP, task_range(0, 1, MAXP), MAXP, sources)
+        step: dict[str, Any] = {"batch": n, **_batch(b, n, users, active, resident, policy)}
+        key = layout.checkpoint_metadata_key(cid)
+        state = b.snapshot(storage, 1, cid, key)
+        b.commit_local(cid)
+        compaction = b.close_after_compactions()  # as a Spark task closes
+        if compaction is not None:
+            compaction.join()  # repeatable: the next batch opens its result
         sources = _checkpoint(storage, cid, state)
         step["live_bytes"] = compacted_bytes(storage, key, work / "scratch")
         files = {layout.resolve(key, f.path): f.size for f in state.files}
