@@ -387,12 +387,7 @@ class TaskStateBackend:
     # -- closing -------------------------------------------------------------------------
     def _discard_work(self) -> None:
         if self._db is not None:
-            try:
-                self._db.close()
-            except Exception as e:  # rocksdict's bare Exception, e.g. a full disk
-                # The working copy is deleted next and never read again (the next task
-                # restores from a checkpoint): a failed final flush loses nothing.
-                log.warning("closing %s: %s", self.work_dir, " ".join(str(e).split()))
+            _close_quietly(self._db, self.work_dir)
         self._db = self._kv = None
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
@@ -436,6 +431,16 @@ class TaskStateBackend:
         self.close()
 
 
+def _close_quietly(db: Rdict, work_dir: Path) -> None:
+    """Close a working DB whose directory is deleted next and never read again (the next
+    task restores from a checkpoint): a failed final flush loses nothing, so rocksdict's
+    bare Exception (a full disk, say) is only logged."""
+    try:
+        db.close()
+    except Exception as e:
+        log.warning("closing %s: %s", work_dir, " ".join(str(e).split()))
+
+
 def _live_ssts(db: Rdict) -> set[str]:
     return {str(f["name"]).rsplit("/", 1)[-1] for f in db.live_files()}
 
@@ -465,8 +470,5 @@ def _compact_and_keep(
         shutil.rmtree(snap, ignore_errors=True)
         log.warning("background compaction in %s: %s", work_dir, " ".join(str(e).split()))
     finally:
-        try:
-            db.close()
-        except Exception as e:  # rocksdict's bare Exception: the copy is deleted anyway
-            log.warning("closing %s: %s", work_dir, " ".join(str(e).split()))
+        _close_quietly(db, work_dir)
         shutil.rmtree(work_dir, ignore_errors=True)
