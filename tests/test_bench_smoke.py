@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.spark
+@pytest.mark.scenario
 @needs_state_data_source
 def test_vs_spark_runs_and_both_systems_hold_the_right_state(tmp_path: Path) -> None:
     cmd = [

@@ -56,6 +56,7 @@ def test_example_cli_fresh_dir_then_new_files(tmp_path: Path) -> None:
     assert read_output(demo / "output") == before
 
 
+@pytest.mark.scenario
 def test_example_cli_rescale_up_and_down(tmp_path: Path) -> None:
     """Parallelism 2, then 3 with more input, then 1 with more input: the same results as
     one plain-Python pass, batch by batch (state moved between key-group ranges)."""

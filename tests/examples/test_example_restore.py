@@ -12,7 +12,7 @@ from statehold import tools
 from statehold.examples.running_totals import generate_demo
 from tests.support.example_runs import read_output, reference, run_example
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.scenario]
 
 
 def tree(path: Path) -> dict[str, bytes]:

@@ -31,7 +31,7 @@ from tests.support.paths import SRC
 from tests.support.s3 import S3Server
 from tests.support.zk import ZooKeeperServer
 
-pytestmark = [pytest.mark.spark, pytest.mark.zookeeper]
+pytestmark = [pytest.mark.spark, pytest.mark.zookeeper, pytest.mark.scenario]
 
 #: The `statehold` console script's entry point, run with this interpreter.
 STATEHOLD = ("-c", "from statehold.cli import main; main()")

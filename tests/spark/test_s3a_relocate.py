@@ -25,7 +25,7 @@ from tests.support.kafka_runs import (
     run_example_to_end,
 )
 
-pytestmark = [pytest.mark.spark]
+pytestmark = [pytest.mark.spark, pytest.mark.scenario]
 
 
 def s3_client(server: object) -> object:
