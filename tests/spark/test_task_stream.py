@@ -23,7 +23,6 @@ from statehold.spark.task import (
     _Counts,
     _Keys,
     _segments,
-    _user,
     state_key,
 )
 
@@ -47,8 +46,9 @@ def test_keys_span_batches_in_chunks_and_markers_are_skipped() -> None:
     counts = _Counts()
     got = {}
     for first, chunks in _Keys(_segments(iter(batches), 0, Spec(2), counts)):  # type: ignore[arg-type]
-        parts = list(_user(chunks))
+        parts = list(chunks)
         assert all(p.num_rows <= 2 for p in parts)
+        assert all(KEY_COL not in p.table.column_names for p in parts)  # user columns
         got[first.key] = (len(parts), [r["v"] for r in whole(parts, "rows")])
     assert got == {"a": (1, [1, 2]), "b": (3, [3, 4, 5, 6]), "c": (1, [7])}
     assert counts.rows_in == 7
@@ -57,7 +57,7 @@ def test_keys_span_batches_in_chunks_and_markers_are_skipped() -> None:
 def test_unread_rows_of_a_key_are_skipped() -> None:
     keys = _Keys(_segments(iter([batch(["a", "a"], [1, 1]), batch(["a", "b"], [1, 1])]), 0,
                            Spec(1), _Counts()))  # type: ignore[arg-type]
-    seen = [(first.key, next(chunks).column("v").to_pylist()) for first, chunks in keys]
+    seen = [(first.key, next(chunks).table.column("v").to_pylist()) for first, chunks in keys]
     assert seen == [("a", [0]), ("b", [1])]
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from statehold.processor.api import ExpiredTimerInfo, StatefulProcessor, TimerValues
+from statehold.processor.chunks import Chunk
 
 
 def is_spark_style(processor: Any) -> bool:
@@ -42,21 +43,22 @@ def in_format(table: pa.Table, input_format: str) -> Any:
     return table
 
 
-def whole(chunks: Iterable[pa.Table], input_format: str) -> Any:
+def whole(chunks: Iterable[Chunk], input_format: str) -> Any:
     """All chunks of one key as one value of the input format (held whole)."""
-    tables = list(chunks)
+    parts = list(chunks)
+    if len(parts) == 1:
+        return parts[0].as_format(input_format)
     if input_format == "rows":
-        return [row for t in tables for row in t.to_pylist()]
-    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-    return in_format(table, input_format)
+        return [row for c in parts for row in c.as_format(input_format)]
+    return in_format(pa.concat_tables([c.table for c in parts]), input_format)
 
 
-def _chunk_iter(chunks: Iterable[pa.Table], input_format: str) -> Iterator[Any]:
+def _chunk_iter(chunks: Iterable[Chunk], input_format: str) -> Iterator[Any]:
     if input_format == "rows":
         from pyspark.sql import Row
 
-        return (Row(**r) for t in chunks for r in t.to_pylist())
-    return (in_format(t, input_format) for t in chunks)
+        return (Row(**r) for c in chunks for r in c.as_format(input_format))
+    return (c.as_format(input_format) for c in chunks)
 
 
 def _rows_iter(rows: Any, input_format: str) -> Iterator[Any]:
@@ -78,13 +80,13 @@ class ProcessorCalls:
     def init(self, handle: Any) -> None:
         self.processor.init(handle)
 
-    def rows(self, key: Any, chunks: Iterable[pa.Table], timer_values: TimerValues) -> Any:
-        """The key's input rows, given as chunks (Arrow tables of the input columns): an
-        iterator for Spark-style processors and for ours with ``input_chunks = True``,
-        else the whole key as one value of the input format."""
+    def rows(self, key: Any, chunks: Iterable[Chunk], timer_values: TimerValues) -> Any:
+        """The key's input rows, given as chunks (slices of the input batches' user
+        columns): an iterator for Spark-style processors and for ours with
+        ``input_chunks = True``, else the whole key as one value of the input format."""
         if not self.spark_style:
             if getattr(self.processor, "input_chunks", False):
-                rows: Any = (in_format(t, self.input_format) for t in chunks)
+                rows: Any = (c.as_format(self.input_format) for c in chunks)
             else:
                 rows = whole(chunks, self.input_format)
             return self.processor.handle_input_rows(key, rows, timer_values)

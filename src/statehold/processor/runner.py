@@ -88,12 +88,17 @@ class Filtered:
     late_rows: int = 0
 
 
-def filter_late(table: pa.Table | None, spec: ProcessorSpec) -> Filtered:
+def filter_late(
+    table: pa.Table | None, spec: ProcessorSpec, exempt: pa.ChunkedArray | None = None
+) -> Filtered:
     """The batch's newest event time, and its late rows (event time at or before the
-    watermark) counted and, with ``late_rows="drop"``, removed."""
+    watermark) counted and, with ``late_rows="drop"``, removed; rows where `exempt` is
+    true (initial-state rows) are neither late nor counted in the newest event time."""
     if table is None or not table.num_rows or spec.event_time_column is None:
         return Filtered(table)
     ms = event_time_ms(table.column(spec.event_time_column), spec.event_time_column)
+    if exempt is not None:
+        ms = pc.if_else(exempt, pa.scalar(None, pa.int64()), ms)
     newest = pc.max(ms).as_py()
     if spec.watermark_ms is None:
         return Filtered(table, newest)

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from statehold.backend.keys import key_group_of, task_of, task_range
 from statehold.errors import StateholdError
 from statehold.format.metadata import KeyGroupState
+from statehold.processor.chunks import Chunk, InputBatch
 from statehold.processor.compat import whole
 from statehold.processor.output import Output
 from statehold.spark.api import BatchFunction, InputFormat, KeyedState, KeyFunction
@@ -231,8 +232,9 @@ class StateStage:
         output = Output(spec.output_schema, limit=spec.task_batch_rows)
         counts = _Counts()
         try:
-            keys = _Keys(_segments(batches, task, spec, counts))
-            for table in self._process(backend, keys, output, task, counts):
+            late = _Late(spec.processor) if spec.processor is not None else None
+            keys = _Keys(_segments(batches, task, spec, counts, late))
+            for table in self._process(backend, keys, output, task, counts, late):
                 yield from _with_ack_column(table, schema)
             for table in output.drain():
                 yield from _with_ack_column(table, schema)
@@ -285,16 +287,17 @@ class StateStage:
         return backend
 
     def _process(
-        self, backend: Any, keys: _Keys, output: Output, task: int, counts: _Counts
+        self, backend: Any, keys: _Keys, output: Output, task: int, counts: _Counts,
+        late: _Late | None,
     ) -> Iterator[pa.Table]:
         """The user's function (or processor) over the task's rows, key by key: yields
         the output as the buffer fills; the figures go to `counts`."""
         spec = self.spec
-        if spec.processor is not None:
-            yield from _run_processor(spec, backend, keys, output, counts)
+        if late is not None:
+            yield from _run_processor(spec, backend, keys, output, counts, late)
             return
         states = _States(backend, spec, task)
-        groups = ((first.key, whole(_user(chunks), spec.input_format)) for first, chunks in keys)
+        groups = ((first.key, whole(chunks, spec.input_format)) for first, chunks in keys)
         if spec.vectorized:
             # one call over every key of the task: the keys are held together
             fn_batch: BatchFunction = spec.function  # type: ignore[assignment]
@@ -323,7 +326,7 @@ class _Segment:
 
     skey: str
     key: Any
-    rows: pa.Table
+    rows: Chunk
 
 
 class UnsortedInputError(StateholdError, RuntimeError):
@@ -331,10 +334,13 @@ class UnsortedInputError(StateholdError, RuntimeError):
 
 
 def _segments(
-    batches: Iterator[pa.RecordBatch], task: int, spec: StateSpec, counts: _Counts
+    batches: Iterator[pa.RecordBatch], task: int, spec: StateSpec, counts: _Counts,
+    late: _Late | None = None,
 ) -> Iterator[_Segment]:
-    """The task's rows, batch by batch, cut where the key changes; refused if a row
-    belongs to another task or a key comes back after a later one (unsorted input)."""
+    """The task's rows, batch by batch (a processor's late rows handled by `late`), cut
+    where the key changes into slices of the batch's user columns (`INIT_COL` kept);
+    refused if a row belongs to another task or a key comes back after a later one
+    (unsorted input)."""
     last: tuple[int, str] | None = None
     limit = max(1, spec.task_batch_rows)
     for batch in batches:
@@ -350,16 +356,22 @@ def _segments(
                 f"partition {task} received rows of tasks {sorted(tasks)}: the rows were "
                 "not routed by key group (is the parallelism consistent?)"
             )
-        skey_col = batch.column(KEY_COL)
+        table = pa.Table.from_batches([batch])
+        if late is not None:
+            table = late.filter(table)
+            n = table.num_rows
+            if not n:
+                continue
+        skey_col = table.column(KEY_COL)
         starts = [0]
         if n > 1:
             changed = pc.not_equal(skey_col.slice(1), skey_col.slice(0, n - 1))
             starts += [i + 1 for i in pc.indices_nonzero(changed).to_pylist()]
         at = pa.array(starts, pa.int64())
         skeys = skey_col.take(at).to_pylist()
-        kgs = batch.column(KG_COL).take(at).to_pylist()
-        key_values = [batch.column(c).take(at).to_pylist() for c in spec.key_columns]
-        table = pa.Table.from_batches([batch])
+        kgs = table.column(KG_COL).take(at).to_pylist()
+        key_values = [table.column(c).take(at).to_pylist() for c in spec.key_columns]
+        user = InputBatch(table.drop_columns(list(INTERNAL_COLS)))
         ends = [*starts[1:], n]
         for j, (start, end) in enumerate(zip(starts, ends, strict=True)):
             here = (kgs[j], skeys[j])
@@ -372,7 +384,7 @@ def _segments(
             values = tuple(c[j] for c in key_values)
             key = values[0] if len(values) == 1 else values
             for off in range(start, end, limit):
-                yield _Segment(skeys[j], key, table.slice(off, min(limit, end - off)))
+                yield _Segment(skeys[j], key, user.chunk(off, min(off + limit, end)))
 
 
 class _Keys:
@@ -384,7 +396,7 @@ class _Keys:
         self._segments = segments
         self._next = next(segments, None)
 
-    def __iter__(self) -> Iterator[tuple[_Segment, Iterator[pa.Table]]]:
+    def __iter__(self) -> Iterator[tuple[_Segment, Iterator[Chunk]]]:
         while self._next is not None:
             first = self._next
             chunks = self._chunks(first.skey)
@@ -392,17 +404,11 @@ class _Keys:
             for _ in chunks:
                 pass
 
-    def _chunks(self, skey: str) -> Iterator[pa.Table]:
+    def _chunks(self, skey: str) -> Iterator[Chunk]:
         while self._next is not None and self._next.skey == skey:
             rows = self._next.rows
             self._next = next(self._segments, None)
             yield rows
-
-
-def _user(chunks: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """The user's columns of each chunk."""
-    for t in chunks:
-        yield t.drop_columns([c for c in (*INTERNAL_COLS, INIT_COL) if c in t.column_names])
 
 
 def _with_ack_column(table: pa.Table, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -430,22 +436,22 @@ def _expire(backend: Any, now_ms: int) -> dict[str, Any]:
 
 
 def _run_processor(
-    spec: StateSpec, backend: Any, keys: _Keys, output: Output, counts: _Counts
+    spec: StateSpec, backend: Any, keys: _Keys, output: Output, counts: _Counts, late: _Late
 ) -> Iterator[pa.Table]:
     """The processor's batch in this task (statehold.processor.runner), key by key as
     the rows stream in: initial-state rows (sorted first within their key) and input rows
-    (late ones counted, and dropped with ``late_rows="drop"``) as an iterator of chunks."""
+    (`_segments` counted the late ones, and dropped them with ``late_rows="drop"``) as an
+    iterator of chunks."""
     from statehold.processor.compat import in_format
     from statehold.processor.runner import ProcessorRun
 
     pspec = spec.processor
     assert pspec is not None
     run = ProcessorRun(pspec, backend, len(spec.key_columns), spec.input_format)
-    late = _Late(pspec)
     run.start()
     for first, chunks in keys:
         initial: list[pa.Table] = []
-        inputs = _inputs(chunks, initial, late)
+        inputs = _inputs(chunks, initial)
         head = next(inputs, None)  # reads the key's initial-state rows, if any
         state_rows = None
         if initial:
@@ -463,7 +469,8 @@ def _run_processor(
 
 @dataclass
 class _Late:
-    """The batch's late rows and newest event time, over every chunk."""
+    """The batch's late rows and newest event time, over every input batch (its
+    initial-state rows are neither)."""
 
     spec: ProcessorSpec
     late_rows: int = 0
@@ -472,7 +479,8 @@ class _Late:
     def filter(self, table: pa.Table) -> pa.Table:
         from statehold.processor.runner import filter_late
 
-        filtered = filter_late(table, self.spec)
+        initial = table.column(INIT_COL).is_valid() if INIT_COL in table.column_names else None
+        filtered = filter_late(table, self.spec, exempt=initial)
         self.late_rows += filtered.late_rows
         newest = filtered.max_event_ms
         if newest is not None:
@@ -483,15 +491,14 @@ class _Late:
         return filtered.table
 
 
-def _inputs(
-    chunks: Iterator[pa.Table], initial: list[pa.Table], late: _Late
-) -> Iterator[pa.Table]:
-    """One key's input rows (user columns, late rows handled), chunk by chunk; its
-    initial-state rows (the `INIT_COL` struct, flattened) go to `initial`, and must all
-    come before its first input row."""
+def _inputs(chunks: Iterator[Chunk], initial: list[pa.Table]) -> Iterator[Chunk]:
+    """One key's input rows (user columns), chunk by chunk; its initial-state rows (the
+    `INIT_COL` struct, flattened) go to `initial`, and must all come before its first
+    input row."""
     seen_input = False
-    for t in chunks:
-        if INIT_COL in t.column_names:
+    for chunk in chunks:
+        if INIT_COL in chunk.batch.table.column_names:
+            t = chunk.table
             is_initial = t.column(INIT_COL).is_valid()
             states = t.filter(is_initial)
             if states.num_rows:
@@ -503,10 +510,9 @@ def _inputs(
                 initial.append(
                     pa.Table.from_arrays(struct.flatten(), names=[f.name for f in struct.type])
                 )
-            t = t.filter(pc.invert(is_initial))
-        if not t.num_rows:
-            continue
+            t = t.filter(pc.invert(is_initial)).drop_columns([INIT_COL])
+            if not t.num_rows:
+                continue
+            chunk = Chunk.of(t)
         seen_input = True
-        t = late.filter(t)
-        if t.num_rows:
-            yield next(_user(iter([t])))
+        yield chunk
