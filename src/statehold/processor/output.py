@@ -1,7 +1,14 @@
 """What the user's functions return, gathered into Arrow tables of exactly the output
 schema: over all keys of a task (`Output.add`, `Output.tables`), or emitted a bounded
 number of rows at a time as the task goes (`Output.stream`), so a task's output buffer
-does not grow with its batch."""
+does not grow with its batch.
+
+Small outputs are converted to Arrow together, not one by one: pyarrow's conversion of a
+pandas.DataFrame costs about 0.45 ms however few rows it has, and a processor typically
+yields a frame of one or two rows per key (the sessions benchmark spent a quarter of a
+task there). Consecutive frames with the same columns and dtypes are copied as they come,
+then concatenated and converted once, so each column is converted from the dtype it had,
+as it would be alone: about 0.08 ms a frame."""
 
 from __future__ import annotations
 
@@ -18,12 +25,23 @@ def _is_frame(out: Any) -> bool:
 
 
 def _to_table(out: Any, schema: pa.Schema) -> pa.Table:
-    """A table, record batch or pandas.DataFrame as a table of exactly the output schema."""
+    """A table or record batch as a table of exactly the output schema."""
     if isinstance(out, pa.RecordBatch):
         out = pa.Table.from_batches([out])
-    if isinstance(out, pa.Table):
-        return out.select(schema.names).cast(schema)
-    return pa.Table.from_pandas(out[list(schema.names)], schema=schema, preserve_index=False)
+    return out.select(schema.names).cast(schema)
+
+
+def _frames_to_table(frames: list[Any], schema: pa.Schema) -> pa.Table:
+    """pandas.DataFrames of the same columns and dtypes as one table of the schema."""
+    import pandas as pd
+
+    frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    return pa.Table.from_pandas(frame[list(schema.names)], schema=schema,
+                                preserve_index=False)
+
+
+def _signature(frame: Any) -> tuple[Any, ...]:
+    return tuple(frame.columns), tuple(frame.dtypes)
 
 
 def _rows_to_table(rows: list[Any], schema: pa.Schema) -> pa.Table:
@@ -50,6 +68,10 @@ class Output:
         self._table_rows = 0
         self._rows: list[Any] = []
         self._dicts = False
+        #: pandas.DataFrames of one signature (`_signature`), converted together
+        self._frames: list[Any] = []
+        self._frame_rows = 0
+        self._frame_signature: tuple[Any, ...] = ()
 
     def add(self, out: Any) -> None:
         """Buffer `out` (everything is kept until `tables`)."""
@@ -68,12 +90,21 @@ class Output:
         if _is_frame(out):
             if not len(out):  # also a column-less pandas.DataFrame()
                 return
-            self._flush()
-            table = _to_table(out, self._schema)
-            if table.num_rows:
+            if isinstance(out, pa.RecordBatch | pa.Table):
+                self._flush()
+                table = _to_table(out, self._schema)
                 self._tables.append(table)
                 self._table_rows += table.num_rows
-            if limit is not None and self._table_rows >= limit:
+            else:
+                signature = _signature(out)
+                if self._rows or (self._frames and signature != self._frame_signature):
+                    self._flush()
+                self._frame_signature = signature
+                # a copy: a function may change a frame it yielded once it resumes, and
+                # what it yielded is what is output (Spark converts it before resuming)
+                self._frames.append(out.copy())
+                self._frame_rows += len(out)
+            if limit is not None and self._frame_rows + self._table_rows >= limit:
                 yield from self.drain()
             return
         for row in out:
@@ -83,7 +114,7 @@ class Output:
             if hasattr(row, "asDict"):  # a pyspark.sql.Row
                 row = row.asDict()
             is_dict = isinstance(row, Mapping)
-            if self._rows and is_dict != self._dicts:
+            if self._frames or (self._rows and is_dict != self._dicts):
                 self._flush()
             self._dicts = is_dict
             self._rows.append(row)
@@ -97,11 +128,17 @@ class Output:
         yield from tables
 
     def _flush(self) -> None:
+        """Convert what is buffered (rows of one kind, or frames of one signature)."""
         if self._rows:
             table = _rows_to_table(self._rows, self._schema)
-            self._tables.append(table)
-            self._table_rows += table.num_rows
             self._rows = []
+        elif self._frames:
+            table = _frames_to_table(self._frames, self._schema)
+            self._frames, self._frame_rows = [], 0
+        else:
+            return
+        self._tables.append(table)
+        self._table_rows += table.num_rows
 
     def tables(self) -> list[pa.Table]:
         self._flush()
