@@ -21,6 +21,7 @@ class InputBatch:
 
     def __init__(self, table: pa.Table) -> None:
         self.table = table
+        self.columns = frozenset(table.column_names)
         self._pandas: Any = None
         self._rows: list[dict[str, Any]] | None = None
 

@@ -497,7 +497,7 @@ def _inputs(chunks: Iterator[Chunk], initial: list[pa.Table]) -> Iterator[Chunk]
     input row."""
     seen_input = False
     for chunk in chunks:
-        if INIT_COL in chunk.batch.table.column_names:
+        if INIT_COL in chunk.batch.columns:
             t = chunk.table
             is_initial = t.column(INIT_COL).is_valid()
             states = t.filter(is_initial)
