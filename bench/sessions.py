@@ -2,6 +2,7 @@
 (RocksDB state store), in one run on one local Spark session.
 
     python bench/sessions.py                       # 2000 users per cohort, 3 active, 12 batches
+    python bench/sessions.py --users 34000 --batches 5   # 102,000 live users (9 min)
     python bench/sessions.py --users 500 --batches 6 --ttl-seconds 10    # a quick look
 
 Both systems run the same processor class (bench/_sessions.py: typed session state closed
