@@ -33,24 +33,12 @@ def is_spark_style(processor: Any) -> bool:
     return not overridden and callable(getattr(processor, "handleInputRows", None))
 
 
-def in_format(table: pa.Table, input_format: str) -> Any:
-    """Rows of a table as the job's ``input_format`` gives them: a list of dicts, a
-    pandas.DataFrame or the pyarrow.Table itself."""
-    if input_format == "rows":
-        return table.to_pylist()
-    if input_format == "pandas":
-        return table.to_pandas()
-    return table
-
-
 def whole(chunks: Iterable[Chunk], input_format: str) -> Any:
     """All chunks of one key as one value of the input format (held whole)."""
     parts = list(chunks)
     if len(parts) == 1:
         return parts[0].as_format(input_format)
-    if input_format == "rows":
-        return [row for c in parts for row in c.as_format(input_format)]
-    return in_format(pa.concat_tables([c.table for c in parts]), input_format)
+    return Chunk.of(pa.concat_tables([c.table for c in parts])).as_format(input_format)
 
 
 def _chunk_iter(chunks: Iterable[Chunk], input_format: str) -> Iterator[Any]:

@@ -442,7 +442,6 @@ def _run_processor(
     the rows stream in: initial-state rows (sorted first within their key) and input rows
     (`_segments` counted the late ones, and dropped them with ``late_rows="drop"``) as an
     iterator of chunks."""
-    from statehold.processor.compat import in_format
     from statehold.processor.runner import ProcessorRun
 
     pspec = spec.processor
@@ -453,10 +452,7 @@ def _run_processor(
         initial: list[pa.Table] = []
         inputs = _inputs(chunks, initial)
         head = next(inputs, None)  # reads the key's initial-state rows, if any
-        state_rows = None
-        if initial:
-            table = pa.concat_tables(initial) if len(initial) > 1 else initial[0]
-            state_rows = in_format(table, spec.input_format)
+        state_rows = whole(map(Chunk.of, initial), spec.input_format) if initial else None
         rows = None if head is None else itertools.chain([head], inputs)
         if rows is not None:
             counts.keys += 1
