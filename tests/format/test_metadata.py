@@ -221,6 +221,18 @@ def test_round_trip(doc: tuple[str, CheckpointMetadata]) -> None:
     assert metadata.encode(metadata.decode(data, key), key) == data  # stable bytes
 
 
+@given(doc=documents())
+def test_sealed_is_what_a_reader_decodes(doc: tuple[str, CheckpointMetadata]) -> None:
+    """The coordinator keeps `sealed`'s model instead of parsing its document back."""
+    key, meta = doc
+    # A value JSON has no type for (a tuple) comes back as a reader sees it (a list).
+    meta = meta.model_copy(update={"source_position": {"offsets": (1, 2)}})
+    data, kept = metadata.sealed(meta, key)
+    assert data == metadata.encode(meta, key)
+    assert kept == metadata.decode(data, key)
+    assert kept.source_position == {"offsets": [1, 2]}
+
+
 @settings(max_examples=15, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(doc=documents())
 def test_round_trip_through_storage(storage: Storage, doc: tuple[str, CheckpointMetadata]) -> None:

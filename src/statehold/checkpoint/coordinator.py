@@ -41,8 +41,7 @@ from statehold.format.metadata import (
     EventTime,
     KeyGroupState,
     OperatorSchemas,
-    decode,
-    encode,
+    sealed,
 )
 from statehold.ha.base import CheckpointPointer, FencedError, HAStore
 from statehold.job import history
@@ -232,8 +231,7 @@ class CheckpointCoordinator:
             event_time=event_time,
             state_schemas=state_schemas,
         )
-        data = encode(meta, metadata_key)
-        meta = decode(data, metadata_key)  # carries the checksum now
+        data, meta = sealed(meta, metadata_key)  # meta carries the checksum now
         if self.lease is not None and not self.lease.unbroken_since(pending.started_at):
             raise CheckpointError(
                 f"checkpoint {checkpoint_id}: this attempt's lease lapsed since it began "

@@ -214,10 +214,24 @@ def digest(doc: dict[str, Any]) -> str:
 
 
 def encode(model: BaseModel) -> bytes:
-    """The model as an indented JSON document carrying its checksum."""
+    """The model as a JSON document carrying its checksum."""
+    return _signed_doc(model)[0]
+
+
+def sealed(model: M) -> tuple[bytes, M]:
+    """The model as a JSON document carrying its checksum, and the model a reader of
+    that document gets (checksum set), without parsing the document back."""
+    data, doc = _signed_doc(model)
+    return data, type(model).model_validate(doc)
+
+
+def _signed_doc(model: BaseModel) -> tuple[bytes, dict[str, Any]]:
+    # Compact, one line: an indented document needs json's pure-Python encoder, about
+    # 4x the C one's time (0.33 against 0.07 ms for a 17 KB `_metadata`), on the path of
+    # every checkpoint. `statehold` shows documents to people formatted.
     doc = model.model_dump(mode="json")
     doc["checksum"] = digest(doc)
-    return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+    return json.dumps(doc, sort_keys=True, ensure_ascii=False).encode() + b"\n", doc
 
 
 def newer_version(

@@ -149,14 +149,14 @@ def _run_tasks(
     """The tasks' acknowledgements to the coordinator and their figures to the history;
     then the output to the sink, if there is one."""
     coord, settings = job.coordinator, job.settings
-    acks = [row[0] for row in staged.where(staged[ACK_COL].isNotNull()).select(ACK_COL).collect()]
+    acks = [row[0] for row in staged.where(f"{ACK_COL} IS NOT NULL").select(ACK_COL).collect()]
     handles = check_acks(acks, settings.parallelism, settings.max_parallelism)
     for state in handles:
         coord.acknowledge(batch_id, settings.operator, state)
     figures = batch_figures(handles, acks)
     coord.history.note(batch_id, **{k: figures[k] for k in NOTED})
     job.phase("after-tasks", batch_id)
-    output = staged.where(staged[ACK_COL].isNull()).drop(ACK_COL)
+    output = staged.where(f"{ACK_COL} IS NULL").drop(ACK_COL)
     if batch.sink is not None:
         batch.sink(output, batch_id)
         job.phase("after-sink", batch_id)

@@ -127,9 +127,10 @@ def stage(df: DataFrame, spec: StateSpec, output_schema: StructType) -> DataFram
     from pyspark import StorageLevel
     from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
+    fields = df.schema.fields
     keyed_schema = StructType(
         [
-            *df.schema.fields,
+            *fields,
             StructField(KEY_COL, StringType(), False),
             StructField(KG_COL, IntegerType(), False),
             StructField(TASK_COL, IntegerType(), False),
@@ -145,7 +146,9 @@ def stage(df: DataFrame, spec: StateSpec, output_schema: StructType) -> DataFram
     )
     routed = route_to_partitions(with_markers(keyed, spec.parallelism), spec.parallelism,
                                  TASK_COL)
-    staged = sort_for_tasks(routed, spec.order_by).mapInArrow(StateStage(spec), out_schema)
+    initial = any(f.name == INIT_COL for f in fields)
+    staged = sort_for_tasks(routed, spec.order_by, initial).mapInArrow(StateStage(spec),
+                                                                       out_schema)
     # Computed once, by the first action (the acks), then read from the cache by the sink;
     # a partition lost with its executor is recomputed from lineage (module docstring).
     return staged.persist(StorageLevel.MEMORY_AND_DISK)
@@ -155,28 +158,30 @@ def with_markers(keyed: DataFrame, parallelism: int) -> DataFrame:
     """`keyed` plus one marker row per task (key group `MARKER_KG`, sorted first, skipped
     by the task). Without them an empty batch leaves the shuffle empty, and Spark's
     adaptive execution turns the sort over it into an empty relation: no task would run
-    and no task would snapshot its key groups."""
-    from pyspark.sql import functions as F
+    and no task would snapshot its key groups.
 
-    markers = keyed.sparkSession.range(parallelism).select(
-        F.lit("").alias(KEY_COL),
-        F.lit(MARKER_KG).cast("int").alias(KG_COL),
-        F.col("id").cast("int").alias(TASK_COL),
+    The markers and the sort keys are SQL expressions, not `functions` calls: on a classic
+    session each of those is a few py4j round trips, and this runs once per batch (a third
+    of the driver's time planning a batch went to building the markers that way)."""
+    markers = keyed.sparkSession.range(parallelism).selectExpr(
+        f"'' AS {KEY_COL}", f"CAST({MARKER_KG} AS INT) AS {KG_COL}",
+        f"CAST(id AS INT) AS {TASK_COL}",
     )
     return keyed.unionByName(markers, allowMissingColumns=True)
 
 
-def sort_for_tasks(routed: DataFrame, order_by: tuple[str, ...]) -> DataFrame:
+def sort_for_tasks(routed: DataFrame, order_by: tuple[str, ...], initial: bool) -> DataFrame:
     """Each task's rows clustered for streaming: by key group, key, initial-state rows
-    first (`INIT_COL`), then `order_by` (nulls last). A sort within partitions keeps the
-    routing's partitioning (no new exchange) and is Spark's external sort, which spills
-    to disk, so the task never needs its partition in memory to group it."""
+    first (`INIT_COL`, if `initial`: the input has initial-state rows), then `order_by`
+    (nulls last). A sort within partitions keeps the routing's partitioning (no new
+    exchange) and is Spark's external sort, which spills to disk, so the task never needs
+    its partition in memory to group it."""
     from pyspark.sql import functions as F
 
-    columns = [F.col(KG_COL), F.col(KEY_COL)]
-    if INIT_COL in routed.columns:
-        columns.append(F.col(INIT_COL).isNull())
-    columns += [F.asc_nulls_last(c) for c in order_by]
+    columns = [F.expr(KG_COL), F.expr(KEY_COL)]
+    if initial:
+        columns.append(F.expr(f"{INIT_COL} IS NULL"))
+    columns += [F.asc_nulls_last(c) for c in order_by]  # the user's names: `col` semantics
     return routed.sortWithinPartitions(*columns)
 
 
