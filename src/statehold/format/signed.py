@@ -228,7 +228,7 @@ def sealed(model: M) -> tuple[bytes, M]:
 def _signed_doc(model: BaseModel) -> tuple[bytes, dict[str, Any]]:
     # Compact, one line: an indented document needs json's pure-Python encoder, about
     # 4x the C one's time (0.33 against 0.07 ms for a 17 KB `_metadata`), on the path of
-    # every checkpoint. `statehold` shows documents to people formatted.
+    # every checkpoint. People read a checkpoint with `statehold inspect --json`, formatted.
     doc = model.model_dump(mode="json")
     doc["checksum"] = digest(doc)
     return json.dumps(doc, sort_keys=True, ensure_ascii=False).encode() + b"\n", doc
