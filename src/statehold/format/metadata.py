@@ -245,16 +245,21 @@ def check_paths(meta: CheckpointMetadata, metadata_key: str) -> None:
 
 def encode(meta: CheckpointMetadata, metadata_key: str) -> bytes:
     """Serialize with its checksum; refuses absolute or escaping paths."""
-    return sealed(meta, metadata_key)[0]
+    return signed.encode(_checked(meta, metadata_key))
 
 
 def sealed(meta: CheckpointMetadata, metadata_key: str) -> tuple[bytes, CheckpointMetadata]:
     """`encode`, and the metadata as `decode` reads that document back (checksum set)."""
+    return signed.sealed(_checked(meta, metadata_key))
+
+
+def _checked(meta: CheckpointMetadata, metadata_key: str) -> CheckpointMetadata:
+    """`meta` ready to encode: its paths checked, its version the one its fields need."""
     check_paths(meta, metadata_key)
     has_new = meta.state_schemas is not None or meta.event_time is not None
     if has_new and meta.version < 2:  # e.g. set by model_copy
         meta = meta.model_copy(update={"version": 2})
-    return signed.sealed(meta)
+    return meta
 
 
 def decode(data: bytes, metadata_key: str, where: str | None = None) -> CheckpointMetadata:
