@@ -3,6 +3,7 @@ completion, timed and profiled (cProfile, by own time) on vs_spark.py's shape.
 
     python bench/checkpoint_profile.py                   # 100,000 keys, 2 tasks, 5%
     python bench/checkpoint_profile.py --keys 1000000 --fraction 0.01
+    python bench/checkpoint_profile.py --changelog       # changelog commits
 
 Each checkpoint: every task restores the previous checkpoint (from its local snapshot),
 updates `--fraction` of its keys (two 8-byte numbers and a 100-byte payload, as the
@@ -53,6 +54,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=2)
     parser.add_argument("--checkpoints", type=int, default=45)
     parser.add_argument("--top", type=int, default=15, help="profile lines per part")
+    parser.add_argument("--changelog", action="store_true",
+                        help="commit by changelog (backend option changelog=True)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="checkpoint-profile-"))
     storage = open_storage(str(root / "job"))
@@ -73,7 +76,8 @@ def main() -> None:
             storage, latest[0], latest[1], "op")
         before = _listing(storage)
         for task, key_range in enumerate(ranges):
-            b = TaskStateBackend.open(root / "local", "op", key_range, MAXP, sources)
+            b = TaskStateBackend.open(root / "local", "op", key_range, MAXP, sources,
+                                      changelog=args.changelog)
             chosen = keys[task] if cid == 0 else rng.sample(
                 keys[task], int(len(keys[task]) * args.fraction))
             for k in chosen:

@@ -49,6 +49,8 @@ from _workload import RunResult, Workload, expected_totals, make_session, write_
 SYSTEMS = {
     "statehold": "statehold, per-key function",
     "statehold-vec": "statehold, vectorized function",
+    "statehold-changelog": "statehold, per-key function, changelog commits",
+    "statehold-vec-changelog": "statehold, vectorized function, changelog commits",
     "aipws": "Spark applyInPandasWithState, RocksDB",
     "aipws-changelog": "Spark applyInPandasWithState, RocksDB + changelog",
     "twsip": "Spark transformWithStateInPandas, RocksDB",
@@ -86,10 +88,13 @@ def run_system(name: str, spark: Any, w: Workload, files: list[Path], work: Path
         from _statehold_run import run_statehold
 
         base, _, amp = name.partition("@")
-        options = {"size_amplification": int(amp)} if amp else None
+        options: dict[str, Any] = {"size_amplification": int(amp)} if amp else {}
+        if base.endswith("-changelog"):
+            options["changelog"] = True
         return run_statehold(spark, w, files, work, retain=args.retain,
-                             partitions=args.partitions, vectorized=base == "statehold-vec",
-                             backend_options=options, log=log)
+                             partitions=args.partitions,
+                             vectorized=base.startswith("statehold-vec"),
+                             backend_options=options or None, log=log)
     from _spark_native import run_spark_native
 
     api = "applyInPandasWithState" if name.startswith("aipws") else "transformWithStateInPandas"

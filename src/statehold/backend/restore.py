@@ -13,6 +13,12 @@ from pathlib import Path
 
 from rocksdict import AccessType, Rdict, WriteBatch
 
+from statehold.backend.changelog import (
+    CHANGELOG_FORMAT,
+    changelog_checkpoint,
+    is_changelog,
+    replay,
+)
 from statehold.backend.engine import (
     BACKEND_FORMAT,
     BACKEND_NAME,
@@ -68,11 +74,15 @@ def check_sources(
     covered: set[int] = set()
     for _s, _m, kgs in sources:
         info = kgs.info
-        if info.get("backend") != BACKEND_NAME or info.get("format") != BACKEND_FORMAT:
+        if info.get("backend") != BACKEND_NAME or info.get("format") not in (
+            BACKEND_FORMAT, CHANGELOG_FORMAT
+        ):
             raise StateBackendError(
                 f"key groups {kgs.key_groups.start}-{kgs.key_groups.end}: not state of "
-                f"this backend ({BACKEND_NAME} v{BACKEND_FORMAT}): {info.get('backend')!r}"
+                f"this backend ({BACKEND_NAME} v{BACKEND_FORMAT}-{CHANGELOG_FORMAT}): "
+                f"{info.get('backend')!r} v{info.get('format')!r}"
             )
+        changelogs(kgs)
         if info.get("max_parallelism") != max_parallelism:
             raise StateBackendError(
                 f"state was written with max parallelism {info.get('max_parallelism')}, "
@@ -85,6 +95,33 @@ def check_sources(
             f"restore has no state for key groups {min(missing)}..{max(missing)} "
             f"of operator {operator!r}"
         )
+
+
+def changelogs(kgs: KeyGroupState) -> list[str]:
+    """The changelogs a task state names, in the order they apply; refused unless its
+    format has them and they come in the order of the checkpoints that wrote them."""
+    names = [f.name for f in kgs.files if f.name and is_changelog(f.name)]
+    where = f"key groups {kgs.key_groups.start}-{kgs.key_groups.end}"
+    if names and kgs.info.get("format") != CHANGELOG_FORMAT:
+        raise StateBackendError(f"{where}: changelogs in a state of format "
+                                f"{kgs.info.get('format')!r}")
+    ids = [changelog_checkpoint(n) for n in names]
+    if ids != sorted(set(ids)):
+        raise StateBackendError(f"{where}: changelogs out of order: {names}")
+    return names
+
+
+def replay_changelogs(
+    db: Rdict, fetched: Path, kgs: KeyGroupState, key_groups: KeyGroupRange | None = None
+) -> None:
+    """Apply the changelogs of `kgs` that `fetch` put in `fetched` (only the keys of
+    `key_groups`, if given) and delete them there."""
+    names = changelogs(kgs)
+    if names:
+        replay(db, [fetched / n for n in names],
+               None if key_groups is None else range_bounds(key_groups))
+    for n in names:
+        (fetched / n).unlink(missing_ok=True)
 
 
 def largest_overlap(sources: list[RestoreSource], key_groups: KeyGroupRange) -> RestoreSource:
@@ -186,4 +223,6 @@ def copy_in(
     finally:
         source.close()
         del source
+    # changelogs post-date the base they extend, so they apply after its keys
+    replay_changelogs(db, path, src[2], both)
     shutil.rmtree(path, ignore_errors=True)

@@ -7,7 +7,8 @@ confirm the snapshot once the checkpoint completed, close. The parts live beside
 * engine.py: RocksDB options (universal compaction, and why), the raw KV view, transfers;
 * local_snapshots.py: the local disk layout, snapshot markers, linking, pruning;
 * restore.py: restore sources, fetching their files, copying keys in when rescaling;
-* snapshot.py: the incremental snapshot and upload, and which uploaded files are reused.
+* snapshot.py: the incremental snapshot and upload, and which uploaded files are reused;
+* changelog.py: changelog commits (`changelog=True`), which upload a batch's writes.
 """
 
 from __future__ import annotations
@@ -24,12 +25,19 @@ from typing import Any
 
 from rocksdict import Rdict, WriteOptions
 
+from statehold.backend.changelog import (
+    MAX_CHANGELOG_SHARE,
+    MAX_CHANGELOGS,
+    ChangeLog,
+    LoggedKV,
+)
 from statehold.backend.engine import (
     MAX_SIZE_AMP,
     RocksKV,
     StateBackendError,
     compacting,
     open_db,
+    settle_compactions,
     raw_options,
 )
 from statehold.backend.keys import (
@@ -60,6 +68,7 @@ from statehold.backend.restore import (
     drop_outside_range,
     fetch,
     largest_overlap,
+    replay_changelogs,
     sources_from_metadata,
 )
 from statehold.backend.snapshot import (
@@ -68,6 +77,7 @@ from statehold.backend.snapshot import (
     SnapshotStats,
     SnapshotTarget,
     checkpoint_locally,
+    write_changelog_snapshot,
     write_snapshot,
 )
 from statehold.backend.state import (
@@ -109,6 +119,7 @@ class TaskStateBackend:
         transfer_threads: int = 4,
         size_amplification: int = MAX_SIZE_AMP,
         max_garbage: float = MAX_GARBAGE,
+        changelog: bool = False,
     ) -> None:
         if not operator:
             raise InvalidArgumentError("operator name must not be empty")
@@ -133,6 +144,10 @@ class TaskStateBackend:
         self._pending: dict[int, PendingSnapshot] = {}
         self._db: Rdict | None = None
         self._kv: RocksKV | None = None
+        #: Commit by changelog when the state extends a completed checkpoint (changelog.py).
+        self.changelog = changelog
+        #: The memtable holds writes a changelog commit uploaded but nothing flushed yet.
+        self._unflushed = False
         #: the last snapshot's target and state (`close_after_compactions`)
         self._last_state: tuple[SnapshotTarget, KeyGroupState, set[str], int] | None = None
         #: The processing time (ms) state TTLs are measured on (None: the wall clock).
@@ -159,6 +174,7 @@ class TaskStateBackend:
         transfer_threads: int = 4,
         size_amplification: int = MAX_SIZE_AMP,
         max_garbage: float = MAX_GARBAGE,
+        changelog: bool = False,
     ) -> TaskStateBackend:
         """Open the state of `operator` for `key_groups`: empty if `restore` is None or
         empty, else rebuilt from the overlapping ranges of the checkpoint in `restore`
@@ -171,7 +187,10 @@ class TaskStateBackend:
         entries and tombstones beyond that share of the SST entries compact the whole DB
         at the end of a batch, so expired state leaves storage (stored state stays within
         about 1 / (1 - max_garbage) of the live state) at the price of uploading the
-        compacted state on those batches."""
+        compacted state on those batches. `changelog` commits a checkpoint by uploading
+        the batch's writes instead of flushing and checkpointing RocksDB on the commit path
+        (changelog.py): a shorter commit for a longer restore when no local snapshot is
+        at hand."""
         self = cls(
             local_dir,
             operator,
@@ -180,6 +199,7 @@ class TaskStateBackend:
             transfer_threads=transfer_threads,
             size_amplification=size_amplification,
             max_garbage=max_garbage,
+            changelog=changelog,
         )
         self.work_dir.mkdir(parents=True)
         try:
@@ -200,7 +220,7 @@ class TaskStateBackend:
         no_wal.disable_wal = True  # type: ignore[method-assign,assignment]  # a property
         db.set_write_options(no_wal)
         self._db = db
-        self._kv = RocksKV(db)
+        self._kv = LoggedKV(db, ChangeLog(self.work_dir)) if self.changelog else RocksKV(db)
 
     def _restore(self, restore: Sequence[RestoreSource]) -> None:
         sources = [s for s in restore if s[2].key_groups.overlaps(self.key_groups)]
@@ -208,11 +228,16 @@ class TaskStateBackend:
         pool = local_pool(self.op_dir)
         base = largest_overlap(sources, self.key_groups)
         others = [s for s in sources if s is not base]
-        if not (not others and base[2].key_groups == self.key_groups
-                and self._open_equivalent(base[2])):
+        fetched = not (not others and base[2].key_groups == self.key_groups
+                       and self._open_equivalent(base[2]))
+        if fetched:
             fetch(base, self.db_dir, pool, self.restore_stats, self.transfer_threads)
         self._attach(open_db(str(self.db_dir), self._options))
+        if fetched:
+            replay_changelogs(self._require_db(), self.db_dir, base[2])
         self._reusable = ReusableFiles.of_restored(base)
+        if others or base[2].key_groups != self.key_groups:
+            self._reusable.base = None  # a rescaled state extends no checkpoint's
         if base[2].key_groups != self.key_groups:
             self.restore_stats.rescaled = True
             drop_outside_range(self._require_db(), self.key_groups)
@@ -352,7 +377,9 @@ class TaskStateBackend:
         `commit_local`) are referenced again; only new SSTs are uploaded, to shared/. So
         are RocksDB's OPTIONS and rocksdict's config, reused by checksum. The small mutable
         files (MANIFEST, CURRENT) go inside `_metadata`, larger ones to exclusive/.
-        Statistics: `info` of the result and `self.last_snapshot`."""
+        With `changelog`, a state that extends a completed checkpoint's uploads only the
+        writes since (`_extends_base`). Statistics: `info` of the result and
+        `self.last_snapshot`."""
         db = self._require_db()
         check_key(metadata_key)
         snap = new_snapshot_dir(self.range_dir, checkpoint_id)
@@ -360,15 +387,40 @@ class TaskStateBackend:
             self.operator, self.key_groups, self.max_parallelism, epoch, checkpoint_id,
             metadata_key,
         )
-        state, stats, pending = write_snapshot(
-            db, snap, storage, target, self._reusable, upload_threads
-        )
+        kv = self._require_kv()
+        if isinstance(kv, LoggedKV) and self._extends_base(db):
+            state, stats, pending = write_changelog_snapshot(
+                kv.log, self.work_dir, storage, target, self._reusable
+            )
+            self._unflushed = True
+        else:
+            state, stats, pending = write_snapshot(
+                db, snap, storage, target, self._reusable, upload_threads
+            )
+            self._unflushed = False
+        if isinstance(kv, LoggedKV):
+            kv.log.discard()
+            kv.log = ChangeLog(self.work_dir)
         self._pending[checkpoint_id] = pending
         self.last_snapshot = stats
         # the files the checkpoint holds (a compaction may have replaced some since)
         ssts = {f.name for f in state.files if f.name and f.name.endswith(".sst")}
         self._last_state = (target, state, ssts, db.latest_sequence_number())
         return state
+
+    def _extends_base(self, db: Rdict) -> bool:
+        """Whether this snapshot may be a changelog commit: the DB holds a completed
+        checkpoint's state plus the logged writes (no snapshot since awaits its
+        checkpoint), RocksDB still holds some of that base's SSTs (else its rewrite is
+        due for upload anyway) and the changelogs stay within their limits."""
+        base = self._reusable.base
+        return (
+            base is not None
+            and not self._pending
+            and len(base.changelogs) < MAX_CHANGELOGS
+            and base.changelog_bytes <= MAX_CHANGELOG_SHARE * base.base_bytes
+            and bool(base.ssts & _live_ssts(db))
+        )
 
     def commit_local(self, checkpoint_id: int) -> None:
         """The driver completed `checkpoint_id`: later snapshots of this backend may
@@ -381,7 +433,9 @@ class TaskStateBackend:
             raise StateBackendError(f"no local snapshot of checkpoint {checkpoint_id}")
         self._reusable = pending.files
         for cid in [c for c in self._pending if c < checkpoint_id]:
-            shutil.rmtree(self._pending.pop(cid).path, ignore_errors=True)
+            path = self._pending.pop(cid).path
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
         prune_snapshots(self.op_dir, checkpoint_id)
 
     # -- closing -------------------------------------------------------------------------
@@ -406,7 +460,7 @@ class TaskStateBackend:
         again."""
         db, last = self._db, self._last_state
         if (db is None or last is None or db.latest_sequence_number() != last[3]
-                or not (compacting(db) or _live_ssts(db) != last[2])):
+                or not (self._unflushed or compacting(db) or _live_ssts(db) != last[2])):
             self.close()  # written to since the snapshot, or nothing to finish
             return None
         self._db = self._kv = None  # the thread's now: this backend is closed
@@ -456,6 +510,8 @@ def _compact_and_keep(
     a snapshot equivalent to `state`, close it, delete its working directory."""
     snap = new_snapshot_dir(range_dir, target.checkpoint_id)
     try:
+        db.flush(True)  # after a changelog commit, the batch's writes (changelog.py)
+        settle_compactions(db)  # one the flush scheduled gets its grace to start
         deadline = time.monotonic() + BACKGROUND_COMPACTION_TIMEOUT
         while compacting(db) and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rocksdict import Checkpoint, Rdict
 
+from statehold.backend.changelog import CHANGELOG_FORMAT, ChangeLog, changelog_name, is_changelog
 from statehold.backend.engine import (
     BACKEND_FORMAT,
     BACKEND_NAME,
@@ -65,28 +66,73 @@ class RemoteFile:
     checksum: str
 
 
+@dataclass(frozen=True)
+class LogBase:
+    """A completed checkpoint's state of the range, which a changelog commit extends
+    (changelog.py): the base's stored and inline files, and the changelogs since, in
+    order."""
+
+    stored: tuple[tuple[str, RemoteFile], ...]
+    inline: tuple[InlineFile, ...]
+    changelogs: tuple[tuple[str, RemoteFile], ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        stored: list[tuple[str, RemoteFile]],
+        inline: list[InlineFile],
+        changelogs: list[tuple[str, RemoteFile]] | None = None,
+    ) -> LogBase | None:
+        """The base, or None if it has a file in exclusive/ (a larger MANIFEST): those
+        belong to their own checkpoint and go with it, so no later one may name them."""
+        if not all(shared_file(n) for n, _ in stored):
+            return None
+        return cls(tuple(stored), tuple(inline), tuple(changelogs or ()))
+
+    @property
+    def ssts(self) -> set[str]:
+        return {n for n, _ in self.stored if n.endswith(".sst")}
+
+    @property
+    def base_bytes(self) -> int:
+        return sum(r.size for _, r in self.stored)
+
+    @property
+    def changelog_bytes(self) -> int:
+        return sum(r.size for _, r in self.changelogs)
+
+
 @dataclass
 class ReusableFiles:
     """Uploaded shared files a snapshot references instead of uploading again: SSTs by
     local name (RocksDB never reuses an SST name with other content), the other shared
-    files by (size, checksum)."""
+    files by (size, checksum); and the state a changelog commit may extend."""
 
     by_name: dict[str, RemoteFile] = field(default_factory=dict)
     by_content: dict[tuple[int, str], RemoteFile] = field(default_factory=dict)
+    base: LogBase | None = None
 
     @classmethod
     def of_restored(cls, src: RestoreSource) -> ReusableFiles:
         """The shared files of the checkpoint the working DB was restored from."""
         storage, metadata_key, kgs = src
         reusable = cls()
+        stored: list[tuple[str, RemoteFile]] = []
+        changelogs: list[tuple[str, RemoteFile]] = []
         for f in kgs.files:
-            if f.scope is Scope.SHARED and f.name and not f.external:
-                key = layout.resolve(metadata_key, f.path)
-                remote = RemoteFile(storage.uri, key, f.size, f.checksum)
-                if f.name.endswith(".sst"):
-                    reusable.by_name[f.name] = remote
-                else:
-                    reusable.by_content[(f.size, f.checksum)] = remote
+            if not f.name or f.external:
+                continue
+            remote = RemoteFile(storage.uri, layout.resolve(metadata_key, f.path), f.size,
+                                f.checksum)
+            (changelogs if is_changelog(f.name) else stored).append((f.name, remote))
+            if f.scope is not Scope.SHARED or is_changelog(f.name):
+                continue
+            if f.name.endswith(".sst"):
+                reusable.by_name[f.name] = remote
+            else:
+                reusable.by_content[(f.size, f.checksum)] = remote
+        if len(stored) + len(changelogs) == len(kgs.files):
+            reusable.base = LogBase.of(stored, kgs.inline, changelogs)
         return reusable
 
 
@@ -95,13 +141,13 @@ class PendingSnapshot:
     """A local snapshot whose checkpoint is not completed yet: its files become reusable
     only if it completes (one that aborts may have its uploads deleted)."""
 
-    path: Path
+    path: Path | None  # None for a changelog commit (rocks.py snapshots after the task)
     files: ReusableFiles
 
 
 def shared_file(name: str) -> bool:
     """Stored in shared/ (immutable, may be referenced by later checkpoints)."""
-    return name.endswith(".sst") or bool(_CONTENT_SHARED.match(name))
+    return name.endswith(".sst") or bool(_CONTENT_SHARED.match(name)) or is_changelog(name)
 
 
 @dataclass(frozen=True)
@@ -159,7 +205,47 @@ def write_snapshot(
     )
     stats.state_size = stats.bytes_reused + stats.bytes_uploaded
     files = [_state_file(name, stored[name], target.metadata_key) for name in names]
-    return _task_state(target, files, inline_files, stats), stats, _pending(snap, stored)
+    return (_task_state(target, files, inline_files, stats), stats,
+            _pending(snap, stored, inline_files))
+
+
+def write_changelog_snapshot(
+    log: ChangeLog,
+    work_dir: Path,
+    storage: Storage,
+    target: SnapshotTarget,
+    reusable: ReusableFiles,
+) -> tuple[KeyGroupState, SnapshotStats, PendingSnapshot]:
+    """Upload the writes `log` recorded since `reusable.base` as one changelog, and
+    return the task state that names the base's files and every changelog since, in
+    order (changelog.py). Nothing is flushed or checkpointed locally here."""
+    base = reusable.base
+    if base is None:
+        raise StateBackendError("a changelog commit needs the state of a completed checkpoint")
+    changelogs = list(base.changelogs)
+    local = log.finish(work_dir / changelog_name(target.checkpoint_id))
+    uploaded = 0
+    if local is not None:
+        try:
+            remote = _uploader(work_dir, storage, target)(local.name)
+        finally:
+            local.unlink(missing_ok=True)
+        changelogs.append((local.name, remote))
+        uploaded = remote.size
+    stats = SnapshotStats(
+        target.checkpoint_id,
+        bytes_uploaded=uploaded,
+        files_uploaded=int(local is not None),
+        files_reused=len(base.stored) + len(changelogs) - int(local is not None),
+        bytes_reused=base.base_bytes + sum(r.size for _, r in changelogs) - uploaded,
+    )
+    stats.state_size = stats.bytes_reused + stats.bytes_uploaded
+    files = [_state_file(n, r, target.metadata_key) for n, r in (*base.stored, *changelogs)]
+    state = _task_state(target, files, list(base.inline), stats,
+                        backend_format=CHANGELOG_FORMAT if changelogs else BACKEND_FORMAT)
+    extended = ReusableFiles(reusable.by_name, reusable.by_content,
+                             LogBase(base.stored, base.inline, tuple(changelogs)))
+    return state, stats, PendingSnapshot(None, extended)
 
 
 def checkpoint_locally(db: Rdict, snap: Path) -> None:
@@ -235,8 +321,11 @@ def _state_file(name: str, stored: RemoteFile, metadata_key: str) -> StateFile:
     return StateFile(path=path, scope=scope, size=stored.size, checksum=stored.checksum, name=name)
 
 
-def _pending(snap: Path, stored: dict[str, RemoteFile]) -> PendingSnapshot:
-    """`snap` with the shared files a later snapshot may reuse once it completes."""
+def _pending(
+    snap: Path, stored: dict[str, RemoteFile], inline: list[InlineFile]
+) -> PendingSnapshot:
+    """`snap` with the shared files a later snapshot may reuse once it completes, and the
+    base a changelog commit may extend."""
     return PendingSnapshot(
         snap,
         ReusableFiles(
@@ -246,6 +335,7 @@ def _pending(snap: Path, stored: dict[str, RemoteFile]) -> PendingSnapshot:
                 for n, r in stored.items()
                 if shared_file(n) and not n.endswith(".sst")
             },
+            LogBase.of(sorted(stored.items()), inline),
         ),
     )
 
@@ -255,6 +345,7 @@ def _task_state(
     files: list[StateFile],
     inline: list[InlineFile],
     stats: SnapshotStats,
+    backend_format: int = BACKEND_FORMAT,
 ) -> KeyGroupState:
     """The task's entry in `_metadata`."""
     return KeyGroupState(
@@ -263,7 +354,7 @@ def _task_state(
         inline=inline,
         info={
             "backend": BACKEND_NAME,
-            "format": BACKEND_FORMAT,
+            "format": backend_format,
             "operator": target.operator,
             "max_parallelism": target.max_parallelism,
             "epoch": target.epoch,
