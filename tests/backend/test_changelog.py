@@ -223,3 +223,50 @@ def test_changelog_memory_is_bounded_by_its_chunk(tmp_path: Path,
     path = log.finish(tmp_path / "done.arrow")
     assert path is not None
     assert ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == 1050
+
+
+def test_subsumed_checkpoints_release_their_changelogs_and_nothing_named(
+    storage: Storage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the coordinator (retain 1, no reconcile): a changelog stays while any
+    retained checkpoint names it, and an old base and its chain go once none does, as
+    listing the storage shows after every checkpoint."""
+    import statehold.backend.rocks as rocks
+    from statehold.checkpoint.coordinator import CheckpointCoordinator
+    from statehold.ha.embedded import EmbeddedHAStore
+    from tests.support.stored import data_files, listing, referenced
+
+    monkeypatch.setattr(rocks, "MAX_CHANGELOGS", 3)
+    coord = CheckpointCoordinator.start(storage, EmbeddedHAStore(storage), job_id="job",
+                                        max_parallelism=MAXP, retain=1,
+                                        reconcile_in_background=False)
+    rng = random.Random(5)
+    keys = [f"user-{i}" for i in range(2000)]
+    model: dict[str, Any] = {}
+    r = task_range(0, 1, MAXP)
+    chains = []
+    try:
+        for cid in range(9):
+            coord.begin(cid)
+            latest = coord.latest()
+            sources = None if latest is None else rocks.sources_from_metadata(
+                storage, latest[0], latest[1], OP)
+            b = TaskStateBackend.open(tmp_path / "local", OP, r, MAXP, sources, changelog=True)
+            apply_batch(b, model, keys, rng, f"t{cid}", 1.0 if cid == 0 else 0.05)
+            state = b.snapshot(storage, coord.epoch, cid, layout.checkpoint_metadata_key(cid))
+            close_as_a_task(b)
+            coord.acknowledge(cid, OP, state)
+            coord.complete(cid, {})
+            coord.cleaner.wait_idle(30)
+            chains.append(len(changelogs(state)))
+            kept = referenced(storage, coord)
+            assert kept <= listing(storage), "a referenced file is missing"
+            assert data_files(storage) == kept, "orphans left"
+        assert chains == [0, 1, 2, 3, 0, 1, 2, 3, 0]
+        latest = coord.latest()
+        assert latest is not None
+        with TaskStateBackend.open(tmp_path / "fresh", OP, r, MAXP, rocks.sources_from_metadata(
+                storage, latest[0], latest[1], OP)) as b:
+            assert view(b) == expected(model)
+    finally:
+        coord.close()
