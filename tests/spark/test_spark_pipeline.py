@@ -30,12 +30,16 @@ from tests.support.keyed_totals import (
 pytestmark = pytest.mark.spark
 
 
-def test_batches_restart_and_rescale_match_reference(spark: SparkSession, tmp_path: Path) -> None:
+@pytest.mark.parametrize("changelog", [False, True], ids=["snapshots", "changelog"])
+def test_batches_restart_and_rescale_match_reference(
+    spark: SparkSession, tmp_path: Path, changelog: bool
+) -> None:
     ref = Reference()
     root = str(tmp_path / "ckpt")
     # 2 tasks, then a restart with 4 tasks (up), then with 1 task (down)
     plan = [2, 2, 4, 4, 1]
     job: StatefulJob | None = None
+    second: list[str] = []  # the files checkpoint 1 names
     for batch_id, (rows, parallelism) in enumerate(zip(make_batches(len(plan)), plan, strict=True)):
         if job is None or job.parallelism != parallelism:
             if job is not None:
@@ -43,18 +47,24 @@ def test_batches_restart_and_rescale_match_reference(spark: SparkSession, tmp_pa
             job = StatefulJob(
                 spark, root, "totals", max_parallelism=MAXP, parallelism=parallelism,
                 local_dir=str(tmp_path / f"local-{parallelism}"),
+                backend_options={"changelog": True} if changelog else None,
             )
         result = job.run_batch(to_df(spark, rows), totals, OUT, order_by=["seq"])
         assert result.checkpoint_id == batch_id and not result.skipped
         assert outputs(result) == ref.apply(rows)
         assert result.files_uploaded > 0 and result.bytes_uploaded > 0
         assert result.snapshot_seconds > 0 and result.complete_seconds > 0
+        if batch_id == 1:
+            meta = read_metadata(job.storage, layout.checkpoint_metadata_key(1))
+            second = [f.name or "" for r in meta.operators[0].ranges for f in r.files]
     assert job is not None
     job.close()
     state = stored_state(open_storage(root).child("totals"))
     assert state == ref.state
     meta = read_metadata(job.storage, layout.checkpoint_metadata_key(len(plan) - 1))
     assert [r.key_groups.end for r in meta.operators[0].ranges] == [MAXP - 1]
+    # batch 1 extended batch 0's state (same tasks): by changelog only when asked
+    assert any(n.startswith("changelog-") for n in second) == changelog
 
 
 def test_replay_is_skipped_and_failed_batch_restores_previous(

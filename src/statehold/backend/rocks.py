@@ -37,8 +37,8 @@ from statehold.backend.engine import (
     StateBackendError,
     compacting,
     open_db,
-    settle_compactions,
     raw_options,
+    settle_compactions,
 )
 from statehold.backend.keys import (
     INDEX_KINDS,
