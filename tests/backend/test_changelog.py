@@ -220,9 +220,15 @@ def test_changelog_memory_is_bounded_by_its_chunk(tmp_path: Path,
         log.add(changelog_module.PUT, b"k%05d" % i, b"v")
         held = max(held, len(log._keys))
     assert held < 100 and log.records == 1000
-    path = log.finish(tmp_path / "done.arrow")
-    assert path is not None
+    path = log.finish()
+    assert isinstance(path, Path)  # spilled: the file, not bytes
     assert ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == 1050
+    path.unlink()
+    small = changelog_module.ChangeLog(tmp_path)
+    small.add(changelog_module.DELETE, b"k", None)
+    data = small.finish()  # one chunk: never written locally
+    assert isinstance(data, bytes) and not list(tmp_path.glob(".changes-*"))
+    assert ipc.open_file(pa.py_buffer(data)).read_all().column("op").to_pylist() == [1]
 
 
 def test_subsumed_checkpoints_release_their_changelogs_and_nothing_named(

@@ -3,20 +3,18 @@ what a job directory holds and what its retained checkpoints name."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import TYPE_CHECKING
 
 from statehold.format import layout, metadata
 from statehold.format.metadata import read_metadata, referenced_keys
 from statehold.storage import Storage
+from statehold.storage.base import bytes_checksum
 
 if TYPE_CHECKING:
     from statehold.checkpoint.coordinator import CheckpointCoordinator
 
 
-def bytes_checksum(data: bytes) -> str:
-    """The checksum metadata records of a file holding `data`."""
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+__all__ = ["bytes_checksum", "data_files", "listing", "referenced", "write_metadata"]
 
 
 def write_metadata(storage: Storage, key: str, meta: metadata.CheckpointMetadata) -> None:

@@ -20,7 +20,6 @@ is executable or pickled.
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
 from collections.abc import Iterable
@@ -89,25 +88,35 @@ class ChangeLog:
         if self._writer is None:
             self._sink = pa.OSFile(str(self.path), "wb")
             self._writer = ipc.new_file(self._sink, SCHEMA, options=_IPC)
-        batch = pa.record_batch(
+        self._writer.write_batch(self._chunk())
+        self._ops, self._keys, self._values = [], [], []
+
+    def _chunk(self) -> pa.RecordBatch:
+        self.records += len(self._ops)
+        return pa.record_batch(
             [pa.array(self._ops, pa.int8()), pa.array(self._keys, pa.binary()),
              pa.array(self._values, pa.binary())],
             schema=SCHEMA,
         )
-        self._writer.write_batch(batch)
-        self.records += len(self._ops)
-        self._ops, self._keys, self._values = [], [], []
 
-    def finish(self, dest: Path) -> Path | None:
-        """Close the log as the file `dest`; None if nothing was written."""
+    def finish(self) -> bytes | Path | None:
+        """Close the log: its bytes if it never left memory (one chunk), else its local
+        file (not fsync'd: the upload makes it durable in the job); None if empty."""
+        if self._writer is None:
+            if not self._ops:
+                return None
+            sink = pa.BufferOutputStream()
+            with ipc.new_file(sink, SCHEMA, options=_IPC) as writer:
+                writer.write_batch(self._chunk())
+            self._ops, self._keys, self._values = [], [], []
+            data: bytes = sink.getvalue().to_pybytes()
+            return data
         self._spill()
-        if self._writer is None or self._sink is None:
-            return None
-        self._writer.close()  # not fsync'd: the upload makes it durable in the job
+        self._writer.close()
+        assert self._sink is not None
         self._sink.close()
         self._writer = self._sink = None
-        os.replace(self.path, dest)
-        return dest
+        return self.path
 
     def discard(self) -> None:
         if self._writer is not None and self._sink is not None:

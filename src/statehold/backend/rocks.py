@@ -390,7 +390,7 @@ class TaskStateBackend:
         kv = self._require_kv()
         if isinstance(kv, LoggedKV) and self._extends_base(db):
             state, stats, pending = write_changelog_snapshot(
-                kv.log, self.work_dir, storage, target, self._reusable
+                kv.log, storage, target, self._reusable
             )
             self._unflushed = True
         else:

@@ -37,7 +37,7 @@ from statehold.format.metadata import (
     KeyGroupState,
     StateFile,
 )
-from statehold.storage.base import Storage, file_checksum
+from statehold.storage.base import Storage, bytes_checksum, file_checksum
 
 #: Task files up to this size (RocksDB's MANIFEST and CURRENT) go inside `_metadata`.
 INLINE_MAX_BYTES = 16 * 1024
@@ -211,7 +211,6 @@ def write_snapshot(
 
 def write_changelog_snapshot(
     log: ChangeLog,
-    work_dir: Path,
     storage: Storage,
     target: SnapshotTarget,
     reusable: ReusableFiles,
@@ -223,20 +222,16 @@ def write_changelog_snapshot(
     if base is None:
         raise StateBackendError("a changelog commit needs the state of a completed checkpoint")
     changelogs = list(base.changelogs)
-    local = log.finish(work_dir / changelog_name(target.checkpoint_id))
-    uploaded = 0
-    if local is not None:
-        try:
-            remote = _uploader(work_dir, storage, target)(local.name)
-        finally:
-            local.unlink(missing_ok=True)
-        changelogs.append((local.name, remote))
-        uploaded = remote.size
+    written = log.finish()
+    if written is not None:
+        changelogs.append((name := changelog_name(target.checkpoint_id),
+                           _store_changelog(written, name, storage, target)))
+    uploaded = changelogs[-1][1].size if written is not None else 0
     stats = SnapshotStats(
         target.checkpoint_id,
         bytes_uploaded=uploaded,
-        files_uploaded=int(local is not None),
-        files_reused=len(base.stored) + len(changelogs) - int(local is not None),
+        files_uploaded=int(written is not None),
+        files_reused=len(base.stored) + len(changelogs) - int(written is not None),
         bytes_reused=base.base_bytes + sum(r.size for _, r in changelogs) - uploaded,
     )
     stats.state_size = stats.bytes_reused + stats.bytes_uploaded
@@ -313,6 +308,23 @@ def _uploader(snap: Path, storage: Storage, target: SnapshotTarget) -> Callable[
         return RemoteFile(storage.uri, key, size, checksum)
 
     return upload
+
+
+def _store_changelog(
+    written: bytes | Path, name: str, storage: Storage, target: SnapshotTarget
+) -> RemoteFile:
+    """Put a finished changelog into shared/ of `target`'s checkpoint: from memory when
+    it fits one chunk (no local file to write and read back), else from its file."""
+    key = layout.shared_key(target.epoch, target.checkpoint_id, hint=name)
+    if isinstance(written, bytes):
+        storage.write(key, written)
+        return RemoteFile(storage.uri, key, len(written), bytes_checksum(written))
+    try:
+        size, checksum = written.stat().st_size, file_checksum(written)
+        storage.upload(written, key)
+    finally:
+        written.unlink(missing_ok=True)
+    return RemoteFile(storage.uri, key, size, checksum)
 
 
 def _state_file(name: str, stored: RemoteFile, metadata_key: str) -> StateFile:

@@ -31,6 +31,11 @@ def file_checksum(path: Path, chunk: int = 1 << 20) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def bytes_checksum(data: bytes) -> str:
+    """`file_checksum` of a file holding `data`."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
 class StorageError(StateholdError):
     """A storage operation failed."""
 
