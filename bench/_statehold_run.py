@@ -98,7 +98,8 @@ def run_statehold(
     backend_options: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
 ) -> RunResult:
-    name = "statehold" + (" (vectorized)" if vectorized else "")
+    name = "statehold" + (" (vectorized)" if vectorized else "") + (
+        " changelog" if (backend_options or {}).get("changelog") else "")
     result = RunResult(name)
     shutil.rmtree(work, ignore_errors=True)
     source = work / "source"

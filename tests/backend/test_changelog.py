@@ -220,6 +220,13 @@ def test_changelog_memory_is_bounded_by_its_chunk(tmp_path: Path,
         log.add(changelog_module.PUT, b"k%05d" % i, b"v")
         held = max(held, len(log._keys))
     assert held < 100 and log.records == 1000
+    monkeypatch.setattr(changelog_module, "_CHUNK_BYTES", 10_000)
+    big = changelog_module.ChangeLog(tmp_path)
+    for i in range(30):  # large values: spilled by bytes long before 100 records
+        big.add(changelog_module.PUT, b"b%05d" % i, b"x" * 3000)
+        assert big._held < 10_000
+    assert big.records == 28
+    big.discard()
     path = log.finish()
     assert isinstance(path, Path)  # spilled: the file, not bytes
     assert ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == 1050

@@ -41,8 +41,10 @@ MAX_CHANGELOG_SHARE = 1.0
 PUT, DELETE, DELETE_RANGE = 0, 1, 2
 SCHEMA = pa.schema([("op", pa.int8()), ("key", pa.binary()), ("value", pa.binary())])
 _NAME = re.compile(r"^changelog-(?P<ckpt>\d{10})-[0-9a-f]{12}\.arrow$")
-#: Records buffered before they are written out as one compressed Arrow batch.
+#: Records, and their bytes, buffered before they are written out as one compressed
+#: Arrow batch (whichever comes first: a task's memory stays bounded with large values).
 _CHUNK = 8192
+_CHUNK_BYTES = 8 << 20
 _IPC = ipc.IpcWriteOptions(compression="zstd")
 
 
@@ -64,11 +66,13 @@ def changelog_name(checkpoint_id: int) -> str:
 
 class ChangeLog:
     """The writes since the last checkpoint, appended to a local Arrow IPC file a chunk at
-    a time (memory stays within `_CHUNK` records whatever the batch writes)."""
+    a time (memory stays within `_CHUNK` records or `_CHUNK_BYTES` whatever the batch
+    writes)."""
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / f".changes-{uuid.uuid4().hex}.arrow"
         self.records = 0
+        self._held = 0  # bytes of keys and values buffered
         self._ops: list[int] = []
         self._keys: list[bytes] = []
         self._values: list[bytes | None] = []
@@ -79,7 +83,8 @@ class ChangeLog:
         self._ops.append(op)
         self._keys.append(key)
         self._values.append(value)
-        if len(self._ops) >= _CHUNK:
+        self._held += len(key) + (len(value) if value is not None else 0)
+        if len(self._ops) >= _CHUNK or self._held >= _CHUNK_BYTES:
             self._spill()
 
     def _spill(self) -> None:
@@ -89,7 +94,7 @@ class ChangeLog:
             self._sink = pa.OSFile(str(self.path), "wb")
             self._writer = ipc.new_file(self._sink, SCHEMA, options=_IPC)
         self._writer.write_batch(self._chunk())
-        self._ops, self._keys, self._values = [], [], []
+        self._ops, self._keys, self._values, self._held = [], [], [], 0
 
     def _chunk(self) -> pa.RecordBatch:
         self.records += len(self._ops)
