@@ -18,7 +18,7 @@ from statehold.backend.rocks import RestoreSource
 from statehold.format import layout
 from statehold.format.metadata import KeyGroupState, read_metadata, referenced_keys
 from statehold.storage import Storage
-from statehold.storage.base import file_checksum
+from statehold.storage.base import bytes_checksum, file_checksum
 from tests.support.task_backend import MAXP, OP, checkpoint, close_as_a_task, snap
 
 
@@ -210,32 +210,42 @@ def test_changelogs_out_of_order_or_in_an_old_format_are_refused(
                               [(s, meta_key, old)])
 
 
-def test_changelog_memory_is_bounded_by_its_chunk(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A batch's writes reach the local log file a chunk at a time, never all in memory."""
+def test_changelog_memory_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's writes are compressed a chunk at a time as they come, and the log moves
+    from memory to the task's local disk past `_MEMORY_MAX`."""
     monkeypatch.setattr(changelog_module, "_CHUNK", 100)
+    monkeypatch.setattr(changelog_module, "_MEMORY_MAX", 4000)
     log = changelog_module.ChangeLog(tmp_path)
     held = 0
     for i in range(1050):
-        log.add(changelog_module.PUT, b"k%05d" % i, b"v")
+        log.add(changelog_module.PUT, b"k%05d" % i, b"v%d" % (i * 7919))
         held = max(held, len(log._keys))
+        assert log._spool.memory is None or len(log._spool.memory) <= 4000
     assert held < 100 and log.records == 1000
+    finished = log.finish()
+    assert finished is not None
+    path, checksum = finished
+    assert isinstance(path, Path)  # moved to disk: the file, not bytes
+    assert checksum == file_checksum(path)
+    table = ipc.open_file(pa.memory_map(str(path))).read_all()
+    assert table.column("key").to_pylist() == [b"k%05d" % i for i in range(1050)]
+    path.unlink()
+    small = changelog_module.ChangeLog(tmp_path)
+    small.add(changelog_module.DELETE, b"k", None)
+    finished = small.finish()  # within _MEMORY_MAX: never written locally
+    assert finished is not None
+    data, checksum = finished
+    assert isinstance(data, bytes) and not list(tmp_path.glob(".changes-*"))
+    assert checksum == bytes_checksum(data)
+    assert ipc.open_file(pa.py_buffer(data)).read_all().column("op").to_pylist() == [1]
     monkeypatch.setattr(changelog_module, "_CHUNK_BYTES", 10_000)
     big = changelog_module.ChangeLog(tmp_path)
-    for i in range(30):  # large values: spilled by bytes long before 100 records
+    for i in range(30):  # large values: written out by bytes long before 100 records
         big.add(changelog_module.PUT, b"b%05d" % i, b"x" * 3000)
         assert big._held < 10_000
     assert big.records == 28
     big.discard()
-    path = log.finish()
-    assert isinstance(path, Path)  # spilled: the file, not bytes
-    assert ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == 1050
-    path.unlink()
-    small = changelog_module.ChangeLog(tmp_path)
-    small.add(changelog_module.DELETE, b"k", None)
-    data = small.finish()  # one chunk: never written locally
-    assert isinstance(data, bytes) and not list(tmp_path.glob(".changes-*"))
-    assert ipc.open_file(pa.py_buffer(data)).read_all().column("op").to_pylist() == [1]
+    assert not list(tmp_path.glob(".changes-*"))
 
 
 def test_subsumed_checkpoints_release_their_changelogs_and_nothing_named(

@@ -20,10 +20,13 @@ is executable or pickled.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import re
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -41,10 +44,13 @@ MAX_CHANGELOG_SHARE = 1.0
 PUT, DELETE, DELETE_RANGE = 0, 1, 2
 SCHEMA = pa.schema([("op", pa.int8()), ("key", pa.binary()), ("value", pa.binary())])
 _NAME = re.compile(r"^changelog-(?P<ckpt>\d{10})-[0-9a-f]{12}\.arrow$")
-#: Records, and their bytes, buffered before they are written out as one compressed
-#: Arrow batch (whichever comes first: a task's memory stays bounded with large values).
-_CHUNK = 8192
-_CHUNK_BYTES = 8 << 20
+#: Records, or their bytes, buffered before they are written out as one compressed Arrow
+#: batch, as the task goes: so a commit compresses only the last few (ZSTD compresses a
+#: batch of 512 about as well as one of thousands).
+_CHUNK = 512
+_CHUNK_BYTES = 1 << 20
+#: Compressed bytes a log keeps in memory before it moves to the task's local disk.
+_MEMORY_MAX = 8 << 20
 _IPC = ipc.IpcWriteOptions(compression="zstd")
 
 
@@ -64,19 +70,53 @@ def changelog_name(checkpoint_id: int) -> str:
     return f"changelog-{checkpoint_id:010d}-{uuid.uuid4().hex[:12]}.arrow"
 
 
+class _Spool(io.RawIOBase):
+    """Where a changelog's bytes go: memory up to `_MEMORY_MAX`, then a local file; their
+    checksum is taken as they come, so a commit does not read them again."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sha256 = hashlib.sha256()
+        self.memory: bytearray | None = bytearray()
+        self.file: BinaryIO | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.sha256.update(view)
+        if self.memory is not None and len(self.memory) + view.nbytes > _MEMORY_MAX:
+            self.file = open(self.path, "wb")  # noqa: SIM115  # closed by finish/discard
+            self.file.write(self.memory)
+            self.memory = None
+        if self.memory is not None:
+            self.memory += view
+        else:
+            assert self.file is not None
+            self.file.write(view)
+        return view.nbytes
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        super().close()
+
+
 class ChangeLog:
-    """The writes since the last checkpoint, appended to a local Arrow IPC file a chunk at
-    a time (memory stays within `_CHUNK` records or `_CHUNK_BYTES` whatever the batch
-    writes)."""
+    """The writes since the last checkpoint, written out as the task makes them: every
+    `_CHUNK` records (or `_CHUNK_BYTES`) become one compressed Arrow batch of the log,
+    which stays in memory up to `_MEMORY_MAX` and then goes to a local file. So memory
+    stays bounded whatever the batch writes, and a commit compresses only the last
+    chunk."""
 
     def __init__(self, directory: Path) -> None:
-        self.path = directory / f".changes-{uuid.uuid4().hex}.arrow"
         self.records = 0
         self._held = 0  # bytes of keys and values buffered
         self._ops: list[int] = []
         self._keys: list[bytes] = []
         self._values: list[bytes | None] = []
-        self._sink: pa.NativeFile | None = None
+        self._spool = _Spool(directory / f".changes-{uuid.uuid4().hex}.arrow")
         self._writer: ipc.RecordBatchFileWriter | None = None
 
     def add(self, op: int, key: bytes, value: bytes | None) -> None:
@@ -91,43 +131,34 @@ class ChangeLog:
         if not self._ops:
             return
         if self._writer is None:
-            self._sink = pa.OSFile(str(self.path), "wb")
-            self._writer = ipc.new_file(self._sink, SCHEMA, options=_IPC)
-        self._writer.write_batch(self._chunk())
-        self._ops, self._keys, self._values, self._held = [], [], [], 0
-
-    def _chunk(self) -> pa.RecordBatch:
+            self._writer = ipc.new_file(pa.PythonFile(self._spool, mode="w"), SCHEMA,
+                                        options=_IPC)
         self.records += len(self._ops)
-        return pa.record_batch(
+        self._writer.write_batch(pa.record_batch(
             [pa.array(self._ops, pa.int8()), pa.array(self._keys, pa.binary()),
              pa.array(self._values, pa.binary())],
             schema=SCHEMA,
-        )
+        ))
+        self._ops, self._keys, self._values, self._held = [], [], [], 0
 
-    def finish(self) -> bytes | Path | None:
-        """Close the log: its bytes if it never left memory (one chunk), else its local
-        file (not fsync'd: the upload makes it durable in the job); None if empty."""
-        if self._writer is None:
-            if not self._ops:
-                return None
-            sink = pa.BufferOutputStream()
-            with ipc.new_file(sink, SCHEMA, options=_IPC) as writer:
-                writer.write_batch(self._chunk())
-            self._ops, self._keys, self._values = [], [], []
-            data: bytes = sink.getvalue().to_pybytes()
-            return data
+    def finish(self) -> tuple[bytes | Path, str] | None:
+        """Close the log: its bytes if it stayed in memory, else its local file (not
+        fsync'd: the upload makes it durable in the job), with their checksum (as
+        `storage.base.file_checksum` gives it); None if nothing was written."""
         self._spill()
+        if self._writer is None:
+            return None
         self._writer.close()
-        assert self._sink is not None
-        self._sink.close()
-        self._writer = self._sink = None
-        return self.path
+        self._writer = None
+        memory, path = self._spool.memory, self._spool.path
+        self._spool.close()
+        checksum = "sha256:" + self._spool.sha256.hexdigest()
+        return (bytes(memory) if memory is not None else path), checksum
 
     def discard(self) -> None:
-        if self._writer is not None and self._sink is not None:
-            self._sink.close()
-        self._writer = self._sink = None
-        self.path.unlink(missing_ok=True)
+        self._writer = None
+        self._spool.close()
+        self._spool.path.unlink(missing_ok=True)
 
 
 class LoggedKV(RocksKV):

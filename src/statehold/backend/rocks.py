@@ -214,8 +214,9 @@ class TaskStateBackend:
 
     def _attach(self, db: Rdict) -> None:
         # No write-ahead log: the working DB is a private copy that a crash discards (the
-        # task restores from the last checkpoint), and snapshot() flushes before copying,
-        # so the log would only cost time on every put.
+        # task restores from the last checkpoint), and a snapshot either flushes before
+        # copying or uploads the batch's writes (changelog.py), so the log would only
+        # cost time on every put.
         no_wal = WriteOptions()
         no_wal.disable_wal = True  # type: ignore[method-assign,assignment]  # a property
         db.set_write_options(no_wal)

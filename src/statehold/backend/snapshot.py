@@ -37,7 +37,7 @@ from statehold.format.metadata import (
     KeyGroupState,
     StateFile,
 )
-from statehold.storage.base import Storage, bytes_checksum, file_checksum
+from statehold.storage.base import Storage, file_checksum
 
 #: Task files up to this size (RocksDB's MANIFEST and CURRENT) go inside `_metadata`.
 INLINE_MAX_BYTES = 16 * 1024
@@ -225,7 +225,7 @@ def write_changelog_snapshot(
     written = log.finish()
     if written is not None:
         changelogs.append((name := changelog_name(target.checkpoint_id),
-                           _store_changelog(written, name, storage, target)))
+                           _store_changelog(*written, name, storage, target)))
     uploaded = changelogs[-1][1].size if written is not None else 0
     stats = SnapshotStats(
         target.checkpoint_id,
@@ -311,16 +311,16 @@ def _uploader(snap: Path, storage: Storage, target: SnapshotTarget) -> Callable[
 
 
 def _store_changelog(
-    written: bytes | Path, name: str, storage: Storage, target: SnapshotTarget
+    written: bytes | Path, checksum: str, name: str, storage: Storage, target: SnapshotTarget
 ) -> RemoteFile:
-    """Put a finished changelog into shared/ of `target`'s checkpoint: from memory when
-    it fits one chunk (no local file to write and read back), else from its file."""
+    """Put a finished changelog into shared/ of `target`'s checkpoint: from memory if it
+    stayed there (no local file written and read back), else from its file."""
     key = layout.shared_key(target.epoch, target.checkpoint_id, hint=name)
     if isinstance(written, bytes):
         storage.write(key, written)
-        return RemoteFile(storage.uri, key, len(written), bytes_checksum(written))
+        return RemoteFile(storage.uri, key, len(written), checksum)
     try:
-        size, checksum = written.stat().st_size, file_checksum(written)
+        size = written.stat().st_size
         storage.upload(written, key)
     finally:
         written.unlink(missing_ok=True)
