@@ -4,6 +4,10 @@ completion, timed and profiled (cProfile, by own time) on vs_spark.py's shape.
     python bench/checkpoint_profile.py                   # 100,000 keys, 2 tasks, 5%
     python bench/checkpoint_profile.py --keys 1000000 --fraction 0.01
     python bench/checkpoint_profile.py --changelog       # changelog commits
+    python bench/checkpoint_profile.py --split [--changelog]
+
+`--split` times the named parts of a snapshot and of a completion per call instead (no
+profiler, whose overhead weighs on many small calls), and prints their medians.
 
 Each checkpoint: every task restores the previous checkpoint (from its local snapshot),
 updates `--fraction` of its keys (two 8-byte numbers and a 100-byte payload, as the
@@ -29,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,6 +46,50 @@ from statehold.ha.embedded import EmbeddedHAStore
 from statehold.storage import Storage, open_storage
 
 MAXP = 128
+
+#: The parts `--split` times: (module, attribute, label); a class's method as "Class.name".
+#: Each is wrapped where its caller looks it up (the module the call site reads it from).
+PARTS = [
+    ("statehold.backend.snapshot", "checkpoint_locally",
+     "snapshot: RocksDB's flush and checkpoint directory"),
+    ("statehold.backend.snapshot", "write_marker", "snapshot: the local snapshot's marker"),
+    ("statehold.backend.changelog", "ChangeLog.finish",
+     "snapshot: the changelog's last chunk compressed and closed"),
+    ("statehold.backend.snapshot", "_store_changelog",
+     "snapshot: the changelog written into the job and fsync'd"),
+    ("statehold.backend.rocks", "TaskStateBackend.snapshot", "snapshot: all"),
+    ("statehold.checkpoint.coordinator", "sealed", "complete: the metadata sealed"),
+    ("statehold.checkpoint.published", "write_metadata_once",
+     "complete: chk-N/_metadata written and fsync'd"),
+    ("statehold.checkpoint.published", "publish_settled",
+     "complete: the HA store's publish"),
+    ("statehold.job.history", "Recorder.record", "complete: the history record"),
+    ("statehold.checkpoint.coordinator", "CheckpointCoordinator.complete", "complete: all"),
+]
+
+
+def _time_parts() -> dict[str, list[float]]:
+    """Wrap each of PARTS with a timer; returns label -> seconds per call."""
+    import importlib
+
+    times: dict[str, list[float]] = {label: [] for _, _, label in PARTS}
+    for module, attr, label in PARTS:
+        owner: Any = importlib.import_module(module)
+        *path, name = attr.split(".")
+        for p in path:
+            owner = getattr(owner, p)
+        original = getattr(owner, name)
+
+        def timed(*a: Any, _f: Any = original, _t: list[float] = times[label],
+                  **k: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                _t.append(time.perf_counter() - started)
+
+        setattr(owner, name, timed)
+    return times
 
 
 def _listing(storage: Storage) -> set[tuple[str, int]]:
@@ -56,7 +105,10 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15, help="profile lines per part")
     parser.add_argument("--changelog", action="store_true",
                         help="commit by changelog (backend option changelog=True)")
+    parser.add_argument("--split", action="store_true",
+                        help="time named parts per call instead of profiling")
     args = parser.parse_args()
+    parts = _time_parts() if args.split else None
     root = Path(tempfile.mkdtemp(prefix="checkpoint-profile-"))
     storage = open_storage(str(root / "job"))
     coord = CheckpointCoordinator.start(storage, EmbeddedHAStore(storage), job_id="profile",
@@ -85,7 +137,7 @@ def main() -> None:
                 b.value_state("v", k).update([rng.randrange(10**6), rng.randrange(10**6),
                                               payload])
             started = time.perf_counter()
-            if measured:
+            if measured and parts is None:
                 prof_snapshot.enable()
             state = b.snapshot(storage, coord.epoch, cid, layout.checkpoint_metadata_key(cid))
             if measured:
@@ -96,7 +148,7 @@ def main() -> None:
                 thread.join()
             coord.acknowledge(cid, "op", state)
         started = time.perf_counter()
-        if measured:
+        if measured and parts is None:
             prof_complete.enable()
         coord.complete(cid, {"checkpoint": cid})
         if measured:
@@ -116,6 +168,13 @@ def main() -> None:
     print(f"disk bound {bound * 1000:.2f} ms ({statistics.median(sizes) / 2**20:.2f} MiB at "
           f"{bandwidth / 2**20:,.0f} MiB/s, {statistics.median(files)} new files at "
           f"{fsync * 1000:.2f} ms): {per_checkpoint / bound:.1f}x the bound")
+    if parts is not None:
+        for label, seconds in parts.items():
+            kept = seconds[len(seconds) // 9:]  # about the 5 unmeasured checkpoints out
+            if kept:
+                print(f"{label}: median {statistics.median(kept) * 1000:.2f} ms, "
+                      f"{len(kept)} calls")
+        return
     for name, prof in (("tasks' snapshots", prof_snapshot), ("driver's complete", prof_complete)):
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)

@@ -27,8 +27,9 @@ def contents(storage: Storage) -> dict[str, bytes]:
     return {info.key: storage.read(info.key) for info in storage.list()}
 
 
-def build_source(storage: Storage, local: Path, batches: int = 3) -> list[dict[str, list[int]]]:
-    pipeline = MiniPipeline(storage, local / "src", job_id="source")
+def build_source(storage: Storage, local: Path, batches: int = 3,
+                 changelog: bool = False) -> list[dict[str, list[int]]]:
+    pipeline = MiniPipeline(storage, local / "src", job_id="source", changelog=changelog)
     inputs = [make_batch(b) for b in range(batches)]
     for batch in inputs:
         pipeline.run_batch(batch)
@@ -55,11 +56,15 @@ def two_roots(storage_factory) -> tuple[Storage, Storage]:  # type: ignore[no-un
     return storage_factory(), storage_factory()
 
 
+@pytest.mark.parametrize("changelog", [False, True], ids=["snapshots", "changelog"])
 def test_no_claim_never_touches_the_source_and_outlives_it(
-    two_roots: tuple[Storage, Storage], tmp_path: Path
+    two_roots: tuple[Storage, Storage], tmp_path: Path, changelog: bool
 ) -> None:
     source, target = two_roots
-    inputs = build_source(source, tmp_path)
+    inputs = build_source(source, tmp_path, changelog=changelog)
+    if changelog:  # the restored checkpoint names changelogs
+        meta = read_metadata(source, latest_metadata_key(source))
+        assert any((f.name or "").startswith("changelog-") for _o, _k, f in meta.state_files())
     source_key = latest_metadata_key(source)
     before = contents(source)
 
@@ -71,7 +76,7 @@ def test_no_claim_never_touches_the_source_and_outlives_it(
         shared = [k for k in before if k.startswith("shared/")]
         assert all(os.stat(target.root / k).st_nlink >= 2 for k in shared)  # hard links
 
-    pipeline = MiniPipeline(target, tmp_path / "dst", job_id="copy")
+    pipeline = MiniPipeline(target, tmp_path / "dst", job_id="copy", changelog=changelog)
     meta = pipeline.coord.latest()
     assert meta is not None and meta[1].lineage is not None
     assert meta[1].lineage.mode is RestoreMode.NO_CLAIM and not meta[1].lineage.source_needed
@@ -86,11 +91,12 @@ def test_no_claim_never_touches_the_source_and_outlives_it(
     assert_self_contained(target)
 
 
+@pytest.mark.parametrize("changelog", [False, True], ids=["snapshots", "changelog"])
 def test_claim_moves_the_files_and_the_new_job_owns_them(
-    two_roots: tuple[Storage, Storage], tmp_path: Path
+    two_roots: tuple[Storage, Storage], tmp_path: Path, changelog: bool
 ) -> None:
     source, target = two_roots
-    inputs = build_source(source, tmp_path)
+    inputs = build_source(source, tmp_path, changelog=changelog)
     source_key = latest_metadata_key(source)
     moved = set(referenced_keys(read_metadata(source, source_key), source_key))
 
@@ -99,7 +105,8 @@ def test_claim_moves_the_files_and_the_new_job_owns_them(
     assert not moved & {info.key for info in source.list()}
     assert_self_contained(target)
 
-    pipeline = MiniPipeline(target, tmp_path / "dst", job_id="claimed", retain=1)
+    pipeline = MiniPipeline(target, tmp_path / "dst", job_id="claimed", retain=1,
+                            changelog=changelog)
     more = [make_batch(b, seed=2) for b in range(3)]
     for batch in more:
         pipeline.run_batch(batch)

@@ -45,8 +45,10 @@ class MiniPipeline:
         parallelism: int = 2,
         retain: int = 2,
         ha: HAStore | None = None,
+        changelog: bool = False,
     ) -> None:
         self.storage = storage
+        self.changelog = changelog
         self.local_dir = local_dir
         self.max_parallelism = max_parallelism
         self.parallelism = parallelism
@@ -67,7 +69,7 @@ class MiniPipeline:
             restore = sources_from_metadata(self.storage, key, meta, OPERATOR)
         return TaskStateBackend.open(
             self.local_dir, OPERATOR, task_range(task, self.parallelism, self.max_parallelism),
-            self.max_parallelism, restore,
+            self.max_parallelism, restore, changelog=self.changelog,
         )
 
     def run_batch(self, batch: Batch) -> int:

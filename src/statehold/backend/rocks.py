@@ -148,6 +148,10 @@ class TaskStateBackend:
         self.changelog = changelog
         #: The memtable holds writes a changelog commit uploaded but nothing flushed yet.
         self._unflushed = False
+        #: SSTs of the working DB whose content is known, name -> (size, checksum): those
+        #: it was restored from or snapshotted. RocksDB never reuses an SST's number in a
+        #: DB, so a local snapshot's marker takes these instead of hashing the whole state.
+        self._known_ssts: dict[str, tuple[int, str]] = {}
         #: the last snapshot's target and state (`close_after_compactions`)
         self._last_state: tuple[SnapshotTarget, KeyGroupState, set[str], int] | None = None
         #: The processing time (ms) state TTLs are measured on (None: the wall clock).
@@ -236,6 +240,7 @@ class TaskStateBackend:
         self._attach(open_db(str(self.db_dir), self._options))
         if fetched:
             replay_changelogs(self._require_db(), self.db_dir, base[2])
+            self._know(base[2])
         self._reusable = ReusableFiles.of_restored(base)
         if others or base[2].key_groups != self.key_groups:
             self._reusable.base = None  # a rescaled state extends no checkpoint's
@@ -277,7 +282,15 @@ class TaskStateBackend:
             return False
         self.restore_stats.files_local += len(files)
         self.restore_stats.compacted = True
+        self._known_ssts.update((n, f) for n, f in files.items() if n.endswith(".sst"))
         return True
+
+    def _know(self, state: KeyGroupState) -> None:
+        """The SSTs of `state` are in the working DB with these sizes and checksums."""
+        self._known_ssts.update(
+            (f.name, (f.size, f.checksum))
+            for f in state.files if f.name and f.name.endswith(".sst")
+        )
 
     # -- state access --------------------------------------------------------------------
     def _require_db(self) -> Rdict:
@@ -407,6 +420,7 @@ class TaskStateBackend:
         # the files the checkpoint holds (a compaction may have replaced some since)
         ssts = {f.name for f in state.files if f.name and f.name.endswith(".sst")}
         self._last_state = (target, state, ssts, db.latest_sequence_number())
+        self._know(state)
         return state
 
     def _extends_base(self, db: Rdict) -> bool:
@@ -467,7 +481,7 @@ class TaskStateBackend:
         self._db = self._kv = None  # the thread's now: this backend is closed
         thread = threading.Thread(
             target=_compact_and_keep,
-            args=(db, self.work_dir, self.range_dir, last[0], last[1]),
+            args=(db, self.work_dir, self.range_dir, last[0], last[1], dict(self._known_ssts)),
             name=f"statehold-compaction-{self.range_dir.name}",
             daemon=True,
         )
@@ -504,11 +518,25 @@ def _live_ssts(db: Rdict) -> set[str]:
 BACKGROUND_COMPACTION_TIMEOUT = 600.0
 
 
+def _size_and_checksum(
+    path: Path, known_ssts: Mapping[str, tuple[int, str]]
+) -> tuple[int, str]:
+    size = path.stat().st_size
+    known = known_ssts.get(path.name)
+    return known if known is not None and known[0] == size else (size, file_checksum(path))
+
+
 def _compact_and_keep(
-    db: Rdict, work_dir: Path, range_dir: Path, target: SnapshotTarget, state: KeyGroupState
+    db: Rdict,
+    work_dir: Path,
+    range_dir: Path,
+    target: SnapshotTarget,
+    state: KeyGroupState,
+    known_ssts: Mapping[str, tuple[int, str]],
 ) -> None:
-    """`close_after_compactions`'s thread: wait for the DB's compactions, checkpoint it as
-    a snapshot equivalent to `state`, close it, delete its working directory."""
+    """`close_after_compactions`'s thread: flush, wait for the DB's compactions,
+    checkpoint it as a snapshot equivalent to `state`, close it, delete its working
+    directory. Only the files not in `known_ssts` are hashed for the marker."""
     snap = new_snapshot_dir(range_dir, target.checkpoint_id)
     try:
         db.flush(True)  # after a changelog commit, the batch's writes (changelog.py)
@@ -518,7 +546,7 @@ def _compact_and_keep(
             time.sleep(0.01)
         if not compacting(db):
             checkpoint_locally(db, snap)
-            files = {p.name: (p.stat().st_size, file_checksum(p))
+            files = {p.name: _size_and_checksum(p, known_ssts)
                      for p in snap.iterdir() if p.is_file()}
             write_marker(snap, files, operator=target.operator,
                          key_groups=target.key_groups, checkpoint_id=target.checkpoint_id,
