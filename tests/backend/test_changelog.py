@@ -126,6 +126,14 @@ def test_a_restored_changelog_state_commits_by_changelog_again(
         b.value_state("v", "new").update(["y"])
         fourth = snap(b, storage, 4)
     assert changelogs(fourth) == [] and fourth.info["format"] == 1
+    # the option turned off: the same chain restores, and the next checkpoint is full
+    with TaskStateBackend.open(tmp_path / "off", OP, r, MAXP, sources) as b:
+        b.value_state("v", "new").update(["z"])
+        off = snap(b, storage, 5)
+    assert changelogs(off) == [] and off.info["format"] == 1
+    with TaskStateBackend.open(tmp_path / "off-check", OP, r, MAXP,
+                               checkpoint(storage, 5, [off])) as b:
+        assert view(b) == views[-1] | {"new": {"v": ["z"], "m": {}}}
 
 
 def test_changelog_limit_takes_a_full_snapshot(
