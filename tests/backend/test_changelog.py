@@ -170,17 +170,16 @@ def test_rescale_replays_each_sources_changelogs(
     assert got == views[-1]
 
 
-def _replace_changelog(storage: Storage, sources: list[RestoreSource], content: bytes,
-                       scratch: Path) -> list[RestoreSource]:
+def _replace_changelog(
+    storage: Storage, sources: list[RestoreSource], content: bytes
+) -> list[RestoreSource]:
     """The newest changelog of `sources` replaced by `content`, its size and checksum in
     the task state updated to match (as a crafted job directory would be)."""
     s, meta_key, kgs = sources[0]
     f = next(f for f in reversed(kgs.files) if is_changelog(f.name))
     key = layout.resolve(meta_key, f.path)
     storage.write(key, content)
-    local = scratch / f.name
-    local.write_bytes(content)
-    checksum = file_checksum(local)
+    checksum = bytes_checksum(content)
     files = [g.model_copy(update={"size": len(content), "checksum": checksum}) if g is f else g
              for g in kgs.files]
     return [(s, meta_key, kgs.model_copy(update={"files": files}))]
@@ -191,11 +190,10 @@ def test_a_changelog_of_another_schema_is_refused(storage: Storage, tmp_path: Pa
     sink = pa.BufferOutputStream()
     with ipc.new_file(sink, pa.schema([("x", pa.int64())])) as w:
         w.write_batch(pa.record_batch([pa.array([1])], names=["x"]))
-    crafted = _replace_changelog(storage, history[-1], sink.getvalue().to_pybytes(),
-                                 tmp_path)
+    crafted = _replace_changelog(storage, history[-1], sink.getvalue().to_pybytes())
     with pytest.raises(StateBackendError, match="not a changelog"):
         TaskStateBackend.open(tmp_path / "fresh", OP, task_range(0, 1, MAXP), MAXP, crafted)
-    crafted = _replace_changelog(storage, history[-1], b"not arrow at all", tmp_path)
+    crafted = _replace_changelog(storage, history[-1], b"not arrow at all")
     with pytest.raises(StateBackendError, match="unreadable changelog"):
         TaskStateBackend.open(tmp_path / "fresh2", OP, task_range(0, 1, MAXP), MAXP, crafted)
     assert not list((tmp_path / "fresh").glob("*/*/work-*"))  # a failed open leaves nothing

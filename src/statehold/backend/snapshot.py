@@ -221,18 +221,18 @@ def write_changelog_snapshot(
     base = reusable.base
     if base is None:
         raise StateBackendError("a changelog commit needs the state of a completed checkpoint")
-    changelogs = list(base.changelogs)
+    new: list[tuple[str, RemoteFile]] = []
     written = log.finish()
     if written is not None:
-        changelogs.append((name := changelog_name(target.checkpoint_id),
-                           _store_changelog(*written, name, storage, target)))
-    uploaded = changelogs[-1][1].size if written is not None else 0
+        name = changelog_name(target.checkpoint_id)
+        new.append((name, _store_changelog(*written, name, storage, target)))
+    changelogs = [*base.changelogs, *new]
     stats = SnapshotStats(
         target.checkpoint_id,
-        bytes_uploaded=uploaded,
-        files_uploaded=int(written is not None),
-        files_reused=len(base.stored) + len(changelogs) - int(written is not None),
-        bytes_reused=base.base_bytes + sum(r.size for _, r in changelogs) - uploaded,
+        bytes_uploaded=sum(r.size for _, r in new),
+        files_uploaded=len(new),
+        files_reused=len(base.stored) + len(base.changelogs),
+        bytes_reused=base.base_bytes + base.changelog_bytes,
     )
     stats.state_size = stats.bytes_reused + stats.bytes_uploaded
     files = [_state_file(n, r, target.metadata_key) for n, r in (*base.stored, *changelogs)]
