@@ -1,9 +1,17 @@
 """Key groups and the RocksDB key encoding.
 
-A key's key group is ``blake2b(utf8(key), digest_size=8)`` read as a big-endian unsigned
-integer, modulo the job's max parallelism. BLAKE2b comes from hashlib, so it is identical in
-every process, on every platform and Python version (Python's own ``hash()`` is salted per
-process and must never decide where state lives).
+A key's key group is a stable 64-bit hash of its bytes (UTF-8 for a str), modulo the job's
+max parallelism. Which hash is the job's `KeyHash`, recorded in every checkpoint:
+
+- ``xxhash64`` (new jobs): Spark's ``xxhash64`` with its seed 42, read as a signed 64-bit
+  integer, then ``pmod``. Spark SQL computes it too, so the JVM keys the rows of a string
+  or integer key column (`statehold.spark.keying`) and they never pass through Python
+  before the shuffle; the ``xxhash`` package computes the same here.
+- ``blake2b-64`` (jobs written before it): BLAKE2b with an 8-byte digest, read as a
+  big-endian unsigned integer, modulo. Spark has no BLAKE2b, so such a job keys in Python.
+
+Both are identical in every process, on every platform and Python version (Python's own
+``hash()`` is salted per process and must never decide where state lives).
 
 RocksDB keys start with the key group as 2 bytes big-endian, so one task's contiguous
 key-group range is one contiguous RocksDB key range: rescaling can delete or copy a range
@@ -30,8 +38,10 @@ import hashlib
 from dataclasses import dataclass
 from enum import Enum
 
+import xxhash
+
 from statehold.errors import InvalidArgumentError, StateholdError
-from statehold.format.metadata import KeyGroupRange
+from statehold.format.metadata import NEW_JOB_KEY_HASH, KeyGroupRange, KeyHash
 
 #: The 2-byte key-group prefix could hold 65536 groups; like Flink we stop at 2**15.
 MAX_MAX_PARALLELISM = 1 << 15
@@ -105,11 +115,24 @@ def key_bytes(key: Key) -> bytes:
     raise KeyTypeError(f"state keys must be str or bytes, not {type(key).__name__}")
 
 
-def key_group_of(key: Key, max_parallelism: int) -> int:
-    """The key group of `key` (stable BLAKE2b-64 hash of its UTF-8/raw bytes)."""
+#: The seed of Spark SQL's ``xxhash64``.
+SPARK_XXHASH_SEED = 42
+_SIGN = 1 << 63
+
+
+def key_group_of(key: Key, max_parallelism: int, key_hash: KeyHash = NEW_JOB_KEY_HASH) -> int:
+    """The key group of `key`: its bytes hashed by `key_hash`, modulo `max_parallelism`
+    (module docstring)."""
     check_max_parallelism(max_parallelism)
-    digest = hashlib.blake2b(key_bytes(key), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % max_parallelism
+    raw = key_bytes(key)
+    if key_hash == KeyHash.XXHASH64:
+        # Spark reads the hash as a signed long and takes pmod; Python's % is pmod.
+        unsigned = xxhash.xxh64_intdigest(raw, SPARK_XXHASH_SEED)
+        return (unsigned - (unsigned & _SIGN) * 2) % max_parallelism
+    if key_hash == KeyHash.BLAKE2B:
+        digest = hashlib.blake2b(raw, digest_size=8).digest()
+        return int.from_bytes(digest, "big") % max_parallelism
+    raise InvalidArgumentError(f"unknown key hash {key_hash!r}")
 
 
 def task_range(task_index: int, parallelism: int, max_parallelism: int) -> KeyGroupRange:
@@ -135,8 +158,10 @@ def task_of(key_group: int, parallelism: int, max_parallelism: int) -> int:
     return key_group * parallelism // max_parallelism
 
 
-def task_of_key(key: Key, parallelism: int, max_parallelism: int) -> int:
-    return task_of(key_group_of(key, max_parallelism), parallelism, max_parallelism)
+def task_of_key(
+    key: Key, parallelism: int, max_parallelism: int, key_hash: KeyHash = NEW_JOB_KEY_HASH
+) -> int:
+    return task_of(key_group_of(key, max_parallelism, key_hash), parallelism, max_parallelism)
 
 
 def _check_parallelism(parallelism: int, max_parallelism: int) -> None:

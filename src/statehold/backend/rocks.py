@@ -90,7 +90,7 @@ from statehold.backend.state import (
 )
 from statehold.backend.ttl import MAX_GARBAGE
 from statehold.errors import InvalidArgumentError
-from statehold.format.metadata import KeyGroupRange, KeyGroupState
+from statehold.format.metadata import NEW_JOB_KEY_HASH, KeyGroupRange, KeyGroupState, KeyHash
 from statehold.state.json_codec import EntryDecoders
 from statehold.storage.base import Storage, check_key, file_checksum
 
@@ -120,6 +120,7 @@ class TaskStateBackend:
         size_amplification: int = MAX_SIZE_AMP,
         max_garbage: float = MAX_GARBAGE,
         changelog: bool = False,
+        key_hash: KeyHash = NEW_JOB_KEY_HASH,
     ) -> None:
         if not operator:
             raise InvalidArgumentError("operator name must not be empty")
@@ -131,6 +132,8 @@ class TaskStateBackend:
         self.operator = operator
         self.key_groups = key_groups
         self.max_parallelism = max_parallelism
+        #: How keys map to key groups: the job's, recorded in its checkpoints.
+        self.key_hash = KeyHash(key_hash)
         self.transfer_threads = max(1, transfer_threads)
         self.op_dir = Path(local_dir).absolute() / operator_dir_name(operator)
         self.range_dir = self.op_dir / range_dir_name(key_groups)
@@ -179,6 +182,7 @@ class TaskStateBackend:
         size_amplification: int = MAX_SIZE_AMP,
         max_garbage: float = MAX_GARBAGE,
         changelog: bool = False,
+        key_hash: KeyHash = NEW_JOB_KEY_HASH,
     ) -> TaskStateBackend:
         """Open the state of `operator` for `key_groups`: empty if `restore` is None or
         empty, else rebuilt from the overlapping ranges of the checkpoint in `restore`
@@ -194,7 +198,8 @@ class TaskStateBackend:
         compacted state on those batches. `changelog` commits a checkpoint by uploading
         the batch's writes instead of flushing and checkpointing RocksDB on the commit path
         (changelog.py): a shorter commit for a longer restore when no local snapshot is
-        at hand."""
+        at hand. `key_hash` is the job's (its checkpoints record it): how `for_key` finds a
+        key's key group."""
         self = cls(
             local_dir,
             operator,
@@ -204,6 +209,7 @@ class TaskStateBackend:
             size_amplification=size_amplification,
             max_garbage=max_garbage,
             changelog=changelog,
+            key_hash=key_hash,
         )
         self.work_dir.mkdir(parents=True)
         try:
@@ -303,9 +309,13 @@ class TaskStateBackend:
         assert self._kv is not None
         return self._kv
 
-    def for_key(self, key: Key) -> KeyedState:
-        """All state of `key` (which must belong to this task's key groups)."""
-        state = KeyedState(self._require_kv(), key, self.max_parallelism, self.now_ms)
+    def for_key(self, key: Key, key_group: int | None = None) -> KeyedState:
+        """All state of `key` (which must belong to this task's key groups); `key_group`:
+        its group if the caller has it from the job's hash already."""
+        state = KeyedState(
+            self._require_kv(), key, self.max_parallelism, self.now_ms, self.key_hash,
+            key_group,
+        )
         if state.key_group not in self.key_groups:
             raise InvalidArgumentError(
                 f"key {key!r} is in key group {state.key_group}, not in this task's "

@@ -29,6 +29,7 @@ from statehold.backend.keys import (
     key_group_of,
 )
 from statehold.errors import InvalidArgumentError
+from statehold.format.metadata import NEW_JOB_KEY_HASH, KeyHash
 from statehold.state.json_codec import JSON, JSON_MAP_KEY, EntryDecoders, StateCodec
 
 T = TypeVar("T")
@@ -263,10 +264,19 @@ class KeyedState:
     """
 
     def __init__(
-        self, kv: KV, key: Key, max_parallelism: int, now_ms: int | None = None
+        self,
+        kv: KV,
+        key: Key,
+        max_parallelism: int,
+        now_ms: int | None = None,
+        key_hash: KeyHash = NEW_JOB_KEY_HASH,
+        key_group: int | None = None,
     ) -> None:
         self.key = key
-        self.key_group = key_group_of(key, max_parallelism)
+        #: `key_group`: already computed by the caller (e.g. the key's rows were routed by it)
+        self.key_group = (
+            key_group_of(key, max_parallelism, key_hash) if key_group is None else key_group
+        )
         self._kv = kv
         self._now: Callable[[], int] = wall_clock_ms if now_ms is None else (lambda: now_ms)
 

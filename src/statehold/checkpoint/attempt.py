@@ -17,7 +17,13 @@ from statehold import clock
 from statehold.cleanup.holders import Holders, read_holders
 from statehold.cleanup.registry import SharedStateRegistry
 from statehold.errors import CheckpointError
-from statehold.format.metadata import CheckpointMetadata, Lineage, MetadataError
+from statehold.format.metadata import (
+    NEW_JOB_KEY_HASH,
+    CheckpointMetadata,
+    KeyHash,
+    Lineage,
+    MetadataError,
+)
 from statehold.ha.base import HAState
 from statehold.job.directory import JobDirectory
 from statehold.job.result import JobOutcome, RetentionPolicy, clear_result, read_result
@@ -47,6 +53,8 @@ class CheckpointSettings:
     #: Also reconcile in the background after every this many completed checkpoints (0:
     #: only at start), for what no discard names.
     reconcile_every: int = 50
+    #: How a new job maps keys to key groups (a job with checkpoints keeps its own).
+    key_hash: KeyHash = NEW_JOB_KEY_HASH
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,11 @@ class ClaimedAttempt:
     @property
     def lineage(self) -> Lineage | None:
         return self.retained[-1][1].lineage if self.retained else None
+
+    @property
+    def key_hash(self) -> KeyHash | None:
+        """The job's key hash (`_retained` checked they agree); None: a new job."""
+        return self.retained[-1][1].key_hash if self.retained else None
 
 
 def claim(job: JobDirectory, max_parallelism: int) -> ClaimedAttempt:
@@ -107,6 +120,12 @@ def _retained(
             raise CheckpointError(
                 f"job {job.job_id!r} was created with max parallelism {meta.max_parallelism}; "
                 f"it cannot change (asked for {max_parallelism})"
+            )
+        if retained and meta.key_hash != retained[0][1].key_hash:
+            raise MetadataError(
+                f"{job.uri}/{ptr.metadata}: key hash {meta.key_hash} differs from "
+                f"{retained[0][1].key_hash} in {retained[0][0]}: the documents are not of "
+                "one job"
             )
         retained.append((ptr.metadata, meta))
     return retained

@@ -37,9 +37,11 @@ from statehold.errors import CheckpointError, InvalidArgumentError
 from statehold.format import layout
 from statehold.format.layout import Scope
 from statehold.format.metadata import (
+    NEW_JOB_KEY_HASH,
     CheckpointMetadata,
     EventTime,
     KeyGroupState,
+    KeyHash,
     OperatorSchemas,
     sealed,
 )
@@ -73,6 +75,8 @@ class CheckpointCoordinator:
         self.ha = job.ha
         self.job_id = job.job_id
         self.max_parallelism = settings.max_parallelism
+        #: How keys map to key groups: the job's own, or the setting's for a new job.
+        self.key_hash = claimed.key_hash or settings.key_hash
         self.epoch = claimed.epoch
         self.retain = settings.retain
         self.retain_for = settings.retain_for
@@ -115,6 +119,7 @@ class CheckpointCoordinator:
         reconcile_every: int = 50,
         renew_lease_in_background: bool = True,
         retain_for: float | None = None,
+        key_hash: KeyHash = NEW_JOB_KEY_HASH,
     ) -> CheckpointCoordinator:
         """Begin a new attempt of the job (a JobDirectory, or a Storage and HA store to
         open one with): claim a higher epoch (fencing every older attempt), read the
@@ -126,7 +131,8 @@ class CheckpointCoordinator:
         `cleaner`: a Cleaner, or a factory called with this attempt's fence
         (`check_epoch`) as its guard; default an AsyncCleaner so fenced. `retain`
         newest completed checkpoints are kept, and with `retain_for` (seconds) every one
-        younger too (`statehold.cleanup.policy.retention_split`). With
+        younger too (`statehold.cleanup.policy.retention_split`). `key_hash` is for a new
+        job; a job with checkpoints keeps the one they record (`coordinator.key_hash`). With
         `renew_lease_in_background` False nobody renews the lease but the caller
         (``coordinator.lease.renew()``), e.g. a deterministic simulation."""
         if not isinstance(job, JobDirectory):
@@ -134,7 +140,7 @@ class CheckpointCoordinator:
         claimed = attempt.claim(job, max_parallelism)
         settings = CheckpointSettings(
             max_parallelism, retain, retain_for, checkpoint_timeout,
-            reconcile_every=reconcile_every,
+            reconcile_every=reconcile_every, key_hash=key_hash,
         )
         coordinator = cls(job, claimed, settings, cleaner)
         coordinator.lease = Lease(
@@ -226,6 +232,7 @@ class CheckpointCoordinator:
             completed_at=clock.now(),
             source_position=dict(source_position or {}),
             max_parallelism=self.max_parallelism,
+            key_hash=self.key_hash,
             operators=operators,
             lineage=self.lineage,
             event_time=event_time,

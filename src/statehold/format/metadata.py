@@ -30,9 +30,10 @@ from statehold.storage.base import NotFoundError, Storage, UnsafePathError
 
 FORMAT_NAME: Final = "statehold.checkpoint"
 #: Bump on any change a reader of the previous version would misread. Version 2 added
-#: `state_schemas`; a document without them is still written as version 1, so a job
-#: without typed state stays readable by an older statehold.
-FORMAT_VERSION = 2
+#: `state_schemas` and `event_time`, version 3 `key_hash`; a document is written with the
+#: lowest version its content needs, so a job that needs none stays readable by an older
+#: statehold.
+FORMAT_VERSION = 3
 #: The version of one operator's schema record (`OperatorSchemas.version`).
 SCHEMA_RECORD_VERSION = 1
 #: Characters of one recorded type (Spark's type JSON).
@@ -51,6 +52,21 @@ class RestoreMode(StrEnum):
     RESUME = "resume"
     NO_CLAIM = "no-claim"
     CLAIM = "claim"
+
+
+class KeyHash(StrEnum):
+    """How a job maps a key to its key group (`statehold.backend.keys`). Fixed for the
+    life of a job: its stored state is laid out by key group."""
+
+    #: BLAKE2b-64 of the key's UTF-8 bytes: every job written before format version 3.
+    BLAKE2B = "blake2b-64"
+    #: Spark's ``xxhash64`` (seed 42) of the key's UTF-8 bytes, so the JVM can key rows
+    #: without a pass through Python.
+    XXHASH64 = "xxhash64"
+
+
+#: What a new job uses.
+NEW_JOB_KEY_HASH = KeyHash.XXHASH64
 
 
 class _Model(BaseModel):
@@ -182,7 +198,7 @@ class EventTime(_Model):
 
 class CheckpointMetadata(_Model):
     format: Literal["statehold.checkpoint"] = FORMAT_NAME
-    #: 1 unless the document records state schemas (see FORMAT_VERSION).
+    #: The lowest version that holds the document's content (see FORMAT_VERSION).
     version: signed.Version = 1
     job_id: signed.Name = Field(min_length=1)
     checkpoint_id: signed.Id
@@ -203,26 +219,35 @@ class CheckpointMetadata(_Model):
     ) = None
     #: Watermark and timers (jobs with a stateful processor only).
     event_time: EventTime | None = None
+    #: How keys map to key groups; absent (BLAKE2b) before version 3.
+    key_hash: KeyHash = KeyHash.BLAKE2B
     #: SHA-256 of the canonical document without this field; set by `encode`.
     checksum: str = ""
 
     @model_validator(mode="before")
     @classmethod
     def _version_of_content(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "version" not in data and (
-            data.get("state_schemas") or data.get("event_time")
-        ):
-            return {**data, "version": 2}
+        if isinstance(data, dict) and "version" not in data:
+            needed = _version_needed(
+                data.get("key_hash", KeyHash.BLAKE2B),
+                bool(data.get("state_schemas") or data.get("event_time")),
+            )
+            if needed > 1:
+                return {**data, "version": needed}
         return data
 
     @model_serializer(mode="wrap")
     def _without_absent_schemas(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Leave `state_schemas` out when there are none: the document an older statehold
-        (which forbids unknown fields) wrote and reads."""
+        """Leave `state_schemas`, `event_time` and a BLAKE2b `key_hash` out when absent or
+        the old default: the document an older statehold (which forbids unknown fields)
+        wrote and reads."""
         data = handler(self)
-        for name in ("state_schemas", "event_time"):  # event_time: the same, version 2
-            if isinstance(data, dict) and data.get(name, 0) is None:
-                del data[name]
+        if isinstance(data, dict):
+            for name in ("state_schemas", "event_time"):
+                if data.get(name, 0) is None:
+                    del data[name]
+            if data.get("key_hash") == KeyHash.BLAKE2B:
+                del data["key_hash"]
         return data
 
     def state_files(self) -> Iterator[tuple[str, KeyGroupState, StateFile]]:
@@ -256,10 +281,19 @@ def sealed(meta: CheckpointMetadata, metadata_key: str) -> tuple[bytes, Checkpoi
 def _checked(meta: CheckpointMetadata, metadata_key: str) -> CheckpointMetadata:
     """`meta` ready to encode: its paths checked, its version the one its fields need."""
     check_paths(meta, metadata_key)
-    has_new = meta.state_schemas is not None or meta.event_time is not None
-    if has_new and meta.version < 2:  # e.g. set by model_copy
-        meta = meta.model_copy(update={"version": 2})
+    needed = _version_needed(
+        meta.key_hash, meta.state_schemas is not None or meta.event_time is not None
+    )
+    if meta.version < needed:  # e.g. set by model_copy
+        meta = meta.model_copy(update={"version": needed})
     return meta
+
+
+def _version_needed(key_hash: object, has_schemas_or_time: bool) -> int:
+    """The lowest format version that holds a document's content."""
+    if key_hash not in (KeyHash.BLAKE2B, KeyHash.BLAKE2B.value):
+        return 3
+    return 2 if has_schemas_or_time else 1
 
 
 def decode(data: bytes, metadata_key: str, where: str | None = None) -> CheckpointMetadata:

@@ -24,7 +24,7 @@ from statehold.backend.keys import (
 from statehold.backend.state import KV, ListState, MapState, ValueState, codec_for
 from statehold.backend.timers import Timers
 from statehold.errors import InvalidArgumentError
-from statehold.format.metadata import KeyGroupRange
+from statehold.format.metadata import NEW_JOB_KEY_HASH, KeyGroupRange, KeyHash
 from statehold.processor.timing import TimeMode, TTLConfig
 from statehold.state.json_codec import JSON_MAP_KEY, StateCodec
 
@@ -144,10 +144,12 @@ class StatefulProcessorHandle:
         time_mode: TimeMode,
         processing_time_ms: int,
         watermark_ms: int,
+        key_hash: KeyHash = NEW_JOB_KEY_HASH,
     ) -> None:
         self._kv = kv
         self._key_groups = key_groups
         self._max_parallelism = max_parallelism
+        self._key_hash = key_hash
         self.time_mode = time_mode
         self.processing_time_ms = processing_time_ms
         self.watermark_ms = watermark_ms
@@ -170,7 +172,9 @@ class StatefulProcessorHandle:
     def _bind(self, key: Key, key_group: int | None = None) -> None:
         self._key = key
         self._key_group = (
-            key_group_of(key, self._max_parallelism) if key_group is None else key_group
+            key_group_of(key, self._max_parallelism, self._key_hash)
+            if key_group is None
+            else key_group
         )
         self._version += 1
 

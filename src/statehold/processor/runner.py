@@ -135,6 +135,7 @@ class ProcessorRun:
             spec.time_mode,
             spec.processing_time_ms,
             spec.watermark_ms or 0,
+            backend.key_hash,
         )
         self.calls = ProcessorCalls(spec.processor, input_format)
         self.values = spec.timer_values()
@@ -143,10 +144,14 @@ class ProcessorRun:
     def start(self) -> None:
         self.calls.init(self.handle)
 
-    def key(self, skey: Key, key: Any, initial_rows: Any | None, chunks: Any | None) -> Any:
+    def key(
+        self, skey: Key, key: Any, initial_rows: Any | None, chunks: Any | None,
+        key_group: int | None = None,
+    ) -> Any:
         """One key: its initial-state rows (or None), then its input rows (`chunks`: an
-        iterator of row chunks in the input format, or None: no input rows)."""
-        self.handle._bind(skey)
+        iterator of row chunks in the input format, or None: no input rows). `key_group`:
+        the one its rows were routed by, if known (else hashed here)."""
+        self.handle._bind(skey, key_group)
         if initial_rows is not None:
             self.calls.initial(key, initial_rows, self.values)
         if chunks is None:

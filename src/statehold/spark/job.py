@@ -668,13 +668,15 @@ class StatefulJob:
 
     def _checkpointing(self) -> Checkpointing:
         """This job as `run_checkpoint` sees it (starting the attempt on first use)."""
+        coordinator = self.coordinator
         settings = JobSettings(
             storage_uri=self.storage.uri, storage_options=self.storage_options,
             job_id=self.job_id, operator=self.operator, max_parallelism=self.max_parallelism,
             parallelism=self.parallelism, local_dir=self.local_dir,
             backend_options=self.backend_options, task_batch_rows=self.task_batch_rows,
+            key_hash=coordinator.key_hash,
         )
-        return Checkpointing(self.coordinator, settings, self.job_dir, self._phase,
+        return Checkpointing(coordinator, settings, self.job_dir, self._phase,
                              self._observe, self._kept)
 
     @property

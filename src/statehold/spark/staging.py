@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statehold.errors import InvalidArgumentError
+from statehold.format.metadata import NEW_JOB_KEY_HASH, KeyHash
 from statehold.spark.batch import BatchRequest
+from statehold.spark.keying import keyed
 from statehold.spark.routing import route_to_partitions
 from statehold.spark.task import (
     ACK_COL,
@@ -31,7 +33,6 @@ from statehold.spark.task import (
     KG_COL,
     MARKER_KG,
     TASK_COL,
-    KeyGroupStage,
     StateSpec,
     StateStage,
 )
@@ -58,6 +59,8 @@ class JobSettings:
     backend_options: Mapping[str, Any]
     #: rows per chunk a task hands over or buffers as output (`StateSpec.task_batch_rows`)
     task_batch_rows: int = 10_000
+    #: how keys map to key groups (the coordinator's: the job's own, or a new job's)
+    key_hash: KeyHash = NEW_JOB_KEY_HASH
 
 
 def state_spec(
@@ -101,6 +104,7 @@ def state_spec(
         processing_time_ms=processing_time_ms,
         processor=batch.processor,
         task_batch_rows=settings.task_batch_rows,
+        key_hash=settings.key_hash,
     )
 
 
@@ -125,27 +129,15 @@ def stage(df: DataFrame, spec: StateSpec, output_schema: StructType) -> DataFram
     task there, and persist the result (computed by the caller's first action; give it
     back with `KeptOutput.release`)."""
     from pyspark import StorageLevel
-    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+    from pyspark.sql.types import StringType, StructField, StructType
 
     fields = df.schema.fields
-    keyed_schema = StructType(
-        [
-            *fields,
-            StructField(KEY_COL, StringType(), False),
-            StructField(KG_COL, IntegerType(), False),
-            StructField(TASK_COL, IntegerType(), False),
-        ]
-    )
     out_schema = StructType(
         [StructField(f.name, f.dataType, True, f.metadata) for f in output_schema.fields]
         + [StructField(ACK_COL, StringType(), True)]
     )
-    keyed = df.mapInArrow(
-        KeyGroupStage(spec.key_columns, spec.parallelism, spec.max_parallelism),
-        keyed_schema,
-    )
-    routed = route_to_partitions(with_markers(keyed, spec.parallelism), spec.parallelism,
-                                 TASK_COL)
+    routed = route_to_partitions(with_markers(keyed(df, spec), spec.parallelism),
+                                 spec.parallelism, TASK_COL)
     initial = any(f.name == INIT_COL for f in fields)
     staged = sort_for_tasks(routed, spec.order_by, initial).mapInArrow(StateStage(spec),
                                                                        out_schema)

@@ -1,15 +1,15 @@
 """The executor side: what runs inside a Spark task.
 
-Two Python stages, both `mapInArrow`:
-
-1. `KeyGroupStage` adds each row's state key, key group and owning task index (stable
-   BLAKE2b hash from `backend.keys`, never Python's salted ``hash``), refusing null keys.
+1. The keying stage (`statehold.spark.keying`) adds each row's state key, key group and
+   owning task index (the job's stable hash from `backend.keys`, never Python's salted
+   ``hash``): on the JVM, or in Python for keys Spark SQL cannot hash the same way.
 2. After routing by task (`statehold.spark.routing`) partition *i* holds exactly the rows of
    task *i* (and runs even when empty), sorted by key group and key on the JVM side.
-   `StateStage` opens the task's RocksDB backend for its key-group range (restoring from
-   the previous checkpoint's handles), streams the rows through the user function key by
-   key, emitting its output as it goes, snapshots to the job directory and emits, last,
-   one acknowledgement row: the `KeyGroupState` handle as JSON, for the driver.
+   `StateStage`, a ``mapInArrow``, opens the task's RocksDB backend for its key-group range
+   (restoring from the previous checkpoint's handles), checks each key's group against the
+   job's hash, streams the rows through the user function key by key, emitting its output
+   as it goes, snapshots to the job directory and emits, last, one acknowledgement row:
+   the `KeyGroupState` handle as JSON, for the driver.
 
 Only plain data crosses into the closure: URIs, option dicts, JSON handles, schemas. State
 itself never leaves the task except as files in the job directory.
@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from statehold.backend.keys import key_group_of, task_of, task_range
 from statehold.errors import StateholdError
-from statehold.format.metadata import KeyGroupState
+from statehold.format.metadata import NEW_JOB_KEY_HASH, KeyGroupState, KeyHash
 from statehold.processor.chunks import Chunk, InputBatch
 from statehold.processor.compat import whole
 from statehold.processor.output import Output
@@ -69,63 +69,16 @@ def state_key(values: Sequence[Any]) -> str:
     return json.dumps(list(values), separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def _describe_row(batch: pa.RecordBatch, i: int) -> str:
+def describe_row(batch: pa.RecordBatch | pa.Table, i: int) -> str:
     row = {name: batch.column(j)[i].as_py() for j, name in enumerate(batch.schema.names)}
     return json.dumps(row, default=str)[:500]
 
 
-@dataclass(frozen=True)
-class KeyGroupStage:
-    """Stage 1: add key, key group and task index columns."""
-
-    key_columns: tuple[str, ...]
-    parallelism: int
-    max_parallelism: int
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            columns = [batch.column(c) for c in self.key_columns]
-            for name, col in zip(self.key_columns, columns, strict=True):
-                if col.null_count:
-                    first = next(i for i, v in enumerate(col.is_null().to_pylist()) if v)
-                    raise MalformedInputError(
-                        f"null in key column {name!r}; statehold refuses rows without a key "
-                        f"(filter or fill them before the stateful step). Row: "
-                        f"{_describe_row(batch, first)}"
-                    )
-            keys, groups, tasks = self._route(columns)
-            yield (
-                batch.append_column(KEY_COL, keys)
-                .append_column(KG_COL, groups)
-                .append_column(TASK_COL, tasks)
-            )
-
-    def _route(self, columns: list[pa.Array]) -> tuple[pa.Array, pa.Array, pa.Array]:
-        """The key, key group and task columns. A single key column is hashed once per
-        distinct value of the batch (dictionary-encoded by Arrow), not once per row: a hot
-        key's millions of rows cost one hash per Arrow batch."""
-        if len(columns) == 1:
-            # a string key is its own state key (`state_key`): the column is kept as it is
-            is_text = columns[0].type == pa.string()
-            try:
-                encoded = pc.dictionary_encode(columns[0])
-            except pa.ArrowNotImplementedError:  # a nested type: hashed row by row below
-                encoded = None
-            if encoded is not None:
-                uniques = [(v,) for v in encoded.dictionary.to_pylist()]
-                unique_keys, unique_groups, unique_tasks = self._route_rows(uniques)
-                keys = columns[0] if is_text else unique_keys.take(encoded.indices)
-                return (keys, unique_groups.take(encoded.indices),
-                        unique_tasks.take(encoded.indices))
-        values = [c.to_pylist() for c in columns]
-        return self._route_rows(list(zip(*values, strict=True)))
-
-    def _route_rows(self, rows: list[tuple[Any, ...]]) -> tuple[pa.Array, pa.Array, pa.Array]:
-        keys = [state_key(vs) for vs in rows]
-        groups = [key_group_of(k, self.max_parallelism) for k in keys]
-        tasks = [task_of(g, self.parallelism, self.max_parallelism) for g in groups]
-        return (pa.array(keys, pa.string()), pa.array(groups, pa.int32()),
-                pa.array(tasks, pa.int32()))
+def null_key_error(column: str, batch: pa.RecordBatch | pa.Table, row: int) -> MalformedInputError:
+    return MalformedInputError(
+        f"null in key column {column!r}; statehold refuses rows without a key (filter or "
+        f"fill them before the stateful step). Row: {describe_row(batch, row)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -158,6 +111,8 @@ class StateSpec:
     #: the most rows a task hands over at once (a chunk of one key's rows) or buffers
     #: as output before emitting it (`StatefulJob(task_batch_rows=...)`)
     task_batch_rows: int = 10_000
+    #: how keys map to key groups: the job's (its checkpoints record it)
+    key_hash: KeyHash = NEW_JOB_KEY_HASH
 
 
 class _States:
@@ -171,10 +126,15 @@ class _States:
     def for_key(self, key: Any) -> KeyedState:
         values = key if isinstance(key, tuple) else (key,)
         skey = state_key(values)
-        kg = key_group_of(skey, self._spec.max_parallelism)
+        kg = key_group_of(skey, self._spec.max_parallelism, self._spec.key_hash)
         if task_of(kg, self._spec.parallelism, self._spec.max_parallelism) != self._task:
             raise KeyNotInTaskError(f"key {key!r} is not in this task's key groups")
         state: KeyedState = self._backend.for_key(skey)
+        return state
+
+    def routed(self, segment: _Segment) -> KeyedState:
+        """The state of the key whose rows `segment` starts (its key group checked)."""
+        state: KeyedState = self._backend.for_key(segment.skey, segment.kg)
         return state
 
 
@@ -281,7 +241,7 @@ class StateStage:
                     restore.append((storage, spec.restore_key, kgs))
         backend = TaskStateBackend.open(
             Path(local_root(spec)), spec.operator, key_groups, spec.max_parallelism, restore,
-            **dict(spec.backend_options),
+            key_hash=spec.key_hash, **dict(spec.backend_options),
         )
         backend.now_ms = spec.processing_time_ms
         return backend
@@ -297,18 +257,18 @@ class StateStage:
             yield from _run_processor(spec, backend, keys, output, counts, late)
             return
         states = _States(backend, spec, task)
-        groups = ((first.key, whole(chunks, spec.input_format)) for first, chunks in keys)
         if spec.vectorized:
             # one call over every key of the task: the keys are held together
             fn_batch: BatchFunction = spec.function  # type: ignore[assignment]
-            every = list(groups)
+            every = [(first.key, whole(chunks, spec.input_format)) for first, chunks in keys]
             counts.keys = len(every)
             yield from output.stream(fn_batch(every, states))
             return
         fn_key: KeyFunction = spec.function  # type: ignore[assignment]
-        for key, rows in groups:
+        for first, chunks in keys:
             counts.keys += 1
-            yield from output.stream(fn_key(key, rows, states.for_key(key)))
+            rows = whole(chunks, spec.input_format)
+            yield from output.stream(fn_key(first.key, rows, states.routed(first)))
 
 
 @dataclass
@@ -327,6 +287,8 @@ class _Segment:
     skey: str
     key: Any
     rows: Chunk
+    #: the key group the rows were routed by (checked against the job's hash)
+    kg: int
 
 
 class UnsortedInputError(StateholdError, RuntimeError):
@@ -339,10 +301,11 @@ def _segments(
 ) -> Iterator[_Segment]:
     """The task's rows, batch by batch (a processor's late rows handled by `late`), cut
     where the key changes into slices of the batch's user columns (`INIT_COL` kept);
-    refused if a row belongs to another task or a key comes back after a later one
-    (unsorted input)."""
+    refused if a key is null, belongs to another task, is not in the key group the job's
+    hash gives it, or comes back after a later key (unsorted input)."""
     last: tuple[int, str] | None = None
     limit = max(1, spec.task_batch_rows)
+    max_parallelism, key_hash = spec.max_parallelism, spec.key_hash
     for batch in batches:
         if batch.num_rows and batch.column(KG_COL)[0].as_py() == MARKER_KG:
             batch = batch.filter(pc.not_equal(batch.column(KG_COL), MARKER_KG))
@@ -357,6 +320,10 @@ def _segments(
                 "not routed by key group (is the parallelism consistent?)"
             )
         table = pa.Table.from_batches([batch])
+        if table.column(KEY_COL).null_count:  # keyed on the JVM, which leaves nulls be
+            first_null = pc.index(pc.is_null(table.column(KEY_COL)), True).as_py()
+            raise null_key_error(spec.key_columns[0], table.drop_columns(
+                list(INTERNAL_COLS)), first_null)
         if late is not None:
             table = late.filter(table)
             n = table.num_rows
@@ -375,6 +342,12 @@ def _segments(
         ends = [*starts[1:], n]
         for j, (start, end) in enumerate(zip(starts, ends, strict=True)):
             here = (kgs[j], skeys[j])
+            hashed = key_group_of(skeys[j], max_parallelism, key_hash)
+            if hashed != kgs[j]:
+                raise RoutingError(
+                    f"key {skeys[j]!r} came keyed to key group {kgs[j]}, but the job's "
+                    f"{key_hash} hash puts it in {hashed}"
+                )
             if last is not None and here < last:
                 raise UnsortedInputError(
                     f"partition {task} received key {skeys[j]!r} (key group {kgs[j]}) after "
@@ -384,7 +357,7 @@ def _segments(
             values = tuple(c[j] for c in key_values)
             key = values[0] if len(values) == 1 else values
             for off in range(start, end, limit):
-                yield _Segment(skeys[j], key, user.chunk(off, min(off + limit, end)))
+                yield _Segment(skeys[j], key, user.chunk(off, min(off + limit, end)), kgs[j])
 
 
 class _Keys:
@@ -456,7 +429,7 @@ def _run_processor(
         rows = None if head is None else itertools.chain([head], inputs)
         if rows is not None:
             counts.keys += 1
-        yield from output.stream(run.key(first.skey, first.key, state_rows, rows))
+        yield from output.stream(run.key(first.skey, first.key, state_rows, rows, first.kg))
     for out in run.timers():
         yield from output.stream(out)
     counts.report.update(run.finish())
