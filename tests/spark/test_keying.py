@@ -1,20 +1,39 @@
 """The keying stage on the JVM against Python: Spark SQL's ``xxhash64`` and statehold's
-key groups of the same keys, and the JVM's key, key group and task columns equal to
-`KeyGroupStage`'s row for row, for every key type the JVM keys."""
+key groups of the same keys, the JVM's key, key group and task columns equal to
+`KeyGroupStage`'s row for row for every key type the JVM keys; and the job's key hash:
+recorded by a new job, kept by an old one through a restart, a rescale and a restore."""
 
 from __future__ import annotations
 
+import copy
+import json
 import random
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from statehold.backend.keys import key_group_of
+from statehold.checkpoint.coordinator import CheckpointCoordinator
+from statehold.format import layout
 from statehold.format.metadata import KeyHash
+from statehold.spark import StatefulJob
 from statehold.spark.keying import jvm_keyable, keyed, keyed_in_python
 from statehold.spark.task import KEY_COL, KG_COL, TASK_COL, StateSpec
+from statehold.storage import open_storage
+from tests.support.keyed_totals import (
+    MAXP,
+    OUT,
+    Reference,
+    make_batches,
+    outputs,
+    stored_state,
+    to_df,
+    totals,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -76,3 +95,57 @@ def test_jvm_keying_equals_the_python_stage(
 
     assert columns(plan) == columns(python_stage)
     assert len(columns(plan)) == len(values)
+
+
+def _document(job: Any, checkpoint_id: int) -> dict[str, Any]:
+    return json.loads(job.storage.read(layout.checkpoint_metadata_key(checkpoint_id)))
+
+
+def test_a_new_job_records_xxhash64_and_an_old_job_keeps_blake2b(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job written before the key hash was recorded (BLAKE2b, made here by starting its
+    coordinator with it) resumes, rescales and is restored into another job with its
+    own key groups: exact totals prove every key found its state. A new job records
+    xxhash64 in a format-3 document; the old one's documents stay as an older statehold
+    wrote them."""
+    ref = Reference()
+    batches = list(make_batches(4, seed=11))
+    root = str(tmp_path / "ckpt")
+    start = CheckpointCoordinator.start.__func__  # type: ignore[attr-defined]
+    with monkeypatch.context() as patch:
+        patch.setattr(CheckpointCoordinator, "start", classmethod(
+            lambda cls, *a, **kw: start(cls, *a, **{**kw, "key_hash": KeyHash.BLAKE2B})))
+        old = StatefulJob(spark, root, "old", max_parallelism=MAXP, parallelism=2)
+        for rows in batches[:2]:
+            assert outputs(old.run_batch(to_df(spark, rows), totals, OUT,
+                                         order_by=["seq"])) == ref.apply(rows)
+        old.close()
+    doc = _document(old, 1)
+    assert "key_hash" not in doc and doc["version"] <= 2
+    after_two = copy.deepcopy(ref)
+
+    resumed = StatefulJob(spark, root, "old", max_parallelism=MAXP, parallelism=3)
+    assert resumed.coordinator.key_hash is KeyHash.BLAKE2B
+    rows = batches[2]
+    assert outputs(resumed.run_batch(to_df(spark, rows), totals, OUT,
+                                     order_by=["seq"])) == ref.apply(rows)
+    resumed.close()
+    assert "key_hash" not in _document(resumed, 2)
+
+    copied = StatefulJob(spark, root, "copied", max_parallelism=MAXP, parallelism=2,
+                         restore_from=f"{root}/old/chk-1")
+    rows = batches[3]
+    assert outputs(copied.run_batch(to_df(spark, rows), totals, OUT,
+                                    order_by=["seq"])) == after_two.apply(rows)
+    assert copied.coordinator.key_hash is KeyHash.BLAKE2B
+    copied.close()
+
+    new = StatefulJob(spark, root, "new", max_parallelism=MAXP, parallelism=2)
+    fresh = Reference()
+    assert outputs(new.run_batch(to_df(spark, batches[0]), totals, OUT,
+                                 order_by=["seq"])) == fresh.apply(batches[0])
+    new.close()
+    doc = _document(new, 0)
+    assert doc["key_hash"] == "xxhash64" and doc["version"] == 3
+    assert stored_state(open_storage(root).child("new")) == fresh.state
