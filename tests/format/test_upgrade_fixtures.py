@@ -99,6 +99,9 @@ def test_the_fixture_reads(fixture: Copy) -> None:
         location = f"{fixture.root}/{_dir(key)}"
         inspection = tools.inspect(location)
         assert inspection.job_id == m["job_id"] and inspection.file_count > 0
+        # a job's key hash was recorded from version 3; before, every job's was BLAKE2b
+        older = m["formats"][metadata_format.FORMAT_NAME] < 3
+        assert inspection.key_hash == ("blake2b-64" if older else "xxhash64")
         named |= {f.path for f in inspection.files} | {key}
         report = tools.verify(location)
         assert report.ok, report.problems
@@ -128,6 +131,9 @@ def test_the_fixture_resumes(fixture: Copy) -> None:
     finally:
         coord.close()
     assert retained[-1] == layout.checkpoint_metadata_key(following)
+    # the new checkpoint keeps the job's key hash, whichever version wrote the job
+    written = read_metadata(fixture.storage, retained[-1]).key_hash
+    assert written == read_metadata(fixture.storage, m["retained"][-1]).key_hash
     present = set(fixture.listing())
     for key in [*retained, *m["savepoints"]]:
         assert key in present

@@ -51,6 +51,7 @@ def test_inspect_job_dir_means_newest_retained(storage: Storage) -> None:
     result = tools.inspect(storage)
     assert result.metadata_path == "chk-5/_metadata"
     assert result.retained and result.checkpoint_id == 5 and result.job_id == "job-1"
+    assert (result.key_hash, result.format_version) == ("xxhash64", 3)  # a new job's
     sizes = listing(storage)
     expected = refs(storage, "chk-5/_metadata")
     assert {f.path for f in result.files} == set(expected)

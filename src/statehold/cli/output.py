@@ -232,6 +232,7 @@ def show_inspection(result: Inspection) -> None:
         "completed": when(result.completed_at),
         "format version": str(result.format_version),
         "max parallelism": str(result.max_parallelism),
+        "key hash": result.key_hash,
         "source position": json.dumps(result.source_position),
         "lineage": json.dumps(result.lineage) if result.lineage else "-",
         "operators": ", ".join(result.operators),

@@ -168,6 +168,7 @@ def _inspect(t: Target) -> Inspection:
         created_at=meta.created_at,
         completed_at=meta.completed_at,
         max_parallelism=meta.max_parallelism,
+        key_hash=meta.key_hash.value,
         source_position=meta.source_position,
         lineage=meta.lineage.model_dump(mode="json") if meta.lineage else None,
         retained=retained,

@@ -79,6 +79,8 @@ class Inspection(_Result):
     created_at: float
     completed_at: float
     max_parallelism: int
+    #: how keys map to key groups (`statehold.backend.keys`)
+    key_hash: str
     source_position: dict[str, Any]
     lineage: dict[str, Any] | None
     retained: bool
