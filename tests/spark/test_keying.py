@@ -37,8 +37,9 @@ from tests.support.keyed_totals import (
 
 pytestmark = pytest.mark.spark
 
-#: Strings that stress the bytes hashed: empty, multi-byte UTF-8, every length around
-#: XXH64's 4-, 8- and 32-byte steps, and long ones.
+#: Strings that stress the bytes hashed: empty, multi-byte UTF-8, a NUL, both sides of
+#: XXH64's 32-byte stripe, a long one (the random strings below add lengths up to ~180
+#: bytes).
 STRINGS = ["", "a", "hot", "ß", "日本語", "🙂", "a\x00b", "x" * 31, "x" * 32, "x" * 33,
            "y" * 1000, *(f"k{i:07d}" for i in range(200))]
 
