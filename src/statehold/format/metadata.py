@@ -291,7 +291,7 @@ def _checked(meta: CheckpointMetadata, metadata_key: str) -> CheckpointMetadata:
 
 def _version_needed(key_hash: object, has_schemas_or_time: bool) -> int:
     """The lowest format version that holds a document's content."""
-    if key_hash not in (KeyHash.BLAKE2B, KeyHash.BLAKE2B.value):
+    if key_hash != KeyHash.BLAKE2B:  # a StrEnum: equal to its value in a raw document
         return 3
     return 2 if has_schemas_or_time else 1
 

@@ -93,8 +93,7 @@ class KeyGroupStage:
             columns = [batch.column(c) for c in self.key_columns]
             for name, col in zip(self.key_columns, columns, strict=True):
                 if col.null_count:
-                    first = next(i for i, v in enumerate(col.is_null().to_pylist()) if v)
-                    raise null_key_error(name, batch, first)
+                    raise null_key_error(name, batch, pc.index(pc.is_null(col), True).as_py())
             keys, groups, tasks = self._route(columns)
             yield (
                 batch.append_column(KEY_COL, keys)

@@ -129,7 +129,7 @@ class _States:
         kg = key_group_of(skey, self._spec.max_parallelism, self._spec.key_hash)
         if task_of(kg, self._spec.parallelism, self._spec.max_parallelism) != self._task:
             raise KeyNotInTaskError(f"key {key!r} is not in this task's key groups")
-        state: KeyedState = self._backend.for_key(skey)
+        state: KeyedState = self._backend.for_key(skey, kg)
         return state
 
     def routed(self, segment: _Segment) -> KeyedState:
