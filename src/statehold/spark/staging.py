@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -143,7 +143,35 @@ def stage(df: DataFrame, spec: StateSpec, output_schema: StructType) -> DataFram
                                                                        out_schema)
     # Computed once, by the first action (the acks), then read from the cache by the sink;
     # a partition lost with its executor is recomputed from lineage (module docstring).
-    return staged.persist(StorageLevel.MEMORY_AND_DISK)
+    with _adaptive_execution_off(staged.sparkSession):
+        return staged.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+#: Spark's switch for adaptive query execution (AQE)
+ADAPTIVE = "spark.sql.adaptive.enabled"
+
+
+@contextlib.contextmanager
+def _adaptive_execution_off(session: Any) -> Iterator[None]:
+    """Adaptive execution off while the staged result's cached plan is made (`persist`
+    plans it), then the session's setting back as it was.
+
+    Adaptive execution gains nothing on this plan (the tasks' partitioning is fixed, and
+    the plan has one exchange) but costs a Spark job and a re-planning per batch: it runs
+    the routing shuffle as a job of its own, then the cached stage as another, before the
+    acks' job reads the cache. Without it the acks' first action is one job of two stages,
+    about a tenth of a small batch's time (docs/benchmarks.md). Only the cached plan is
+    made without it; the sink's and the user's own queries are planned as configured.
+    In a ``foreachBatch`` the session is the streaming query's own; in `run_batch` it may
+    be shared, and another thread's query planned in these few milliseconds runs without
+    adaptive execution, with the same result."""
+    conf = session.conf
+    before = conf.get(ADAPTIVE)
+    conf.set(ADAPTIVE, "false")
+    try:
+        yield
+    finally:
+        conf.set(ADAPTIVE, before)
 
 
 def with_markers(keyed: DataFrame, parallelism: int) -> DataFrame:
