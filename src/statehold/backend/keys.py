@@ -34,6 +34,7 @@ stored as int64 + 2**63 big-endian, so byte order is time order.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from enum import Enum
@@ -197,9 +198,15 @@ def key_part(key: Key) -> bytes:
     return b"".join((_STR if isinstance(key, str) else _BYTES, len(raw).to_bytes(4, "big"), raw))
 
 
+@functools.lru_cache(maxsize=1024)
+def _name_part(state_name: str) -> bytes:
+    """A state name as it is stored, checked once per name, not once per key."""
+    return check_state_name(state_name).encode("utf-8")
+
+
 def entry_prefix(key_group: int, state_name: str, kind: StateKind, key: Key) -> bytes:
     """Everything before the suffix: one (state, key) pair's entries share this prefix."""
-    name = b"" if kind is StateKind.TIMER else check_state_name(state_name).encode("utf-8")
+    name = b"" if kind is StateKind.TIMER else _name_part(state_name)
     return b"".join((group_prefix(key_group), name, b"\x00", kind.value, key_part(key)))
 
 
