@@ -22,18 +22,20 @@ def test_a_batch_computes_its_tasks_in_one_spark_job(spark: SparkSession, tmp_pa
     sc = spark.sparkContext
     job = StatefulJob(spark, str(tmp_path), "plan", max_parallelism=MAXP, parallelism=2)
     ref = Reference()
-    for setting in ("true", "false"):
-        spark.conf.set(ADAPTIVE, setting)
-        rows = next(make_batches(1, seed=len(setting)))
-        df = spark.createDataFrame(rows, "key string, value long, seq long")
-        group = f"statehold-plan-{setting}"
-        sc.setJobGroup(group, "one statehold batch")
-        try:
-            result = job.run_batch(df, totals, OUT, order_by=["seq"])
-        finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-        assert len(sc.statusTracker().getJobIdsForGroup(group)) == 1
-        assert spark.conf.get(ADAPTIVE) == setting
-        assert outputs(result) == ref.apply(rows)
-    spark.conf.unset(ADAPTIVE)
-    job.close()
+    try:
+        for setting in ("true", "false"):
+            spark.conf.set(ADAPTIVE, setting)
+            rows = next(make_batches(1, seed=len(setting)))
+            df = spark.createDataFrame(rows, "key string, value long, seq long")
+            group = f"statehold-plan-{setting}"
+            sc.setJobGroup(group, "one statehold batch")
+            try:
+                result = job.run_batch(df, totals, OUT, order_by=["seq"])
+            finally:
+                sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+            assert len(sc.statusTracker().getJobIdsForGroup(group)) == 1
+            assert spark.conf.get(ADAPTIVE) == setting
+            assert outputs(result) == ref.apply(rows)
+    finally:
+        spark.conf.unset(ADAPTIVE)  # the shared session as the other tests expect it
+        job.close()
