@@ -159,9 +159,11 @@ def _adaptive_execution_off(session: Any) -> Iterator[None]:
     Adaptive execution gains nothing on this plan (the tasks' partitioning is fixed, and
     the plan has one exchange) but costs a Spark job and a re-planning per batch: it runs
     the routing shuffle as a job of its own, then the cached stage as another, before the
-    acks' job reads the cache. Without it the acks' first action is one job of two stages,
-    about a tenth of a small batch's time (docs/benchmarks.md). Only the cached plan is
-    made without it; the sink's and the user's own queries are planned as configured.
+    acks' job reads the cache. Without it the acks' first action is one job of two stages
+    (two jobs on Spark 3.5, whose adaptive execution of the acks' own query reads a cached
+    table in a job of its own), about a tenth of a small batch's time (docs/benchmarks.md).
+    Only the cached plan is made without it; the sink's and the user's own queries are
+    planned as configured.
     In a ``foreachBatch`` the session is the streaming query's own; in `run_batch` it may
     be shared, and another thread's query planned in these few milliseconds runs without
     adaptive execution, with the same result."""
