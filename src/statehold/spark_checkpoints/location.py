@@ -23,6 +23,7 @@ from statehold.format.spark_layout import (
     QUERY_METADATA,
     SOURCES_DIR,
     STATE_DIR,
+    VERSION_FILES,
     StoreId,
     is_decimal,
 )
@@ -256,6 +257,18 @@ class SparkCheckpoint:
             source_needs(s, found.sources[s], top, batch, file_source)
             for s, (top, file_source) in sorted(tops.items())
         ]
+
+    def stale_state(self, found: Scan) -> list[str]:
+        """State version files above what any batch in the logs wrote (the newest batch
+        B writes version B+1): left by a rollback that stopped after the logs, or logs
+        deleted by hand. Spark loads the newest snapshot at or below the version it asks
+        for, so a later load would read one of them as if this timeline wrote it."""
+        newest = max({*found.offsets, *found.commits}, default=-1)
+        return sorted(
+            key
+            for key, name in found.names.items()
+            if name.kind in VERSION_FILES and (name.version or 0) > newest + 1
+        )
 
     def _commit_or_problem(self, needs: RestartNeeds, found: Scan) -> Commit | None:
         if needs.batch not in found.commits:
