@@ -75,7 +75,10 @@ def write(root: Path, key: str, data: bytes | str) -> Path:
 
 
 def logs(root: Path, batches: range, conf: dict[str, str] | None = None) -> None:
-    """metadata, offsets/N and commits/N for `batches`, one file source."""
+    """metadata, offsets/N and commits/N for `batches`, one file source with one entry per
+    batch. The source's log starts at 0 whatever `batches` start at: Spark purges old
+    offsets and commits by its retention, never a file source's log (only a compaction
+    replaces its plain files)."""
     write(root, "metadata", json.dumps({"id": str(uuid.uuid4())}))
     for b in batches:
         meta = {
@@ -85,6 +88,7 @@ def logs(root: Path, batches: range, conf: dict[str, str] | None = None) -> None
         }
         write(root, f"offsets/{b}", f"v1\n{json.dumps(meta)}\n{{\"logOffset\":{b}}}")
         write(root, f"commits/{b}", f"v1\n{{\"nextBatchWatermarkMs\":{b * 1000}}}")
+    for b in range(batches.stop):
         entry = {"path": f"file:///data/in/{b:05d}.json", "timestamp": 1, "batchId": b}
         write(root, f"sources/0/{b}", f"v1\n{json.dumps(entry)}")
 
