@@ -228,11 +228,14 @@ class SparkCheckpoint:
             needs.problems.extend(store_needs.problems)
         return needs
 
-    def source_tops(self, found: Scan, batch: int) -> dict[int, tuple[int, bool]]:
+    def source_tops(
+        self, found: Scan, batch: int, as_is: bool | None = None
+    ) -> dict[int, tuple[int, bool]]:
         """Per source with a log: the newest entry a restart after `batch` reads, and
-        whether it is a file source (`source_logs.source_tops`). Refused
-        (SparkCheckpointError) when ``offsets/<batch>`` cannot be read or its lines
-        cannot be told apart."""
+        whether it is a file source (`source_logs.source_tops`; `as_is`: restarted as the
+        location stands, by default when `batch` is its newest commit; a rollback asks
+        for the batch's own entries). Refused (SparkCheckpointError) when
+        ``offsets/<batch>`` cannot be read or its lines cannot be told apart."""
         lines = self.offsets(batch).sources if found.sources else []
         owners = line_owners(
             lines,
@@ -240,7 +243,9 @@ class SparkCheckpoint:
             lambda: [self.offsets(b).sources for b in sorted(found.offsets)],
             f"{OFFSETS_DIR}/{batch}",
         )
-        return source_tops(lines, owners, found.sources, batch, batch == found.newest_committed)
+        if as_is is None:
+            as_is = batch == found.newest_committed
+        return source_tops(lines, owners, found.sources, batch, as_is)
 
     def source_needs(
         self, found: Scan, batch: int, problems: list[str]

@@ -215,7 +215,7 @@ def _plan(checkpoint: SparkCheckpoint, found: Scan, to_batch: int) -> list[str]:
 
 
 def _source_logs(checkpoint: SparkCheckpoint, found: Scan, to_batch: int) -> list[str]:
-    tops = checkpoint.source_tops(found, to_batch)
+    tops = checkpoint.source_tops(found, to_batch, as_is=False)
     out: list[str] = []
     for source, log in sorted(found.sources.items()):
         limit = tops[source][0] if source in tops else to_batch
