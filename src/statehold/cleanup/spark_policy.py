@@ -109,9 +109,12 @@ def _above_newest(name: Name, view: SparkView) -> bool:
     return view.newest_version is None or (name.version or 0) > view.newest_version
 
 
-#: Spark's atomic writes (``CheckpointFileManager.createAtomic``): ``.<name>.<uuid>.tmp``.
+#: Spark's atomic writes (``CheckpointFileManager.createAtomic``): ``.<name>.<uuid>.tmp``,
+#: ``.<name>.<uuid>.TID<task attempt>.tmp`` when a task writes it (PySpark 4.3; a gc that
+#: missed the suffix deleted a running task's changelog under load, failing its commit).
 _ATOMIC_TEMP = re.compile(
-    r"^\.(?P<subject>.+)\.[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\.tmp$"
+    r"^\.(?P<subject>.+)\.[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}"
+    r"(?:\.TID\d+)?\.tmp$"
 )
 
 
