@@ -158,7 +158,8 @@ class SparkWorld:
     """The Spark world: the same scheduler, clock and simulated storage as `World`."""
 
     def __init__(self, seed: int, steps: int, *, list_lag: float = 0.0, faults: bool = True,
-                 plant: str = "", provider: str | None = None, trace_len: int = 3000) -> None:
+                 plant: str = "", provider: str | None = None, trace_len: int = 3000,
+                 tolerate: frozenset[str] = frozenset()) -> None:
         self.seed, self.steps = seed, steps
         self.rng = random.Random(seed)
         self.ids = random.Random(seed * 7 + 3)
@@ -170,6 +171,9 @@ class SparkWorld:
         self.list_lag = list_lag
         self.faults = faults
         self.plant = plant
+        #: Violation kinds noted without stopping the run (holes being fixed elsewhere).
+        self.tolerate = tolerate
+        self.tolerated: dict[str, int] = {}
         self.provider = provider or PROVIDERS[seed % len(PROVIDERS)]
         self.rates = {"list": 0.004, "read": 0.003, "write": 0.004, "delete": 0.01}
         self.step = 0
@@ -197,7 +201,13 @@ class SparkWorld:
     def log(self, line: str) -> None:
         self.trace.append(f"#{self.step} t={self.clock.t - 1_700_000_000.0:.3f} {line}")
 
-    def violate(self, kind: str, message: str) -> None:
+    def violate(self, kind: str, message: str, loc: Loc | None = None) -> None:
+        if kind in self.tolerate:
+            self.tolerated[kind] = self.tolerated.get(kind, 0) + 1
+            self.log(f"ENV TOLERATED {kind}: {message}")
+            if loc is not None:
+                loc.damaged = True  # what follows from it is not checked either
+            return
         self.violations.append(Violation(self.step, kind, message))
         self.log(f"VIOLATION {kind}: {message}")
 
@@ -283,6 +293,15 @@ class SparkWorld:
         name = actor.name if actor is not None else "main"
         for full in fulls:
             self.deleted[full] = (who, name, self.clock.t)
+        if actor is not None and who == "rollback" and fulls:
+            left = actor.process.data.get("crash_at")
+            if left is not None:
+                actor.process.data["crash_at"] = left - 1
+                if left <= 1:
+                    # the crash lands right after this delete
+                    self.log(f"ENV crash {actor.process.name} after deleting {fulls[0]}")
+                    self.count("rollback-interrupted")
+                    self.sched.kill(actor.process)
 
     # -- the model's reading of a location (no scheduler points, no faults) ---------------
     def index(self, loc: Loc) -> dict[str, Any]:
@@ -310,7 +329,9 @@ class SparkWorld:
         gone = self.deleted.get(full)
         if gone is None:
             if loc.batch is not None or full not in self.written:
-                return "savepoint-incomplete", f"{key} was never written to {loc.name}"
+                kind = "savepoint-source-log" if key.startswith("sources/") else (
+                    "savepoint-incomplete")
+                return kind, f"{key} was never written to {loc.name}"
             return "restart-broken", f"{key} is gone (not deleted: never there?)"
         who, actor, t = gone
         if needed_by:
@@ -468,7 +489,7 @@ class SparkWorld:
     # -- the invariants ------------------------------------------------------------------
     def check(self) -> None:
         for loc in [self.live, *self.savepoints]:
-            if loc.retired or loc.mut == loc.checked:
+            if loc.retired or loc.damaged or loc.mut == loc.checked:
                 continue
             loc.checked = loc.mut
             self.check_loc(loc)
@@ -502,20 +523,20 @@ class SparkWorld:
                     return
                 continue
             what = "savepoint" if loc.batch is not None else "location"
-            self.violate(kind, f"{what} {loc.name}, restart after batch {batch}: {story}")
+            self.violate(kind, f"{what} {loc.name}, restart after batch {batch}: {story}", loc)
             return
         if files is None or states is None:
             return
         recorded = loc.committed.get(batch)
         if recorded is not None and files != recorded:
             self.violate("source-log", f"{loc.name} batch {batch}: its log names "
-                         f"{len(files)} files, the batch had processed {len(recorded)}")
+                         f"{len(files)} files, the batch had processed {len(recorded)}", loc)
             return
         want = reference(files)
         if states != want:
             kind = "stale-after-rollback" if loc.stale_rollback else "state"
             self.violate(kind, f"{loc.name} batch {batch}: a restart loads {states}, the "
-                         f"batch had {want}")
+                         f"batch had {want}", loc)
 
     # -- actors --------------------------------------------------------------------------
     def spawn_process(self, kind: str, fn: Callable[[Process], None]) -> Process:
@@ -554,6 +575,11 @@ class SparkWorld:
             self._query(proc, loc, st)
         except StorageError as e:
             raise QueryFailed(str(e)) from None
+        except QueryFailed:
+            if proc.data.get("after_rollback") is not None and loc.rolling_back is not None:
+                # a restart after a half-done rollback fails: noticed, it is run again
+                self.pending = ("rollback", loc.rolling_back)
+            raise
 
     def _list(self, st: SimStorage, prefix: str) -> list[str]:
         return sorted(i.key for i in st.list(prefix))
@@ -594,11 +620,7 @@ class SparkWorld:
         else:
             batch, end = lc + 1, None
             start = parse_offset(st.read(f"offsets/{lc}")) if lc >= 0 else -1
-        if loc.rolling_back is not None:
-            # the query runs again before the rollback was run to its end
-            loc.stale_rollback = True
-            loc.rolling_back = None
-            self.pending = None
+        proc.data["after_rollback"] = loc.rolling_back
         self.log(f"{proc.name} restarts at batch {batch} (log offset {start}, newest entry "
                  f"{kmax})")
         while True:
@@ -626,6 +648,10 @@ class SparkWorld:
             self.write(st, f"commits/{batch}", commit_file(batch, ids), ("commit", batch))
             loc.committed[batch] = frozenset(
                 n for k, ns in loc.entries.items() if k <= end for n in ns)
+            if loc.rolling_back is not None:
+                # the query ran again with a rollback left half done: nobody noticed
+                loc.rolling_back = None
+                loc.stale_rollback = True
             self.count("batch")
             self.purge(st, batch)
             start, end, batch = end, None, batch + 1
@@ -872,8 +898,9 @@ class SparkWorld:
         self.log(f"savepoint {dest.name} of batch {batch} made")
 
     def verify(self, loc: Loc) -> None:
+        before = loc.mut
         report = SparkCheckpointLocation(loc.storage).verify()
-        if not report.ok or loc.retired:
+        if not report.ok or loc.retired or loc.mut != before:
             return
         idx = self.index(loc)
         if not idx["commits"]:
@@ -882,7 +909,7 @@ class SparkWorld:
         self.restart_read(loc, idx, max(idx["commits"]), problems)
         if problems:
             self.violate("verify-missed", f"verify of {loc.name} says ok; the model's "
-                         f"restart: {problems[0][1]}")
+                         f"restart: {problems[0][1]}", loc)
 
     def rollback(self, proc: Process, loc: Loc, api: SparkCheckpointLocation,
                  target: int) -> None:
@@ -942,6 +969,8 @@ class SparkWorld:
                     # the interruption went unnoticed: the query is started again
                     self.log("ENV the interrupted rollback goes unnoticed")
                     self.pending = None
+                    self.start_query()
+                    return
                 else:
                     self._exclusive(what, arg)
                     return
@@ -952,6 +981,12 @@ class SparkWorld:
             self.log("ENV crash the query")
             self.count("crash")
             self.stop_query()
+        elif r < 0.0055:
+            if persons:
+                p = rng.choice(persons)
+                self.log(f"ENV crash {p.name}")
+                self.count("crash-person")
+                self.sched.kill(p)
         elif r < 0.05:
             self.arrived += rng.randint(1, 3)
         elif r < 0.054:
@@ -961,11 +996,13 @@ class SparkWorld:
             self.spawn_process("savepoint", self.person("savepoint"))
         elif r < 0.059:
             done = [s for s in self.savepoints if not s.retired]
+            damaged = [s for s in done if s.damaged]
             if done:
-                self.spawn_process("verify", self.person("verify", rng.choice(done)))
-        elif r < 0.0595:
+                pick = rng.choice(damaged if damaged and rng.random() < 0.5 else done)
+                self.spawn_process("verify", self.person("verify", pick))
+        elif r < 0.0605:
             self.damage()
-        elif r < 0.0625 and not exclusive and self.pending is None:
+        elif r < 0.0635 and not exclusive and self.pending is None:
             choice = rng.random()
             batches = self.committed_batches()
             if choice < 0.55 and len(batches) > 1:
@@ -988,6 +1025,8 @@ class SparkWorld:
         self.pending = (what, arg)
         proc = self.spawn_process(what, self.person(what, arg))
         proc.data["exclusive"] = True
+        if what == "rollback" and self.faults and self.rng.random() < 0.5:
+            proc.data["crash_at"] = self.rng.randint(1, 12)  # at its n-th delete
 
     def damage(self) -> None:
         """A file of a savepoint is lost (a person's mistake): verify must say so."""
@@ -1000,8 +1039,10 @@ class SparkWorld:
                            or _STATE.match(k[len(loc.storage.root):])))
         if not keys:
             return
-        key = self.rng.choice(keys)
+        sources = [k for k in keys if "/sources/" in k]
+        key = self.rng.choice(sources if sources and self.rng.random() < 0.6 else keys)
         loc.damaged = True
+        loc.mut += 1
         self.forget(key)
         self.deleted[key] = ("damage", "ENV", self.clock.t)
         self.log(f"ENV damage {key}")
@@ -1056,6 +1097,7 @@ class SparkWorld:
         previous_clock = statehold.clock.use(self.clock)
         saved_open = statehold.spark_checkpoints.rollback._open
         statehold.spark_checkpoints.rollback._open = self._open  # type: ignore[assignment]
+        undo = self._plant()
         try:
             try:
                 while self.step < self.steps:
@@ -1072,7 +1114,28 @@ class SparkWorld:
                 traceback.print_exc()
             statehold.clock.use(previous_clock)
             statehold.spark_checkpoints.rollback._open = saved_open  # type: ignore[assignment]
+            undo()
         return self.result()
+
+    def _plant(self) -> Callable[[], None]:
+        """Switch on the planted bug `plant` names (`PLANTS`); returns how to undo it."""
+        if not self.plant:
+            return lambda: None
+        _what, _kinds, patches = PLANTS[self.plant]
+        saved = []
+        for module, attr, make in patches:
+            import importlib
+
+            owner = importlib.import_module(module)
+            real = getattr(owner, attr)
+            saved.append((owner, attr, real))
+            setattr(owner, attr, make(real))
+
+        def undo() -> None:
+            for owner, attr, real in reversed(saved):
+                setattr(owner, attr, real)
+
+        return undo
 
     def quiesce(self) -> None:
         """Stop the query, heal, finish what a person left half done, let time pass, gc:
@@ -1096,7 +1159,7 @@ class SparkWorld:
         self.sched.settle()
         self.live.checked = -1
         self.check()
-        if self.violations:
+        if self.violations or self.live.damaged:
             return
         orphans = self.orphans(self.live)
         if orphans:
@@ -1184,6 +1247,7 @@ class SparkWorld:
             "sim_seconds": round(self.clock.t - 1_700_000_000.0, 3),
             "violations": [v.as_dict() for v in self.violations],
             "events": dict(sorted(self.counts.items())),
+            **({"tolerated": dict(sorted(self.tolerated.items()))} if self.tolerated else {}),
         }
 
     def minimal_trace(self, limit: int = 60) -> list[str]:
@@ -1220,9 +1284,111 @@ def parse_commit_ids(data: bytes) -> list[str] | None:
     return [part[0] for part in ids["0"]] if ids else None
 
 
+# -- planted bugs: each wraps the real function it breaks (never an edit of src) -----------
+def _savepoint_to_batch_number(real: Callable[..., Any]) -> Callable[..., Any]:
+    """(a) The savepoint copies the file source's log entries only up to the batch number,
+    not up to the batch's logOffset (and trusts its copy without verifying it)."""
+
+    def restart_files(checkpoint: Any, found: Any, needs: Any) -> dict[str, int]:
+        files: dict[str, int] = real(checkpoint, found, needs)
+        return {k: v for k, v in files.items()
+                if not ((m := _SOURCE.match(k.lstrip("."))) and int(m["k"]) > needs.batch)}
+
+    return restart_files
+
+
+def _no_verify(real: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda *args, **kwargs: None
+
+
+def _logs_before_state(real: Callable[..., Any]) -> Callable[..., Any]:
+    """(b) A rollback deletes the logs (commits, offsets, newest first) before the state
+    files, and leaves nothing to notice it by when it is cut short."""
+
+    def delete(storage: Any, keys: list[str]) -> None:
+        logs = [k for k in keys if k.split("/", 1)[0] in ("commits", "offsets")]
+        real(storage, [*logs, *(k for k in keys if k not in logs)])
+
+    return delete
+
+
+def _verify_without_source_chain(real: Callable[..., Any]) -> Callable[..., Any]:
+    """(c) verify does not check the file source log's chain (entries missing from it)."""
+
+    def verify(checkpoint: Any, batch: int | None = None) -> Any:
+        report = real(checkpoint, batch)
+        problems = [p for p in report.problems if not p.path.startswith("sources/")]
+        return report.model_copy(update={"problems": problems, "ok": not problems})
+
+    return verify
+
+
+def _no_recheck(real: Callable[..., Any]) -> Callable[..., Any]:
+    """(d) gc deletes what its listing judged without re-checking the commit log and each
+    file's size and mtime first."""
+    return lambda *args, **kwargs: None
+
+
+def _unchanged_unchecked(real: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda storage, directory, names, batch, view: batch
+
+
+def _any_attempt(real: Callable[..., Any]) -> Callable[..., Any]:
+    """(e) gc ignores the format-v2 unique id commits/N records: it keeps the newest
+    attempt's files of each version, whichever attempt the batch committed."""
+
+    def resolve(files: Any, version: int, reader: Any, unique_id: str | None = None) -> Any:
+        if unique_id is not None:
+            ids = sorted(u for (_k, v, u) in files.versions if v == version and u)
+            unique_id = ids[-1] if ids else unique_id
+        return real(files, version, reader, unique_id)
+
+    return resolve
+
+
+#: Planted bugs: (what it breaks, the violation kinds that find it, patches: (module,
+#: attribute, wrapper of the real attribute)); `spark-55892` is a switch of the model's
+#: own Spark (the old executor's maintenance runs on after the store moved).
+PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]]]] = {
+    "savepoint-to-batch-number": (
+        "a savepoint copies source log entries only up to the batch number",
+        ("savepoint-source-log", "verify-missed"),
+        [("statehold.spark_checkpoints.savepoint", "restart_files", _savepoint_to_batch_number),
+         ("statehold.spark_checkpoints.savepoint", "_verify", _no_verify)],
+    ),
+    "rollback-logs-first": (
+        "a rollback deletes logs before state files, unnoticeable when cut short",
+        ("stale-after-rollback",),
+        [("statehold.spark_checkpoints.rollback", "_delete", _logs_before_state)],
+    ),
+    "verify-without-source-chain": (
+        "verify does not check the file source log's chain",
+        ("verify-missed",),
+        [("statehold.spark_checkpoints.api", "verify", _verify_without_source_chain)],
+    ),
+    "gc-without-recheck": (
+        "gc without its re-check of liveness after listing",
+        ("restart-broken",),
+        [("statehold.spark_checkpoints.gc", "_check_commits", _no_recheck),
+         ("statehold.spark_checkpoints.gc", "_unchanged", _unchanged_unchecked)],
+    ),
+    "v2-lineage-ignored": (
+        "gc ignores the format-v2 unique ids commits/N records",
+        ("restart-broken",),
+        [("statehold.spark_checkpoints.gc", "resolve", _any_attempt)],
+    ),
+    "spark-55892": (
+        "Spark's own race: an old executor's maintenance reuses SSTs another's cleanup "
+        "deleted (a Spark bug, reported as one)",
+        ("spark-bug",),
+        [],
+    ),
+}
+
+
 def run_spark_seed(seed: int, steps: int, **options: Any) -> tuple[dict[str, Any], SparkWorld]:
     world = SparkWorld(seed, steps, **options)
     return world.run(), world
 
 
-__all__ = ["PROVIDERS", "SparkWorld", "run_spark_seed"]
+__all__ = ["PLANTS", "PROVIDERS", "SparkWorld", "run_spark_seed"]
