@@ -116,6 +116,39 @@ class QueryFailed(Exception):
     driver stops, as Spark's does."""
 
 
+class SparkFS:
+    """Spark's view of the simulated storage: a transient failure is retried (Hadoop's
+    client and Spark's task retries), up to three tries, before the query fails."""
+
+    def __init__(self, storage: SimStorage) -> None:
+        self.storage = storage
+        self.root = storage.root
+
+    def _try(self, fn: Callable[[], Any]) -> Any:
+        for attempt in range(3):
+            try:
+                return fn()
+            except InjectedFault:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def stat(self, key: str) -> Any:
+        return self._try(lambda: self.storage.stat(key))
+
+    def read(self, key: str) -> bytes:
+        return self._try(lambda: self.storage.read(key))  # type: ignore[no-any-return]
+
+    def write(self, key: str, data: bytes) -> None:
+        self._try(lambda: self.storage.write(key, data))
+
+    def list(self, prefix: str) -> list[Any]:
+        return self._try(lambda: list(self.storage.list(prefix)))  # type: ignore[no-any-return]
+
+    def delete_many(self, keys: list[str]) -> None:
+        self._try(lambda: self.storage.delete_many(keys))
+
+
 @dataclass
 class Instance:
     """A partition's store as an executor holds it (Spark's loaded provider)."""
@@ -159,7 +192,8 @@ class SparkWorld:
 
     def __init__(self, seed: int, steps: int, *, list_lag: float = 0.0, faults: bool = True,
                  plant: str = "", provider: str | None = None, trace_len: int = 3000,
-                 tolerate: frozenset[str] = frozenset()) -> None:
+                 tolerate: frozenset[str] = frozenset(), move_rate: float = 0.15,
+                 pause_rate: float = 0.002, operate_rate: float = 0.003) -> None:
         self.seed, self.steps = seed, steps
         self.rng = random.Random(seed)
         self.ids = random.Random(seed * 7 + 3)
@@ -174,6 +208,9 @@ class SparkWorld:
         #: Violation kinds noted without stopping the run (holes being fixed elsewhere).
         self.tolerate = tolerate
         self.tolerated: dict[str, int] = {}
+        #: How often a task runs on the other executor, a person's process is paused (a
+        #: laptop closed mid-gc), the query is stopped for a rollback, relocate ...
+        self.move_rate, self.pause_rate, self.operate_rate = move_rate, pause_rate, operate_rate
         self.provider = provider or PROVIDERS[seed % len(PROVIDERS)]
         self.rates = {"list": 0.004, "read": 0.003, "write": 0.004, "delete": 0.01}
         self.step = 0
@@ -439,7 +476,7 @@ class SparkWorld:
         if m is None:
             problems.append(("unknown-bytes", f"{f[0]}: bytes the model never wrote"))
             return None
-        if m[0] == "full":
+        if m[0] in ("full", "changes"):  # (a snapshot's bytes may equal a delta's)
             return dict(m[1])
         out: dict[int, int] = {}
         store = f[0].rsplit("/", 1)[0]
@@ -570,7 +607,7 @@ class SparkWorld:
     # -- the query -----------------------------------------------------------------------
     def query(self, proc: Process) -> None:
         loc: Loc = proc.data["loc"]
-        st = loc.storage
+        st = SparkFS(loc.storage)
         try:
             self._query(proc, loc, st)
         except StorageError as e:
@@ -581,10 +618,10 @@ class SparkWorld:
                 self.pending = ("rollback", loc.rolling_back)
             raise
 
-    def _list(self, st: SimStorage, prefix: str) -> list[str]:
+    def _list(self, st: SparkFS, prefix: str) -> list[str]:
         return sorted(i.key for i in st.list(prefix))
 
-    def _query(self, proc: Process, loc: Loc, st: SimStorage) -> None:
+    def _query(self, proc: Process, loc: Loc, st: SparkFS) -> None:
         if st.stat("metadata") is None:
             st.write("metadata", json.dumps({"id": self.uuid()}).encode())
         op_meta = "state/0/_metadata/metadata"
@@ -656,11 +693,11 @@ class SparkWorld:
             self.purge(st, batch)
             start, end, batch = end, None, batch + 1
 
-    def write(self, st: SimStorage, key: str, data: bytes, meaning: tuple[Any, ...]) -> None:
+    def write(self, st: SparkFS, key: str, data: bytes, meaning: tuple[Any, ...]) -> None:
         self.remember(data, meaning)
         st.write(key, data)
 
-    def write_entry(self, loc: Loc, st: SimStorage, k: int, new: list[int],
+    def write_entry(self, loc: Loc, st: SparkFS, k: int, new: list[int],
                     log_keys: dict[int, str]) -> None:
         """`latestOffset`: the file source's log entry K (a compaction every COMPACT)."""
         loc.entries[k] = frozenset(new)
@@ -682,7 +719,7 @@ class SparkWorld:
             for key in expired:
                 log_keys.pop(int(_SOURCE.match(key)["k"]))  # type: ignore[index]
 
-    def read_entries(self, loc: Loc, st: SimStorage, start: int, end: int,
+    def read_entries(self, loc: Loc, st: SparkFS, start: int, end: int,
                      log_keys: dict[int, str]) -> set[int]:
         """`getBatch`: the files of entries start+1..end (from a compact where needed)."""
         out: set[int] = set()
@@ -699,14 +736,29 @@ class SparkWorld:
             out |= {n for n, b, _p in cache[key] if b == k}
         return out
 
-    def task(self, proc: Process, loc: Loc, st: SimStorage, p: int, batch: int,
+    def task(self, proc: Process, loc: Loc, st: SparkFS, p: int, batch: int,
              files: set[int]) -> str:
         """Batch `batch`'s task of partition `p`: load version `batch`, apply, write
         version batch+1. Returns the unique id it wrote (format v2)."""
-        insts: dict[int, Instance] = proc.data["inst"]
+        # Two executors: a partition's task runs where its store is loaded, now and then
+        # on the other one (a retry, a lost executor), which loads it from the location.
+        where: dict[int, int] = proc.data["where"]
+        if self.rng.random() < self.move_rate:
+            where[p] = 1 - where.get(p, 0)
+            self.count("store-moved")
+        insts: dict[int, Instance] = proc.data["inst"][where.get(p, 0)]
         inst = insts.get(p)
         if inst is None or inst.version != batch:
+            old = inst
             inst = insts[p] = self.task_load(st, p, batch)
+            if old is not None and self.plant == "spark-55892":
+                # SPARK-55892: the executor keeps its file mapping from before the reload
+                # and its next snapshot names SSTs of its old zip without uploading them,
+                # though another executor's cleanup may have deleted them since
+                inst.ssts, inst.zip_state = old.ssts, old.zip_state
+                if any(st.root + f"state/0/{p}/SSTs/{n}" not in self.objects for n in old.ssts):
+                    self.count("stale-sst-mapping")
+        proc.data["active"][p] = inst
         changes: dict[int, int] = {}
         for n in sorted(files):
             k = file_key(n)
@@ -737,7 +789,7 @@ class SparkWorld:
             inst.lineage = [*inst.lineage, (v, uid)]
         return uid
 
-    def task_load(self, st: SimStorage, p: int, version: int) -> Instance:
+    def task_load(self, st: SparkFS, p: int, version: int) -> Instance:
         """A task on an executor without the store loads it from the location."""
         if version == 0:
             return Instance(0, {})
@@ -766,7 +818,7 @@ class SparkWorld:
             inst.last_snapshot = inst.lineage[0][0] if based or not chain else 0
         return inst
 
-    def purge(self, st: SimStorage, batch: int) -> None:
+    def purge(self, st: SparkFS, batch: int) -> None:
         """Spark's purge of the offsets and commit logs (`minBatchesToRetain`)."""
         threshold = batch + 1 - RETAIN
         if threshold <= 0:
@@ -781,16 +833,16 @@ class SparkWorld:
     def maintenance(self, proc: Process) -> None:
         query: Process = proc.data["query"]
         loc: Loc = query.data["loc"]
-        st = loc.storage
+        st = SparkFS(loc.storage)
         try:
             while True:
                 self.clock.sleep(self.rng.uniform(2.0, 6.0))
-                if proc.data.get("zombie") and proc.data.get("passes", 0) >= 1:
-                    return
-                if (query.done or query.killed) and not proc.data.get("zombie"):
+                if query.done or query.killed:
                     return
                 for p in range(PARTITIONS):
-                    inst = query.data["inst"].get(p)
+                    # (the instance of the executor the store is loaded on: Spark unloads
+                    # the other's)
+                    inst = query.data["active"].get(p)
                     if inst is not None and inst.version > 0:
                         self.snapshot(st, p, inst)
                         self.cleanup(st, p)
@@ -798,7 +850,7 @@ class SparkWorld:
         except StorageError:
             return  # a maintenance task fails; the next one tries again
 
-    def snapshot(self, st: SimStorage, p: int, inst: Instance) -> None:
+    def snapshot(self, st: SparkFS, p: int, inst: Instance) -> None:
         v, uid, state = inst.version, inst.uid, dict(inst.state)  # (the task moves on)
         if v - inst.last_snapshot < SNAPSHOT_EVERY:
             return
@@ -828,7 +880,7 @@ class SparkWorld:
         if uid:
             inst.lineage = [(v, uid), *(x for x in inst.lineage if x[0] > v)]
 
-    def cleanup(self, st: SimStorage, p: int) -> None:
+    def cleanup(self, st: SparkFS, p: int) -> None:
         """Spark's deletion of old versions (keeping `RETAIN`) and orphan SSTs."""
         prefix = f"state/0/{p}/"
         listed = [i.key for i in st.list(prefix.rstrip("/"))]
@@ -937,15 +989,14 @@ class SparkWorld:
     def stop_query(self) -> None:
         for p in self.alive():
             if p.kind in SPARK_KINDS:
-                if p.kind == "maintenance" and self.plant == "spark-55892":
-                    p.data["zombie"] = True  # the old executor's maintenance runs on
-                    continue
                 self.sched.kill(p)
 
     def start_query(self) -> None:
         q = self.spawn_process("query", self.query)
         q.data["loc"] = self.live
-        q.data["inst"] = {}
+        q.data["inst"] = {0: {}, 1: {}}
+        q.data["where"] = {}
+        q.data["active"] = {}
 
         def maint(proc: Process) -> None:
             proc.data["query"] = q
@@ -961,6 +1012,12 @@ class SparkWorld:
         running = [p for p in self.alive("query")]
         persons = [p for p in self.alive() if p.kind not in SPARK_KINDS]
         exclusive = [p for p in persons if p.data.get("exclusive")]
+        if persons and rng.random() < self.pause_rate:
+            p = rng.choice(persons)
+            span = rng.uniform(1, 300)
+            p.paused_until = self.clock.t + span
+            self.log(f"ENV pause {p.name} for {span:.0f}s")
+            self.count("pause-person")
         r = rng.random()
         if not running and not exclusive:
             if self.pending is not None and rng.random() < 0.05:
@@ -977,7 +1034,7 @@ class SparkWorld:
             elif self.pending is None and rng.random() < 0.05:
                 self.start_query()
                 return
-        if r < 0.004 and running:
+        if r < 0.002 and running:
             self.log("ENV crash the query")
             self.count("crash")
             self.stop_query()
@@ -1002,7 +1059,7 @@ class SparkWorld:
                 self.spawn_process("verify", self.person("verify", pick))
         elif r < 0.0605:
             self.damage()
-        elif r < 0.0635 and not exclusive and self.pending is None:
+        elif r < 0.0605 + self.operate_rate and not exclusive and self.pending is None:
             choice = rng.random()
             batches = self.committed_batches()
             if choice < 0.55 and len(batches) > 1:
@@ -1018,7 +1075,7 @@ class SparkWorld:
                 self.stop_query()
                 self.clock.advance(rng.uniform(100, 4000))
                 self.spawn_process("gc", self.person("gc", 0.0))
-        elif r < 0.08:
+        elif 0.07 < r < 0.09:
             self.clock.advance(rng.uniform(0.5, 5))
 
     def _exclusive(self, what: str, arg: Any) -> None:
@@ -1121,7 +1178,7 @@ class SparkWorld:
         """Switch on the planted bug `plant` names (`PLANTS`); returns how to undo it."""
         if not self.plant:
             return lambda: None
-        _what, _kinds, patches = PLANTS[self.plant]
+        _what, _kinds, patches, _options = PLANTS[self.plant]
         saved = []
         for module, attr, make in patches:
             import importlib
@@ -1349,39 +1406,45 @@ def _any_attempt(real: Callable[..., Any]) -> Callable[..., Any]:
 #: Planted bugs: (what it breaks, the violation kinds that find it, patches: (module,
 #: attribute, wrapper of the real attribute)); `spark-55892` is a switch of the model's
 #: own Spark (the old executor's maintenance runs on after the store moved).
-PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]]]] = {
+PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]], dict[str, Any]]] = {
     "savepoint-to-batch-number": (
         "a savepoint copies source log entries only up to the batch number",
         ("savepoint-source-log", "verify-missed"),
         [("statehold.spark_checkpoints.savepoint", "restart_files", _savepoint_to_batch_number),
          ("statehold.spark_checkpoints.savepoint", "_verify", _no_verify)],
+        {},
     ),
     "rollback-logs-first": (
         "a rollback deletes logs before state files, unnoticeable when cut short",
         ("stale-after-rollback",),
         [("statehold.spark_checkpoints.rollback", "_delete", _logs_before_state)],
+        {"provider": "hdfs", "operate_rate": 0.01},
     ),
     "verify-without-source-chain": (
         "verify does not check the file source log's chain",
         ("verify-missed",),
         [("statehold.spark_checkpoints.api", "verify", _verify_without_source_chain)],
+        {},
     ),
     "gc-without-recheck": (
         "gc without its re-check of liveness after listing",
         ("restart-broken",),
         [("statehold.spark_checkpoints.gc", "_check_commits", _no_recheck),
          ("statehold.spark_checkpoints.gc", "_unchanged", _unchanged_unchecked)],
+        {"provider": "hdfs", "pause_rate": 0.02, "operate_rate": 0.01},
     ),
     "v2-lineage-ignored": (
         "gc ignores the format-v2 unique ids commits/N records",
         ("restart-broken",),
         [("statehold.spark_checkpoints.gc", "resolve", _any_attempt)],
+        {"provider": "rocksdb-v2"},
     ),
     "spark-55892": (
-        "Spark's own race: an old executor's maintenance reuses SSTs another's cleanup "
-        "deleted (a Spark bug, reported as one)",
+        "Spark's own race: a store reloaded on an executor reuses SSTs of its old zip that "
+        "another executor's cleanup deleted (a Spark bug, reported as one)",
         ("spark-bug",),
         [],
+        {"provider": "rocksdb", "move_rate": 0.5},
     ),
 }
 
