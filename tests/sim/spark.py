@@ -170,7 +170,6 @@ class Loc:
 
     name: str
     storage: SimStorage
-    input_prefix: str = INPUTS[0]
     #: The model's record: batch -> the input files processed through it, as of its
     #: (last) commit; and what each source log entry it wrote held.
     committed: dict[int, frozenset[int]] = field(default_factory=dict)
@@ -227,6 +226,8 @@ class SparkWorld:
         self.live = self.new_loc("ckpt")
         self.savepoints: list[Loc] = []
         self.arrived = 2
+        #: Where the input directory is (relocate moves it, then the location follows).
+        self.input_prefix = INPUTS[0]
         #: A person's operation that needs the query stopped, to run (again).
         self.pending: tuple[str, Any] | None = None
         self.quiet = False
@@ -646,9 +647,9 @@ class SparkWorld:
             if k not in log_keys:
                 raise QueryFailed(f"sources/0/{k}: missing (the source log cannot be read)")
             for n, _b, prefix in parse_entries(st.read(log_keys[k])):
-                if prefix != loc.input_prefix:
+                if prefix != self.input_prefix:
                     self.violate("relocate", f"{log_keys[k]} names {prefix}: the input moved "
-                                 f"to {loc.input_prefix} (a restart reads the file again)")
+                                 f"to {self.input_prefix} (a restart reads the file again)")
                 seen.add(n)
         if lo > lc:
             batch = lo
@@ -701,7 +702,7 @@ class SparkWorld:
                     log_keys: dict[int, str]) -> None:
         """`latestOffset`: the file source's log entry K (a compaction every COMPACT)."""
         loc.entries[k] = frozenset(new)
-        rows = [(f"{loc.input_prefix}{n:05d}.json", k) for n in new]
+        rows = [(f"{self.input_prefix}{n:05d}.json", k) for n in new]
         if (k + 1) % COMPACT:
             self.write(st, f"sources/0/{k}", file_log(rows), ("entry", k))
             return
@@ -920,10 +921,18 @@ class SparkWorld:
             loc = self.live
             api = SparkCheckpointLocation(loc.storage)
             if what == "gc":
-                api.gc(grace_seconds=arg)
+                try:
+                    report = api.gc(grace_seconds=arg)
+                except StateholdError as e:
+                    if "went from" in str(e):
+                        self.count("gc-stopped-by-recheck")
+                    raise
+                if report.changed:
+                    self.count("gc-recheck-spared")
+                if report.deleted:
+                    self.count("gc-deleted")
             elif what == "savepoint":
                 dest = self.new_loc(self.name("sp-"))
-                dest.input_prefix = loc.input_prefix
                 report = api.savepoint(dest.storage)  # type: ignore[arg-type]
                 self.made_savepoint(loc, dest, report.batch)
             elif what == "verify":
@@ -931,12 +940,14 @@ class SparkWorld:
             elif what == "rollback":
                 self.rollback(proc, loc, api, arg)
             elif what == "relocate":
-                old = loc.input_prefix
-                new = INPUTS[1] if old == INPUTS[0] else INPUTS[0]
-                api.relocate(old, new)
-                loc.input_prefix = new
+                # the input has moved (`arg`: it moves now); the location follows it
+                if arg == "move":
+                    self.input_prefix = INPUTS[1] if self.input_prefix == INPUTS[0] else INPUTS[0]
+                    self.pending = ("relocate", None)
+                old = INPUTS[1] if self.input_prefix == INPUTS[0] else INPUTS[0]
+                api.relocate(old, self.input_prefix)
                 self.pending = None
-                self.log(f"{proc.name}: the input moved to {new}")
+                self.log(f"{proc.name}: {loc.name} follows its input to {self.input_prefix}")
             proc.data["ok"] = True
 
         return run
@@ -972,7 +983,6 @@ class SparkWorld:
         keep = self.new_loc(self.name("keep-"))
         report = api.rollback(target, keep=f"sim://{keep.name}", force=force)
         if report.kept is not None and report.kept_batch is not None:
-            keep.input_prefix = loc.input_prefix
             self.made_savepoint(loc, keep, report.kept_batch)
         loc.committed = {b: f for b, f in loc.committed.items() if b <= target}
         loc.rolling_back = None
@@ -1068,7 +1078,7 @@ class SparkWorld:
                 self._exclusive("rollback", target)
             elif choice < 0.7:
                 self.stop_query()
-                self._exclusive("relocate", None)
+                self._exclusive("relocate", "move")
             elif choice < 0.85:
                 self.restart_from_savepoint()
             else:
@@ -1077,6 +1087,16 @@ class SparkWorld:
                 self.spawn_process("gc", self.person("gc", 0.0))
         elif 0.07 < r < 0.09:
             self.clock.advance(rng.uniform(0.5, 5))
+        elif 0.09 < r < 0.1 and self.idle():
+            # no input for a while: the query waits (a time jump only while every Spark
+            # actor sleeps; an upload stalled past gc's grace is beyond its assumptions)
+            self.clock.advance(rng.uniform(600, 5000))
+            self.count("idle")
+
+    def idle(self) -> bool:
+        return all(a.state == "parked" and a.what.startswith("sleep")
+                   for a in self.sched.actors if a.process.kind in SPARK_KINDS
+                   and not a.process.killed and a.state != "done")
 
     def _exclusive(self, what: str, arg: Any) -> None:
         self.pending = (what, arg)
@@ -1118,6 +1138,7 @@ class SparkWorld:
         sp.batch = None
         self.live = sp
         sp.checked = -1
+        self.pending = ("relocate", None)  # (a no-op unless the input moved since)
 
     # -- running -------------------------------------------------------------------------
     def grant_one(self, env: bool) -> bool:
