@@ -179,6 +179,8 @@ class Loc:
     damaged: bool = False
     #: An unfinished rollback's target (batches after it are being removed).
     rolling_back: int | None = None
+    #: The unfinished rollback has deleted something already.
+    rollback_deleted: bool = False
     #: A rollback was interrupted and the query restarted without running it again.
     stale_rollback: bool = False
     retired: bool = False
@@ -192,7 +194,8 @@ class SparkWorld:
     def __init__(self, seed: int, steps: int, *, list_lag: float = 0.0, faults: bool = True,
                  plant: str = "", provider: str | None = None, trace_len: int = 3000,
                  tolerate: frozenset[str] = frozenset(), move_rate: float = 0.15,
-                 pause_rate: float = 0.002, operate_rate: float = 0.003) -> None:
+                 pause_rate: float = 0.002, operate_rate: float = 0.003,
+                 snapshot_every: int = SNAPSHOT_EVERY) -> None:
         self.seed, self.steps = seed, steps
         self.rng = random.Random(seed)
         self.ids = random.Random(seed * 7 + 3)
@@ -210,6 +213,7 @@ class SparkWorld:
         #: How often a task runs on the other executor, a person's process is paused (a
         #: laptop closed mid-gc), the query is stopped for a rollback, relocate ...
         self.move_rate, self.pause_rate, self.operate_rate = move_rate, pause_rate, operate_rate
+        self.snapshot_every = snapshot_every
         self.provider = provider or PROVIDERS[seed % len(PROVIDERS)]
         self.rates = {"list": 0.004, "read": 0.003, "write": 0.004, "delete": 0.01}
         self.step = 0
@@ -332,6 +336,9 @@ class SparkWorld:
         for full in fulls:
             self.deleted[full] = (who, name, self.clock.t)
         if actor is not None and who == "rollback" and fulls:
+            loc = self.loc_of(fulls[0])
+            if loc is not None and loc.rolling_back is not None:
+                loc.rollback_deleted = True
             left = actor.process.data.get("crash_at")
             if left is not None:
                 actor.process.data["crash_at"] = left - 1
@@ -689,6 +696,7 @@ class SparkWorld:
             if loc.rolling_back is not None:
                 # the query ran again with a rollback left half done: nobody noticed
                 loc.rolling_back = None
+                loc.rollback_deleted = False
                 loc.stale_rollback = True
             self.count("batch")
             self.purge(st, batch)
@@ -853,7 +861,7 @@ class SparkWorld:
 
     def snapshot(self, st: SparkFS, p: int, inst: Instance) -> None:
         v, uid, state = inst.version, inst.uid, dict(inst.state)  # (the task moves on)
-        if v - inst.last_snapshot < SNAPSHOT_EVERY:
+        if v - inst.last_snapshot < self.snapshot_every:
             return
         prefix = f"state/0/{p}"
         if self.provider == "hdfs":
@@ -938,7 +946,15 @@ class SparkWorld:
             elif what == "verify":
                 self.verify(arg)
             elif what == "rollback":
-                self.rollback(proc, loc, api, arg)
+                try:
+                    self.rollback(proc, loc, api, arg)
+                except StateholdError as e:
+                    refused = str(e).startswith(("cannot roll back", "the query looks alive"))
+                    if refused and not loc.rollback_deleted:
+                        # refused before any of its runs deleted anything: given up
+                        loc.rolling_back = None
+                        self.pending = None
+                    raise
             elif what == "relocate":
                 # the input has moved (`arg`: it moves now); the location follows it
                 if arg == "move":
@@ -954,6 +970,7 @@ class SparkWorld:
 
     def made_savepoint(self, src: Loc, dest: Loc, batch: int) -> None:
         dest.batch = batch
+        dest.damaged, dest.stale_rollback = src.damaged, src.stale_rollback
         dest.committed = {b: f for b, f in src.committed.items() if b <= batch}
         dest.entries = dict(src.entries)
         dest.checked = -1
@@ -986,6 +1003,7 @@ class SparkWorld:
             self.made_savepoint(loc, keep, report.kept_batch)
         loc.committed = {b: f for b, f in loc.committed.items() if b <= target}
         loc.rolling_back = None
+        loc.rollback_deleted = False
         self.pending = None
         loc.checked = -1
         self.log(f"{proc.name}: rolled back to batch {target}")
@@ -1072,8 +1090,10 @@ class SparkWorld:
         elif r < 0.0605 + self.operate_rate and not exclusive and self.pending is None:
             choice = rng.random()
             batches = self.committed_batches()
-            if choice < 0.55 and len(batches) > 1:
-                target = rng.choice(batches[-RETAIN:-1] or batches[:-1])
+            if choice < 0.55 and len(batches) > 2:
+                # (the oldest retained batch cannot be restarted from: Spark purged the
+                # offsets before it)
+                target = rng.choice(batches[1:-1])
                 self.stop_query()
                 self._exclusive("rollback", target)
             elif choice < 0.7:
@@ -1452,7 +1472,7 @@ PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]], dict[s
         ("restart-broken",),
         [("statehold.spark_checkpoints.gc", "_check_commits", _no_recheck),
          ("statehold.spark_checkpoints.gc", "_unchanged", _unchanged_unchecked)],
-        {"provider": "hdfs", "pause_rate": 0.02, "operate_rate": 0.01},
+        {"provider": "hdfs", "pause_rate": 0.02, "operate_rate": 0.01, "snapshot_every": 10},
     ),
     "v2-lineage-ignored": (
         "gc ignores the format-v2 unique ids commits/N records",
