@@ -283,8 +283,12 @@ class SparkWorld:
 
     # -- storage hooks (called by SimStorage) ---------------------------------------------
     def before_op(self, storage: SimStorage, kind: str, method: str, keys: list[str]) -> None:
-        if self.sched.current() is None:
+        actor = self.sched.current()
+        if actor is None:
             return
+        if actor.process.data.get("slow"):
+            # a gc over a large location: minutes between its listing and its deletes
+            self.clock.sleep(self.rng.uniform(0, 10))
         self.sched.point(f"{method} {keys[0]}")
         self.clock.advance(self.rng.expovariate(1 / 0.005))
         self.log(f"{self.actor_name()} {method} {' '.join(keys[:3])}")
@@ -815,6 +819,11 @@ class SparkWorld:
             raise QueryFailed(f"partition {p} cannot load version {version}: {problems[0][1]}")
         inst = Instance(version, got, uid=uid or "")
         inst.zip_state = dict(got)  # (its next zip reuses nothing: it uploads all)
+        # Spark snapshots again once enough deltas/changelogs follow the newest snapshot
+        # the location holds (not right after a load)
+        snap_ext = "snapshot" if self.provider == "hdfs" else "zip"
+        inst.last_snapshot = max((v for (q, v, _u, e) in self.index(loc)["state"]
+                                  if q == p and e == snap_ext and v <= version), default=0)
         if uid:
             # the lineage of the version it loaded, from its snapshot on, and itself
             state = self.index(loc)["state"]
@@ -1102,9 +1111,14 @@ class SparkWorld:
             elif choice < 0.85:
                 self.restart_from_savepoint()
             else:
+                # a maintenance window: the query stopped, gc without grace, and maybe a
+                # rollback beside it (two terminals), then the query starts again
                 self.stop_query()
                 self.clock.advance(rng.uniform(100, 4000))
-                self.spawn_process("gc", self.person("gc", 0.0))
+                gc = self.spawn_process("gc", self.person("gc", 0.0))
+                gc.data["slow"] = rng.random() < 0.5
+                if len(batches) > 2 and rng.random() < 0.5:
+                    self._exclusive("rollback", rng.choice(batches[1:-1]))
         elif 0.07 < r < 0.09:
             self.clock.advance(rng.uniform(0.5, 5))
         elif 0.09 < r < 0.1 and self.idle():
