@@ -195,7 +195,8 @@ class SparkWorld:
                  plant: str = "", provider: str | None = None, trace_len: int = 3000,
                  tolerate: frozenset[str] = frozenset(), move_rate: float = 0.15,
                  pause_rate: float = 0.002, operate_rate: float = 0.003,
-                 snapshot_every: int = SNAPSHOT_EVERY) -> None:
+                 snapshot_every: int = SNAPSHOT_EVERY, retain: int = RETAIN,
+                 crash_rate: float = 0.002) -> None:
         self.seed, self.steps = seed, steps
         self.rng = random.Random(seed)
         self.ids = random.Random(seed * 7 + 3)
@@ -214,6 +215,8 @@ class SparkWorld:
         #: laptop closed mid-gc), the query is stopped for a rollback, relocate ...
         self.move_rate, self.pause_rate, self.operate_rate = move_rate, pause_rate, operate_rate
         self.snapshot_every = snapshot_every
+        self.retain = retain
+        self.crash_rate = crash_rate
         self.provider = provider or PROVIDERS[seed % len(PROVIDERS)]
         self.rates = {"list": 0.004, "read": 0.003, "write": 0.004, "delete": 0.01}
         self.step = 0
@@ -686,7 +689,7 @@ class SparkWorld:
                     self.clock.sleep(self.rng.uniform(0.5, 3.0))  # no new data: no batch
                     continue
                 end = kmax
-                conf = {"spark.sql.streaming.minBatchesToRetain": str(RETAIN)}
+                conf = {"spark.sql.streaming.minBatchesToRetain": str(self.retain)}
                 if self.provider == "hdfs":
                     conf["spark.sql.streaming.stateStore.providerClass"] = "hdfs"
                 self.write(st, f"offsets/{batch}", offsets_file(batch, [{"logOffset": end}],
@@ -838,11 +841,11 @@ class SparkWorld:
 
     def purge(self, st: SparkFS, batch: int) -> None:
         """Spark's purge of the offsets and commit logs (`minBatchesToRetain`)."""
-        threshold = batch + 1 - RETAIN
+        threshold = batch + 1 - self.retain
         if threshold <= 0:
             return
         doomed = [f"{log}/{b}" for log in ("offsets", "commits")
-                  for b in range(max(0, threshold - 3), threshold)]
+                  for b in range(max(0, threshold - 3), threshold)]  # (what is left)
         present = [k for k in doomed if st.root + k in self.objects]
         if present:
             st.delete_many(present)
@@ -899,7 +902,7 @@ class SparkWorld:
             inst.lineage = [(v, uid), *(x for x in inst.lineage if x[0] > v)]
 
     def cleanup(self, st: SparkFS, p: int) -> None:
-        """Spark's deletion of old versions (keeping `RETAIN`) and orphan SSTs."""
+        """Spark's deletion of old versions (keeping `minBatchesToRetain`) and orphan SSTs."""
         prefix = f"state/0/{p}/"
         listed = [i.key for i in st.list(prefix.rstrip("/"))]
         versions: dict[int, list[str]] = {}
@@ -914,7 +917,7 @@ class SparkWorld:
                 ssts.append(key)
         if not versions:
             return
-        earliest = max(versions) - RETAIN
+        earliest = max(versions) - self.retain
         if earliest <= 0:
             return
         base = max((v for v in snaps if v <= earliest), default=0)
@@ -1071,11 +1074,11 @@ class SparkWorld:
             elif self.pending is None and rng.random() < 0.05:
                 self.start_query()
                 return
-        if r < 0.002 and running:
+        if r < self.crash_rate and running:
             self.log("ENV crash the query")
             self.count("crash")
             self.stop_query()
-        elif r < 0.0055:
+        elif r < self.crash_rate + 0.0035:
             if persons:
                 p = rng.choice(persons)
                 self.log(f"ENV crash {p.name}")
@@ -1137,7 +1140,7 @@ class SparkWorld:
         proc = self.spawn_process(what, self.person(what, arg))
         proc.data["exclusive"] = True
         if what == "rollback" and self.faults and self.rng.random() < 0.5:
-            proc.data["crash_at"] = self.rng.randint(1, 12)  # at its n-th delete
+            proc.data["crash_at"] = self.rng.randint(1, 8)  # at its n-th delete
 
     def damage(self) -> None:
         """A file of a savepoint is lost (a person's mistake): verify must say so."""
@@ -1467,13 +1470,13 @@ PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]], dict[s
         ("savepoint-source-log", "verify-missed"),
         [("statehold.spark_checkpoints.savepoint", "restart_files", _savepoint_to_batch_number),
          ("statehold.spark_checkpoints.savepoint", "_verify", _no_verify)],
-        {},
+        {"crash_rate": 0.01},
     ),
     "rollback-logs-first": (
         "a rollback deletes logs before state files, unnoticeable when cut short",
         ("stale-after-rollback",),
         [("statehold.spark_checkpoints.rollback", "_delete", _logs_before_state)],
-        {"provider": "hdfs", "operate_rate": 0.01},
+        {"provider": "hdfs", "operate_rate": 0.01, "snapshot_every": 1, "retain": 6},
     ),
     "verify-without-source-chain": (
         "verify does not check the file source log's chain",
@@ -1499,7 +1502,7 @@ PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]], dict[s
         "another executor's cleanup deleted (a Spark bug, reported as one)",
         ("spark-bug",),
         [],
-        {"provider": "rocksdb", "move_rate": 0.5},
+        {"provider": "rocksdb", "move_rate": 0.2, "snapshot_every": 1},
     ),
 }
 
