@@ -196,7 +196,7 @@ class SparkWorld:
                  tolerate: frozenset[str] = frozenset(), move_rate: float = 0.15,
                  pause_rate: float = 0.002, operate_rate: float = 0.003,
                  snapshot_every: int = SNAPSHOT_EVERY, retain: int = RETAIN,
-                 crash_rate: float = 0.002) -> None:
+                 crash_rate: float = 0.002, rollback_crash: float = 0.08) -> None:
         self.seed, self.steps = seed, steps
         self.rng = random.Random(seed)
         self.ids = random.Random(seed * 7 + 3)
@@ -217,6 +217,8 @@ class SparkWorld:
         self.snapshot_every = snapshot_every
         self.retain = retain
         self.crash_rate = crash_rate
+        #: The chance that a rollback's process dies right after each of its deletes.
+        self.rollback_crash = rollback_crash
         self.provider = provider or PROVIDERS[seed % len(PROVIDERS)]
         self.rates = {"list": 0.004, "read": 0.003, "write": 0.004, "delete": 0.01}
         self.step = 0
@@ -229,6 +231,8 @@ class SparkWorld:
         self.known: dict[bytes, tuple[Any, ...]] = {}
         self.written: dict[str, float] = {}
         self.deleted: dict[str, tuple[str, str, float]] = {}
+        #: SSTs a zip named though no zip held them any more (`note_orphan_reuse`).
+        self.orphan_reuse: set[str] = set()
         self.locs: dict[str, Loc] = {}
         self.live = self.new_loc("ckpt")
         self.savepoints: list[Loc] = []
@@ -346,14 +350,11 @@ class SparkWorld:
             loc = self.loc_of(fulls[0])
             if loc is not None and loc.rolling_back is not None:
                 loc.rollback_deleted = True
-            left = actor.process.data.get("crash_at")
-            if left is not None:
-                actor.process.data["crash_at"] = left - 1
-                if left <= 1:
-                    # the crash lands right after this delete
-                    self.log(f"ENV crash {actor.process.name} after deleting {fulls[0]}")
-                    self.count("rollback-interrupted")
-                    self.sched.kill(actor.process)
+            if actor.process.data.get("may_crash") and self.rng.random() < self.rollback_crash:
+                # the crash lands right after this delete (any of them, over the seeds)
+                self.log(f"ENV crash {actor.process.name} after deleting {fulls[0]}")
+                self.count("rollback-interrupted")
+                self.sched.kill(actor.process)
 
     # -- the model's reading of a location (no scheduler points, no faults) ---------------
     def index(self, loc: Loc) -> dict[str, Any]:
@@ -388,6 +389,11 @@ class SparkWorld:
         who, actor, t = gone
         if needed_by:
             made = self.written.get(loc.storage.root + needed_by, 0.0)
+            if full in self.orphan_reuse and who != "rollback":
+                return "spark-bug", (f"{needed_by} names {key}, which the store's newest "
+                                     f"zip did not name when it was written; {actor} deleted "
+                                     f"it at {t - 1.7e9:.3f} (SPARK-55892: an executor reused "
+                                     "an SST of its old zip after a reload)")
             if made > t and who != "rollback":
                 return "spark-bug", (f"{needed_by} (written at {made - 1.7e9:.3f}) names {key}, "
                                      f"which {actor} had deleted at {t - 1.7e9:.3f} "
@@ -892,6 +898,8 @@ class SparkWorld:
             data = self.remember(json.dumps(sorted(new.items())).encode(), ("sst", dict(new)))
             st.write(f"{prefix}/SSTs/{name}", data)
             ssts.append(name)
+        reused = ssts[:-1] if new else ssts
+        self.note_orphan_reuse(st.root, prefix, reused)
         sizes = {n: len(self.objects[st.root + f"{prefix}/SSTs/{n}"].data)
                  if st.root + f"{prefix}/SSTs/{n}" in self.objects else 1 for n in ssts}
         data = snapshot_zip(sizes)
@@ -900,6 +908,24 @@ class SparkWorld:
         inst.ssts, inst.zip_state, inst.last_snapshot = ssts, state, v
         if uid:
             inst.lineage = [(v, uid), *(x for x in inst.lineage if x[0] > v)]
+
+    def note_orphan_reuse(self, root: str, prefix: str, reused: list[str]) -> None:
+        """Reused SSTs the store's newest zip does not name: Spark reuses only those of
+        the zip its executor wrote last, which is the newest while the store stays there
+        (a reload starts afresh). A zip naming others is Spark's doing, whoever deletes
+        them later (SPARK-55892)."""
+        if not reused:
+            return
+        zips = [(int(_STATE.match(full[len(root):])["v"]), obj)  # type: ignore[index]
+                for full, obj in self.objects.items()
+                if full.startswith(root + prefix + "/") and full.endswith(".zip")
+                and _STATE.match(full[len(root):])]
+        newest = max(zips, key=lambda z: z[0], default=None)
+        m = self.meaning(newest[1].data) if newest else None
+        held = set(m[1]) if m else set()
+        for n in reused:
+            if n not in held:
+                self.orphan_reuse.add(root + f"{prefix}/SSTs/{n}")
 
     def cleanup(self, st: SparkFS, p: int) -> None:
         """Spark's deletion of old versions (keeping `minBatchesToRetain`) and orphan SSTs."""
@@ -1139,8 +1165,8 @@ class SparkWorld:
         self.pending = (what, arg)
         proc = self.spawn_process(what, self.person(what, arg))
         proc.data["exclusive"] = True
-        if what == "rollback" and self.faults and self.rng.random() < 0.5:
-            proc.data["crash_at"] = self.rng.randint(1, 8)  # at its n-th delete
+        if what == "rollback" and self.faults:
+            proc.data["may_crash"] = True
 
     def damage(self) -> None:
         """A file of a savepoint is lost (a person's mistake): verify must say so."""
@@ -1476,7 +1502,8 @@ PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]], dict[s
         "a rollback deletes logs before state files, unnoticeable when cut short",
         ("stale-after-rollback",),
         [("statehold.spark_checkpoints.rollback", "_delete", _logs_before_state)],
-        {"provider": "hdfs", "operate_rate": 0.01, "snapshot_every": 1, "retain": 6},
+        {"provider": "hdfs", "operate_rate": 0.01, "snapshot_every": 1, "retain": 6,
+         "rollback_crash": 0.25},
     ),
     "verify-without-source-chain": (
         "verify does not check the file source log's chain",
@@ -1493,7 +1520,7 @@ PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]], dict[s
     ),
     "v2-lineage-ignored": (
         "gc ignores the format-v2 unique ids commits/N records",
-        ("restart-broken",),
+        ("restart-broken", "orphans"),
         [("statehold.spark_checkpoints.gc", "resolve", _any_attempt)],
         {"provider": "rocksdb-v2"},
     ),
@@ -1502,7 +1529,8 @@ PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]], dict[s
         "another executor's cleanup deleted (a Spark bug, reported as one)",
         ("spark-bug",),
         [],
-        {"provider": "rocksdb", "move_rate": 0.2, "snapshot_every": 1},
+        {"provider": "rocksdb", "move_rate": 0.2, "snapshot_every": 1, "operate_rate": 0.0005,
+         "crash_rate": 0.0005},
     ),
 }
 

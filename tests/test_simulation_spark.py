@@ -1,0 +1,178 @@
+"""The simulation's Spark world (tests/sim/spark.py): a Structured Streaming query writing
+its checkpoint location step by step beside statehold's Spark-location code. A short
+sweep finds no violation, a seed replays exactly, and each planted bug is found within a
+bound of seeds.
+
+Three holes, (a) a savepoint copying source log entries only up to the batch number, (b) a
+rollback deleting logs before state files, (c) verify not checking the source log chain,
+are being fixed in `src` apart from this world. Each is probed below on a hand-made
+location; while a probe shows the hole open, the violation kind that finds it is noted
+(`tolerate`) instead of failing the sweep, and the test says so."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sim.spark import PLANTS, run_spark_seed
+
+from statehold.errors import StateholdError
+from statehold.spark_checkpoints import SparkCheckpointLocation, open_spark_checkpoint
+from statehold.storage.base import StorageError
+from statehold.storage.local import LocalStorage
+from tests.support.spark_checkpoint_files import (
+    commit_file,
+    file_log,
+    hdfs_store,
+    offsets_file,
+    write,
+)
+
+STEPS = 1500
+#: The sweep's seeds (one of each state store: hdfs, rocksdb, rocksdb-v2, hdfs); about
+#: a second each. New seeds are explored by `python tests/simulate.py --world spark`.
+SWEEP_SEEDS = range(3000, 3004)
+#: Seeds within which each planted bug must be found (today each is found within the
+#: first two; the bound leaves room for the runs to change with the code).
+BOUND = 6
+#: (d) is not reached yet: see `test_planted_bug_is_found`.
+NOT_REACHED = {"gc-without-recheck"}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs() -> Iterator[None]:
+    logger = logging.getLogger("statehold")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
+
+
+# -- the holes being fixed in src, probed on hand-made locations ----------------------------
+def _location(root: Path, batches: int, ahead: int) -> None:
+    """metadata, offsets/commits 0..batches-1, a source log `ahead` entries ahead of the
+    batch numbers (a driver died between an entry and its offsets), one HDFS store."""
+    write(root, "metadata", '{"id": "probe"}')
+    for b in range(batches + ahead):
+        write(root, f"sources/0/{b}", file_log([(f"file:///in/{b:05d}.json", b)]))
+    for b in range(batches):
+        write(root, f"offsets/{b}", offsets_file(b, [{"logOffset": b + ahead}]))
+        write(root, f"commits/{b}", commit_file(b))
+    hdfs_store(root, "state/0/0", range(1, batches + 1), set())
+
+
+def savepoint_hole_open(tmp: Path) -> bool:
+    """(a): a savepoint of a batch whose logOffset is past its number misses entries."""
+    _location(tmp / "a", 2, ahead=1)
+    open_spark_checkpoint(str(tmp / "a")).savepoint(str(tmp / "a-sp"))
+    return not (tmp / "a-sp" / "sources/0/2").exists()
+
+
+def verify_hole_open(tmp: Path) -> bool:
+    """(c): verify says ok with an entry missing from the middle of the source log."""
+    _location(tmp / "c", 3, ahead=0)
+    (tmp / "c" / "sources/0/1").unlink()
+    return open_spark_checkpoint(str(tmp / "c")).verify().ok
+
+
+class _FirstDelete(LocalStorage):
+    """A local storage whose first delete is noted and fails (a crash right there)."""
+
+    first: list[str]
+
+    def delete_many(self, keys: object) -> None:
+        self.first = list(keys)  # type: ignore[call-overload]
+        raise StorageError("cut short (probe)")
+
+
+def rollback_hole_open(tmp: Path) -> bool:
+    """(b): a rollback cut short at its first delete has deleted a log (the location then
+    looks rolled back, its later state files left for the next run to load)."""
+    _location(tmp / "b", 4, ahead=0)
+    storage = _FirstDelete(tmp / "b")
+    with contextlib.suppress(StateholdError):
+        SparkCheckpointLocation(storage).rollback(1, keep=str(tmp / "b-keep"), force=True)
+    first = getattr(storage, "first", [""])[0]
+    return first.startswith(("commits/", "offsets/"))
+
+
+HOLES = {
+    "savepoint-source-log": savepoint_hole_open,
+    "stale-after-rollback": rollback_hole_open,
+    "verify-missed": verify_hole_open,
+}
+
+
+@pytest.fixture(scope="module")
+def open_holes(tmp_path_factory: pytest.TempPathFactory) -> frozenset[str]:
+    """The violation kinds of the holes still open in src (tolerated, and said so)."""
+    tmp = tmp_path_factory.mktemp("holes")
+    return frozenset(kind for kind, probe in HOLES.items() if probe(tmp))
+
+
+# -- the sweep and the replay ------------------------------------------------------------
+def test_sweep_finds_no_violation(open_holes: frozenset[str]) -> None:
+    events: dict[str, int] = {}
+    tolerated: dict[str, int] = {}
+    for seed in SWEEP_SEEDS:
+        result, world = run_spark_seed(seed, STEPS, tolerate=open_holes)
+        assert not result["violations"], (seed, result["violations"], world.minimal_trace())
+        for k, v in result["events"].items():
+            events[k] = events.get(k, 0) + v
+        for k, v in result.get("tolerated", {}).items():
+            tolerated[k] = tolerated.get(k, 0) + v
+    # the Spark steps and the people's operations were reached, not just configured
+    for what in ("batch", "store-moved", "start-gc", "gc-deleted", "start-savepoint",
+                 "start-rollback", "start-relocate", "start-verify", "idle"):
+        assert events.get(what, 0) > 0, (what, events)
+    if tolerated:
+        pytest.xfail(f"holes still open in src, their violations noted: {tolerated}")
+
+
+def test_a_seed_replays_the_same_run() -> None:
+    first, w1 = run_spark_seed(3001, 800, tolerate=frozenset(HOLES))
+    second, w2 = run_spark_seed(3001, 800, tolerate=frozenset(HOLES))
+    assert first == second
+    assert list(w1.trace) == list(w2.trace)
+
+
+def test_the_model_reads_what_spark_wrote() -> None:
+    """A run without faults or people: every committed batch's restart reads back the
+    state of exactly the input files it had processed (the check runs after each step)."""
+    result, world = run_spark_seed(3002, 600, faults=False, operate_rate=0.0, pause_rate=0.0)
+    assert not result["violations"], world.minimal_trace()
+    assert result["events"].get("batch", 0) > 10
+
+
+# -- planted bugs: each must be found within a bounded number of seeds --------------------
+@pytest.mark.parametrize("name", sorted(PLANTS))
+def test_planted_bug_is_found(name: str, open_holes: frozenset[str]) -> None:
+    if name in NOT_REACHED:
+        pytest.xfail("gc's re-check guards a narrow race the simulation does not reach yet: "
+                     "a gc's listing before a rollback, its deletes after the query's rerun "
+                     "rewrote a file it judged deletable and before Spark's next snapshot "
+                     "superseded it")
+    _what, kinds, _patches, options = PLANTS[name]
+    tolerate = open_holes - set(kinds)
+    for seed in range(BOUND):
+        result, _world = run_spark_seed(seed, STEPS, plant=name, tolerate=tolerate, **options)
+        if result["violations"]:
+            assert result["violations"][0]["kind"] in kinds, result["violations"][0]
+            return
+    raise AssertionError(f"planted bug {name!r} not found within {BOUND} seeds")
+
+
+def test_spark_bug_is_reported_as_spark_s() -> None:
+    """SPARK-55892 in the model's own Spark is a `spark-bug`, never blamed on statehold."""
+    _what, _kinds, _patches, options = PLANTS["spark-55892"]
+    for seed in range(BOUND):
+        result, _world = run_spark_seed(seed, STEPS, plant="spark-55892",
+                                        tolerate=frozenset(HOLES), **options)
+        if result["violations"]:
+            v = result["violations"][0]
+            assert v["kind"] == "spark-bug" and "SPARK-55892" in v["message"], v
+            return
+    raise AssertionError("the planted Spark race was not found")
