@@ -39,6 +39,7 @@ file no retained batch needs is left.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -101,7 +102,8 @@ def partition_of(key: int) -> int:
     return key % PARTITIONS
 
 
-def reference(files: frozenset[int] | set[int]) -> list[dict[int, int]]:
+@functools.lru_cache(maxsize=4096)
+def reference(files: frozenset[int]) -> list[dict[int, int]]:
     """The state (per partition: key -> sum) after processing `files`, in any batches."""
     out: list[dict[int, int]] = [{} for _ in range(PARTITIONS)]
     for n in files:
@@ -1404,6 +1406,7 @@ class SparkWorld:
 
 
 # -- the model's parsing of its own files ---------------------------------------------------
+@functools.lru_cache(maxsize=8192)
 def parse_entries(data: bytes) -> list[tuple[int, int, str]]:
     """A source log file's entries: (input file number, batch id, the input's prefix)."""
     out = []
