@@ -166,6 +166,8 @@ def _flags(args: argparse.Namespace) -> str:
     out = ""
     if args.world == "spark":
         out += " --world spark"
+        if args.list_lag:
+            out += f" --list-lag {args.list_lag}"
         if args.provider:
             out += f" --provider {args.provider}"
         if args.tolerate:
