@@ -88,9 +88,13 @@ def test_savepoint_rollback_and_relocate_are_commands(tmp_path: Path) -> None:
     assert rolled["from_batch"] == 6 and rolled["kept"].endswith("/kept")
     assert sorted(os.listdir(root / "commits")) == ["3", "4"]
     assert run_json("list", str(tmp_path / "kept"))["restart_batch"] == 6
-    moved = run_json("relocate", str(root), "--from", "file:///data/in", "--to", "file:///new/in")
-    assert moved["paths"] == 2  # the source's log up to batch 4: files 3 and 4
-    assert run_json("verify", str(root))["bound_to"] == {"file:///new/in": 2}
+    move = ("relocate", str(root), "--from", "file:///data/in", "--to", "file:///new/in")
+    alive = run(*move)  # a running query would read a log rewritten under it
+    assert alive.exit_code == 1 and "looks alive" in alive.stderr
+    assert run_json("verify", str(root))["bound_to"] == {"file:///data/in": 5}
+    moved = run_json(*move, "--force")
+    assert moved["paths"] == 5  # the source's log up to batch 4: files 0-4
+    assert run_json("verify", str(root))["bound_to"] == {"file:///new/in": 5}
 
 
 def test_savepoint_of_a_job_directory_says_what_it_takes(tmp_path: Path) -> None:

@@ -222,9 +222,9 @@ def test_any_name_gets_a_kind(key: str) -> None:
 
 # -- whole locations -----------------------------------------------------------------------
 def _location(root: Path) -> dict[str, bytes]:
-    """A small location of two batches: logs, a file source, operator metadata, a RocksDB
-    store with changelogs and a snapshot zip. Returns its files' bytes by key."""
-    logs(root, range(2))
+    """A small location of three batches: logs, a file source, operator metadata, a
+    RocksDB store with changelogs and a snapshot zip. Returns its files' bytes by key."""
+    logs(root, range(3))
     write(root, "state/0/_metadata/metadata", "v1\n" + json.dumps({
         "operatorInfo": {"operatorId": 0, "operatorName": "stateStoreSave"},
         "stateStoreInfo": [{"storeName": "default", "numColsPrefixKey": 0,

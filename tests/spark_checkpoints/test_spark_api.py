@@ -20,7 +20,7 @@ def test_one_object_every_operation(tmp_path: Path) -> None:
     assert location.verify(5).ok
     assert location.du().bytes["ssts"] > 0
     assert [r.batch for r in location.history(limit=2).records] == [5, 6]
-    assert [p.path for p in location.absolute_paths()][:1] == ["file:///data/in/00003.json"]
+    assert [p.path for p in location.absolute_paths()][:1] == ["file:///data/in/00000.json"]
     assert location.gc(dry_run=True, grace_seconds=0).deletable >= 1 and orphan.exists()
     assert location.gc(grace_seconds=0).deleted >= 1 and not orphan.exists()
     saved = location.savepoint(str(tmp_path / "sp"), batch=4)

@@ -33,7 +33,7 @@ def test_relocated_checkpoint_continues_with_its_moved_input(
 
     dry = relocate(moved, str(tmp_path / "old"), str(tmp_path / "new"), dry_run=True)
     assert absolute_paths(moved) == bound and dry.paths == len(bound)
-    report = relocate(moved, str(tmp_path / "old"), str(tmp_path / "new"))
+    report = relocate(moved, str(tmp_path / "old"), str(tmp_path / "new"), force=True)
 
     assert report.paths == len(bound) and not report.others
     assert all(str(new_in) in b.path for b in absolute_paths(moved))

@@ -97,7 +97,7 @@ def test_verify_passes_a_whole_checkpoint_and_names_its_input_directories(tmp_pa
     changelog_checkpoint(tmp_path)
     report = verify(open_spark_checkpoint(str(tmp_path)))
     assert report.ok, report.problems
-    assert report.batch == 6 and report.bound_to == {"file:///data/in": 4}
+    assert report.batch == 6 and report.bound_to == {"file:///data/in": 7}
 
 
 def test_the_batches_a_restart_can_start_after(tmp_path: Path) -> None:

@@ -104,11 +104,15 @@ def file_log(entries: list[tuple[str, int]]) -> bytes:
 
 
 def logs(root: Path, batches: range, conf: dict[str, str] | None = None) -> None:
-    """metadata, offsets/N and commits/N for `batches`, one file source."""
+    """metadata, offsets/N and commits/N for `batches`, one file source with one entry per
+    batch. The source's log starts at 0 whatever `batches` start at: Spark purges old
+    offsets and commits by its retention, never a file source's log (only a compaction
+    replaces its plain files)."""
     write(root, "metadata", json.dumps({"id": str(uuid.uuid4())}))
     for b in batches:
         write(root, f"offsets/{b}", offsets_file(b, [{"logOffset": b}], conf))
         write(root, f"commits/{b}", commit_file(b))
+    for b in range(batches.stop):
         write(root, f"sources/0/{b}", file_log([(f"file:///data/in/{b:05d}.json", b)]))
 
 

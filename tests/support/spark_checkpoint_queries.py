@@ -396,13 +396,25 @@ def _maintenance_threads(jvm: Any) -> list[str]:
 
 
 def start_query(
-    session: SparkSession, query: str, checkpoint: str, inputs: Path, output: Path
+    session: SparkSession,
+    query: str,
+    checkpoint: str,
+    inputs: Path,
+    output: Path,
+    pause: Path | None = None,
 ) -> StreamingQuery:
+    """`pause`: read the input in union with `spark_pause_source`'s source, armed by that
+    file (its mark: the same name with ``.paused``), for a driver to be killed between
+    the file source's log write and the offsets write (PySpark 4)."""
     spec = QUERIES[query]
     source = (
         session.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
         .json(str(inputs))
     )
+    if pause is not None:
+        from tests.support.spark_pause_source import pause_stream
+
+        source = source.union(pause_stream(session, checkpoint, str(pause), f"{pause}.paused"))
     return (
         spec(source).writeStream.foreachBatch(batch_writer(output))
         .outputMode(spec.output_mode)
@@ -422,6 +434,7 @@ def run_query(
     output: Path,
     until_batch: int,
     timeout: float = 300.0,
+    pause: Path | None = None,
 ) -> int:
     """Run `query` with `provider`'s state store on `checkpoint` (a local path or a Hadoop
     URI such as ``s3a://bucket/prefix``) over the files in `inputs`, writing to `output`,
@@ -440,7 +453,7 @@ def run_query(
     (then the query is stopped)."""
     restart_state_store_maintenance(spark)
     session = query_session(spark, provider)
-    running = start_query(session, query, checkpoint, inputs, output)
+    running = start_query(session, query, checkpoint, inputs, output, pause)
     timed_out = threading.Event()
 
     def expire() -> None:
@@ -503,6 +516,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--until-batch", required=True, type=int)
     p.add_argument("--s3-endpoint", help="the S3 endpoint of an s3a:// checkpoint")
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--pause-source", type=Path,
+                   help="read through spark_pause_source's source, armed by this file")
     return p.parse_args(argv)
 
 
@@ -516,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         last = run_query(
             spark, args.query, args.provider, args.checkpoint, args.input.absolute(),
-            args.output.absolute(), args.until_batch, args.timeout,
+            args.output.absolute(), args.until_batch, args.timeout, args.pause_source,
         )
     except QueryFailed as error:
         print(error, file=sys.stderr)

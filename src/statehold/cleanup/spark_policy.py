@@ -6,7 +6,8 @@ it. It judges one listed file from plain data (`SparkView`), in this order:
 * **Referenced**: a file some batch Spark may still restart from (or be rolled back to)
   needs, and every file of a store whose needs could not be resolved (spared whole).
 * **Kept**: the query's ``metadata``, ``offsets/``, ``commits/``, ``sources/``, operator
-  metadata and state schemas: Spark purges them itself, by its own retention.
+  metadata and state schemas: Spark purges them itself, by its own retention; and a
+  rollback's mark (the rollback removes it when it finishes).
 * **Protected** (may be in flight): a file modified at or after the listing began, or
   younger than the grace; a version file above the newest committed version (a batch
   running now writes it).
@@ -17,13 +18,14 @@ it. It judges one listed file from plain data (`SparkView`), in this order:
 
 `check_deletable` is the last line, run on every key just before gc deletes it.
 
-A rollback (`statehold rollback`) deletes what the batches after the one it rolls back to
-wrote, and `check_rollback_deletable` is its last line: the offsets and commit logs, the
-sources' and a file sink's logs, state version files, operator metadata v2 and schema v3
-files, and their checksums. Never the query's ``metadata``, a store's schema, SSTs or
-RocksDB logs (shared between versions: gc decides about them), nor a name Spark does not
-write. Which *batches* go is the caller's decision; this rule guarantees a rollback
-cannot delete a kind of file it has no business with, whatever its planning got wrong.
+A rollback (`statehold rollback`) deletes what the batches after the one it rolls back
+to wrote, and `check_rollback_deletable` is its last line: the offsets and commit logs,
+the sources' and a file sink's logs, state version files, operator metadata v2 and
+schema v3 files, their checksums, and its own mark once it is done. Never the query's
+``metadata``, a store's schema, SSTs or RocksDB logs (shared between versions: gc
+decides about them), nor a name Spark does not write. Which *batches* go is the caller's
+decision; this rule guarantees a rollback cannot delete a kind of file it has no
+business with, whatever its planning got wrong.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ KEPT_KINDS = frozenset(
         Kind.SOURCE_LOG,
         Kind.OPERATOR_METADATA,
         Kind.STORE_SCHEMA,
+        Kind.ROLLBACK_MARKER,
     }
 )
 #: The only kinds gc ever deletes.
@@ -213,6 +216,7 @@ ROLLBACK_KINDS = {
     Kind.CHANGELOG,
     Kind.DELTA,
     Kind.HDFS_SNAPSHOT,
+    Kind.ROLLBACK_MARKER,
 }
 #: Operator metadata v2 and state schema v3 files, named by the batch that wrote them.
 _BATCH_NAMED_OPERATOR_FILE = re.compile(

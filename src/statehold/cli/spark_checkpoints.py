@@ -51,6 +51,13 @@ def list_spark(checkpoint: SparkCheckpoint, as_json: bool) -> None:
         return
     restart = "none" if result.restart_batch is None else f"after batch {result.restart_batch}"
     say(f"{result.uri} (Spark checkpoint, query {result.query_id}; restart {restart})")
+    if result.interrupted_rollback is not None:
+        say(f"an interrupted rollback to batch {result.interrupted_rollback}: run "
+            f"`statehold rollback {result.uri} --to-batch {result.interrupted_rollback}` "
+            "again to finish it")
+    if result.stale_state:
+        say(f"{len(result.stale_state)} state files above what any batch wrote "
+            f"({result.stale_state[0]}, ...): see `statehold verify`")
     table(
         ("batch", "committed", "restartable", "time", "watermark", "why not"),
         [
@@ -377,16 +384,22 @@ def relocate_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show what would be rewritten; write nothing.")
     ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Rewrite even though the query looks alive.")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Rewrite the absolute paths that bind a Spark checkpoint location to its old place
     (the file source's log, a file sink's log, Spark 4's schema paths) from one prefix to
-    another, after the location (or its input) moved. `statehold verify` names them."""
+    another, after the location (or its input) moved. `statehold verify` names them.
+    Refuses when the query looks alive (without --force)."""
     from statehold.spark_checkpoints.relocate import relocate
 
     with handle_errors(as_json):
         checkpoint = _require(location, "relocate", as_json)
-        result = relocate(checkpoint, from_prefix, to_prefix, sink=sink, dry_run=dry_run)
+        result = relocate(
+            checkpoint, from_prefix, to_prefix, sink=sink, dry_run=dry_run, force=force
+        )
 
     def render() -> None:
         verb = "would rewrite" if result.dry_run else "rewrote"

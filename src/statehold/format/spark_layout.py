@@ -21,7 +21,8 @@ Batch N's state is version N+1 of every store: the batch loads version N and com
 
 Hadoop's local file system writes a ``.NAME.crc`` beside each file, Spark 4 a
 ``V_<id>.zip.crc`` (its own checksum) beside state files, and Spark's atomic writes go
-through ``.NAME.<uuid>.tmp``. Any other name is *unknown*: reported, never
+through ``.NAME.<uuid>.tmp``. statehold itself writes one file there, and only while a
+rollback is under way: ``_statehold_rollback``. Any other name is *unknown*: reported, never
 deleted.
 """
 
@@ -36,6 +37,8 @@ OFFSETS_DIR = "offsets"
 COMMITS_DIR = "commits"
 SOURCES_DIR = "sources"
 STATE_DIR = "state"
+#: statehold's own mark of a rollback under way (`spark_checkpoints.rollback_marker`).
+ROLLBACK_MARKER = "_statehold_rollback"
 DEFAULT_STORE = "default"
 #: Directories inside a store (or a partition directory holding the default store).
 _STORE_SUBDIRS = {"SSTs", "logs", "_metadata"}
@@ -65,6 +68,7 @@ class Kind(StrEnum):
     ROCKSDB_LOG = "rocksdb-log"
     CRC = "crc"
     TEMP = "temp"
+    ROLLBACK_MARKER = "rollback-marker"
     UNKNOWN = "unknown"
 
 
@@ -125,6 +129,8 @@ def parse(key: str) -> Name:
     if _TEMP.search(leaf):
         return Name(key, Kind.TEMP)
     if len(parts) == 1:
+        if leaf == ROLLBACK_MARKER:
+            return Name(key, Kind.ROLLBACK_MARKER)
         return Name(key, Kind.QUERY_METADATA if leaf == QUERY_METADATA else Kind.UNKNOWN)
     top = parts[0]
     if top in (OFFSETS_DIR, COMMITS_DIR) and len(parts) == 2 and _BATCH.match(leaf):

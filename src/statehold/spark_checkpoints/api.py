@@ -87,9 +87,21 @@ class SparkCheckpointLocation(SparkCheckpoint):
         return absolute_paths(self, sink=sink)
 
     def relocate(
-        self, from_prefix: str, to_prefix: str, *, sink: str | None = None, dry_run: bool = False
+        self,
+        from_prefix: str,
+        to_prefix: str,
+        *,
+        sink: str | None = None,
+        dry_run: bool = False,
+        force: bool = False,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
     ) -> RelocateReport:
-        return relocate(self, from_prefix, to_prefix, sink=sink, dry_run=dry_run)
+        """Rewrite the absolute paths from one prefix to another; refused while the query
+        looks alive (`force` to go on)."""
+        return relocate(
+            self, from_prefix, to_prefix, sink=sink, dry_run=dry_run, force=force,
+            grace_seconds=grace_seconds,
+        )
 
 
 def open_spark_checkpoint(uri: str, **storage_options: Any) -> SparkCheckpointLocation:

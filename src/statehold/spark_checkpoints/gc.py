@@ -10,12 +10,13 @@ retained versions cannot be resolved (an unreadable zip, a bad lineage, a gap af
 held version) is spared whole and named, one line each.
 
 Before each batch of deletes (one directory's files, at most `batch_size`) it re-checks:
-the commit log's newest batch has not gone back (a rollback or a restart from an older
-checkpoint: it stops, `SparkGcInterruptedError`), and each file still has the size and
-mtime it was judged by (a changed or vanished one is left). SSTs and RocksDB logs skip
-that second check: their names carry the uploading task's UUID, so no later write can
-reuse one, and a file the listing saw is the file being deleted. Deletes go through the
-storage's bulk delete (`Storage.delete_names`), a file's ``.crc`` right after it.
+no rollback has begun (its mark) and the commit log's newest batch has not gone back (a
+rollback or a restart from an older checkpoint: it stops, `SparkGcInterruptedError`),
+and each file still has the size and mtime it was judged by (a changed or vanished one
+is left). SSTs and RocksDB logs skip that second check: their names carry the uploading
+task's UUID, so no later write can reuse one, and a file the listing saw is the file
+being deleted. Deletes go through the storage's bulk delete (`Storage.delete_names`), a
+file's ``.crc`` right after it.
 """
 
 from __future__ import annotations
@@ -35,10 +36,19 @@ from statehold.cleanup.spark_policy import (
     judge_names,
     shared_dir_store,
 )
-from statehold.format.spark_layout import COMMITS_DIR, Kind, StoreId, crc_of, is_decimal, parse
+from statehold.format.spark_layout import (
+    COMMITS_DIR,
+    ROLLBACK_MARKER,
+    Kind,
+    StoreId,
+    crc_of,
+    is_decimal,
+    parse,
+)
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import SparkCheckpoint, unique_id
 from statehold.spark_checkpoints.logs import Commit
+from statehold.spark_checkpoints.rollback_marker import refuse_unfinished
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.stores import resolve
 from statehold.storage.base import DeleteError, FileInfo, Storage, StorageError
@@ -125,6 +135,7 @@ def gc(
     storage = checkpoint.storage
     checkpoint.forget_reads()  # a zip read before this listing may have been rewritten
     found, bulk = _list(storage)
+    refuse_unfinished(storage, ROLLBACK_MARKER in found.files, "collect garbage")
     report = SparkGcReport(uri=checkpoint.uri, dry_run=dry_run)
     report.listed = len(found.files) + sum(len(d.names) for d in bulk.values())
     commits = _read_commits(checkpoint, found)
@@ -480,13 +491,20 @@ def unique_names(directory: str) -> bool:
 
 
 def _check_commits(storage: Storage, newest: int | None, report: SparkGcReport) -> None:
-    """Stop if the commit log's newest batch went back since the listing."""
-    if newest is None:
-        return
+    """Stop if a rollback began (its mark) or the commit log's newest batch went back
+    since the listing."""
     try:
-        _dirs, files = storage.list_top(COMMITS_DIR)
+        marked = storage.stat(ROLLBACK_MARKER) is not None
+        _dirs, files = storage.list_top(COMMITS_DIR) if newest is not None else ([], [])
     except StorageError as e:
         raise SparkGcInterruptedError(f"{COMMITS_DIR}: cannot be listed ({e})") from None
+    if marked:
+        raise SparkGcInterruptedError(
+            f"{ROLLBACK_MARKER}: a rollback began while gc ran; gc stopped after deleting "
+            f"{report.deleted} files. Run it again once the rollback is done."
+        )
+    if newest is None:
+        return
     batches = [int(n) for f in files if is_decimal(n := f.key.rpartition("/")[2])]
     now = max(batches, default=None)
     if now is None or now < newest:

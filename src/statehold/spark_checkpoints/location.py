@@ -21,6 +21,9 @@ from statehold.format.spark_layout import (
     DEFAULT_STORE,
     OFFSETS_DIR,
     QUERY_METADATA,
+    SOURCES_DIR,
+    STATE_DIR,
+    VERSION_FILES,
     StoreId,
     is_decimal,
 )
@@ -34,6 +37,12 @@ from statehold.spark_checkpoints.logs import (
     parse_offsets,
 )
 from statehold.spark_checkpoints.scan import Scan, scan
+from statehold.spark_checkpoints.source_logs import (
+    SourceNeeds,
+    line_owners,
+    source_needs,
+    source_tops,
+)
 from statehold.spark_checkpoints.state_files import check_stream, lineage, read_zip_metadata
 from statehold.spark_checkpoints.stores import Needs, resolve
 from statehold.storage import Storage, StorageError
@@ -41,6 +50,8 @@ from statehold.storage import Storage, StorageError
 _RETAIN_CONF = "spark.sql.streaming.minBatchesToRetain"
 _CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
 _JOB_MARKERS = ("_job", "_ha")
+#: Where a running query writes.
+_LIVE_DIRS = (OFFSETS_DIR, COMMITS_DIR, SOURCES_DIR, STATE_DIR)
 
 
 def looks_like_spark_checkpoint(storage: Storage) -> bool:
@@ -50,6 +61,24 @@ def looks_like_spark_checkpoint(storage: Storage) -> bool:
     if any(d in _JOB_MARKERS for d in dirs):
         return False
     return OFFSETS_DIR in dirs or COMMITS_DIR in dirs or any(f.key == QUERY_METADATA for f in files)
+
+
+def refuse_alive(found: Scan, grace_seconds: float, or_else: str) -> None:
+    """Refuse (SparkCheckpointError) when the query looks alive: a log or state file
+    written within `grace_seconds` of the listing. A query whose trigger interval is
+    longer is not noticed: stop it first, or give a larger grace. `or_else`: the way
+    past the refusal (``force the rollback``)."""
+    since = found.started_at - grace_seconds
+    recent = [
+        i for i in found.files.values() if i.key.split("/", 1)[0] in _LIVE_DIRS and i.mtime > since
+    ]
+    if recent:
+        newest = max(recent, key=lambda i: i.mtime)
+        age = max(0.0, found.started_at - newest.mtime)
+        raise SparkCheckpointError(
+            f"the query looks alive: {newest.key} was written {age:.0f} s ago (within "
+            f"{grace_seconds:.0f} s); stop it, or {or_else}"
+        )
 
 
 #: The most partitions statehold believes an operator's metadata claims (Spark's
@@ -95,6 +124,7 @@ class SparkCheckpoint:
         self.uri = storage.uri
         self._zip_files = cache(self._read_zip_files)
         self._lineage = cache(self._read_lineage)
+        self._offsets = cache(self._read_offsets)
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, key: str) -> bytes:
@@ -104,6 +134,9 @@ class SparkCheckpoint:
             raise SparkCheckpointError(f"{key}: cannot be read ({e})") from None
 
     def offsets(self, batch: int) -> Offsets:
+        return self._offsets(batch)
+
+    def _read_offsets(self, batch: int) -> Offsets:
         key = f"{OFFSETS_DIR}/{batch}"
         return parse_offsets(self.read(key), key)
 
@@ -145,6 +178,7 @@ class SparkCheckpoint:
     def forget_reads(self) -> None:
         self._zip_files.cache_clear()
         self._lineage.cache_clear()
+        self._offsets.cache_clear()
 
     # -- what a restart needs --------------------------------------------------------------
     def conf(self, found: Scan) -> dict[str, str]:
@@ -171,8 +205,9 @@ class SparkCheckpoint:
             needs.files[key] = None
             if key not in found.files:
                 needs.problems.append(f"{key}: missing (a restart at batch {batch} reads it)")
-        for source in found.sources.values():
-            needs.files.update((k, None) for b, k in source.items() if b <= batch)
+        for source in self.source_needs(found, batch, needs.problems):
+            needs.files.update((k, None) for k in source.files)
+            needs.problems.extend(source.problems)
         needs.files.update((k, None) for k in found.operator_files)
         commit = self._commit_or_problem(needs, found)
         for store in self.expected_stores(found):
@@ -192,6 +227,53 @@ class SparkCheckpoint:
             needs.files.update(store_needs.files)
             needs.problems.extend(store_needs.problems)
         return needs
+
+    def source_tops(
+        self, found: Scan, batch: int, as_is: bool | None = None
+    ) -> dict[int, tuple[int, bool]]:
+        """Per source with a log: the newest entry a restart after `batch` reads, and
+        whether it is a file source (`source_logs.source_tops`; `as_is`: restarted as the
+        location stands, by default when `batch` is its newest commit; a rollback asks
+        for the batch's own entries). Refused (SparkCheckpointError) when
+        ``offsets/<batch>`` cannot be read or its lines cannot be told apart."""
+        lines = self.offsets(batch).sources if found.sources else []
+        owners = line_owners(
+            lines,
+            set(found.sources),
+            lambda: [self.offsets(b).sources for b in sorted(found.offsets)],
+            f"{OFFSETS_DIR}/{batch}",
+        )
+        if as_is is None:
+            as_is = batch == found.newest_committed
+        return source_tops(lines, owners, found.sources, batch, as_is)
+
+    def source_needs(
+        self, found: Scan, batch: int, problems: list[str]
+    ) -> list[SourceNeeds]:
+        """What a restart after `batch` reads of each source's log; a log whose needs
+        cannot be told adds its reason to `problems` and is kept whole up to the batch."""
+        try:
+            tops = self.source_tops(found, batch)
+        except SparkCheckpointError as e:
+            if f"{OFFSETS_DIR}/{batch}" in found.files:
+                problems.append(str(e))
+            tops = {s: (batch, False) for s in found.sources}
+        return [
+            source_needs(s, found.sources[s], top, batch, file_source)
+            for s, (top, file_source) in sorted(tops.items())
+        ]
+
+    def stale_state(self, found: Scan) -> list[str]:
+        """State version files above what any batch in the logs wrote (the newest batch
+        B writes version B+1): left by a rollback that stopped after the logs, or logs
+        deleted by hand. Spark loads the newest snapshot at or below the version it asks
+        for, so a later load would read one of them as if this timeline wrote it."""
+        newest = max({*found.offsets, *found.commits}, default=-1)
+        return sorted(
+            key
+            for key, name in found.names.items()
+            if name.kind in VERSION_FILES and (name.version or 0) > newest + 1
+        )
 
     def _commit_or_problem(self, needs: RestartNeeds, found: Scan) -> Commit | None:
         if needs.batch not in found.commits:

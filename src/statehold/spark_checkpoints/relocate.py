@@ -26,10 +26,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from statehold.format.spark_layout import SOURCES_DIR, Kind, crc_of, is_decimal
+from statehold.format.spark_layout import ROLLBACK_MARKER, SOURCES_DIR, Kind, crc_of, is_decimal
 from statehold.spark_checkpoints.errors import SparkCheckpointError
-from statehold.spark_checkpoints.location import SparkCheckpoint
-from statehold.spark_checkpoints.rollback import SINK_LOG_DIR
+from statehold.spark_checkpoints.location import SparkCheckpoint, refuse_alive
+from statehold.spark_checkpoints.rollback import DEFAULT_GRACE_SECONDS, SINK_LOG_DIR
+from statehold.spark_checkpoints.rollback_marker import refuse_unfinished
 from statehold.spark_checkpoints.savepoint import operator_file_batch
 from statehold.storage import Storage, StorageError, open_storage
 
@@ -133,12 +134,22 @@ def relocate(
     sink: str | None = None,
     dry_run: bool = False,
     storage_options: Mapping[str, Any] | None = None,
+    force: bool = False,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
 ) -> RelocateReport:
     """Rewrite every absolute path starting with `from_prefix` to start with `to_prefix`
     instead. A plain local path as prefix also matches the ``file://`` URIs Spark
-    writes. With `dry_run`, only say what would be rewritten."""
+    writes. With `dry_run`, only say what would be rewritten. Refused while the query
+    looks alive (a log or state file written within `grace_seconds`; `force` to go on):
+    a running query reads a log it may find rewritten before its checksum is, and
+    writes new entries with the old paths."""
     if not from_prefix or not to_prefix:
         raise SparkCheckpointError("relocate needs a prefix to rewrite and one to write")
+    if not dry_run:
+        found = checkpoint.scan()
+        refuse_unfinished(checkpoint.storage, ROLLBACK_MARKER in found.files, "relocate")
+        if not force:
+            refuse_alive(found, grace_seconds, "force the relocation")
     change = _changer(from_prefix, to_prefix)
     docs = _documents(checkpoint, sink, storage_options)
     report = RelocateReport(

@@ -9,9 +9,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from statehold.format.spark_layout import Kind
+from statehold.format.spark_layout import ROLLBACK_MARKER, Kind
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import RestartNeeds, SparkCheckpoint
+from statehold.spark_checkpoints.rollback_marker import read_marker, unfinished
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.state_files import check_stream
 
@@ -66,6 +67,10 @@ class SparkListing(_Result):
     min_batches_to_retain: int | None
     #: The oldest batch the commit log still holds.
     oldest_committed: int | None
+    #: The batch an interrupted rollback was taking the location back to (run it again).
+    interrupted_rollback: int | None = None
+    #: State version files above what any batch in the logs wrote (`verify` says why).
+    stale_state: list[str] = []
 
 
 class SparkVerifyReport(_Result):
@@ -139,7 +144,48 @@ def listing(checkpoint: SparkCheckpoint) -> SparkListing:
         stores=_stores(found, needs),
         min_batches_to_retain=checkpoint.min_batches_to_retain(found),
         oldest_committed=min(found.commits, default=None),
+        interrupted_rollback=_interrupted(checkpoint, found),
+        stale_state=checkpoint.stale_state(found),
     )
+
+
+def _interrupted(checkpoint: SparkCheckpoint, found: Scan) -> int | None:
+    try:
+        marker = read_marker(checkpoint.storage, ROLLBACK_MARKER in found.files)
+    except SparkCheckpointError:
+        return -1 if ROLLBACK_MARKER in found.files else None
+    return None if marker is None else marker.to_batch
+
+
+def location_problems(checkpoint: SparkCheckpoint, found: Scan) -> list[SparkProblem]:
+    """What is wrong with the location whatever the batch: an unfinished rollback, and
+    state of abandoned batches (one line per store)."""
+    problems: list[SparkProblem] = []
+    try:
+        marker = read_marker(checkpoint.storage, ROLLBACK_MARKER in found.files)
+        if marker is not None:
+            problems.append(
+                SparkProblem(path=ROLLBACK_MARKER, problem=unfinished(marker, checkpoint.uri))
+            )
+    except SparkCheckpointError as e:
+        problems.append(SparkProblem(path=ROLLBACK_MARKER, problem=str(e)))
+    newest = max({*found.offsets, *found.commits}, default=-1)
+    by_store: dict[object, list[str]] = defaultdict(list)
+    for key in checkpoint.stale_state(found):
+        by_store[found.names[key].store].append(key)
+    for keys in by_store.values():
+        more = f" and {len(keys) - 1} more of its versions" if len(keys) > 1 else ""
+        problems.append(
+            SparkProblem(
+                path=keys[0],
+                problem=f"{keys[0]}{more}: above what any batch in the logs wrote (the newest, "
+                f"{newest}, writes version {newest + 1}): state of abandoned batches (a "
+                f"rollback stopped after the logs?) that a later load would read; "
+                f"`statehold rollback {checkpoint.uri} --to-batch {found.newest_committed}` "
+                "removes it",
+            )
+        )
+    return problems
 
 
 def _stores(found: Scan, needs: RestartNeeds | None) -> list[StoreVersions]:
@@ -180,6 +226,7 @@ def verify(checkpoint: SparkCheckpoint, batch: int | None = None) -> SparkVerify
     batch = default_batch(found) if batch is None else batch
     needs = checkpoint.restart_needs(found, batch)
     problems = [SparkProblem(path=_subject(p), problem=p) for p in needs.problems]
+    problems += location_problems(checkpoint, found)
     problems += [
         SparkProblem(path=k, problem="a symbolic link: never followed")
         for k in found.foreign

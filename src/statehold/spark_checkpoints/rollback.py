@@ -16,10 +16,19 @@ whose trigger interval is longer than that is not noticed, so stop it first or g
 larger grace); a compacted log after N must not hold entries of batches up to N whose
 plain files are gone (the rollback could not restore them). Then what is removed is
 kept first as a savepoint of the newest restartable batch (`keep`), so the rollback can
-be undone by starting from it. Logs go first, newest batch first, commit before
-offsets: a rollback cut short leaves a location restartable at a batch between N and
-where it was (run it again). Every delete is checked by the deletion rule
-(`statehold.cleanup.spark_policy.check_rollback_deletable`).
+be undone by starting from it, and the location is marked (`rollback_marker`) until the
+last delete.
+
+The order of the deletes is what makes a rollback stopped anywhere safe: the state
+version files above N+1 go first (newest version first), then operator files, then the
+logs (newest batch first, commit before offsets), then the sources' entries. Stopped
+among the state files, the location's newest commit still stands but a version its
+restart loads is gone, so Spark's restart fails loudly instead of loading state of the
+abandoned batches (Spark loads the newest snapshot at or below the version it asks for:
+a stale ``7.zip`` left after the logs were rolled back would be read silently later).
+Whatever stops it, the mark makes `verify` report it, `list` name it, and savepoint, gc
+and relocate refuse; the same rollback run again finishes it. Every delete is checked by
+the deletion rule (`statehold.cleanup.spark_policy.check_rollback_deletable`).
 """
 
 from __future__ import annotations
@@ -33,21 +42,23 @@ from pydantic import BaseModel, Field
 from statehold import clock
 from statehold.cleanup.spark_policy import check_rollback_deletable
 from statehold.format.spark_layout import (
-    COMMITS_DIR,
-    OFFSETS_DIR,
+    ROLLBACK_MARKER,
     SOURCES_DIR,
-    STATE_DIR,
     VERSION_FILES,
     is_decimal,
 )
 from statehold.spark_checkpoints.errors import SparkCheckpointError
-from statehold.spark_checkpoints.location import SparkCheckpoint
+from statehold.spark_checkpoints.location import SparkCheckpoint, refuse_alive
+from statehold.spark_checkpoints.rollback_marker import (
+    RollbackMarker,
+    read_marker,
+    write_marker,
+)
 from statehold.spark_checkpoints.savepoint import (
     companions,
     newest_restartable,
     operator_file_batch,
     savepoint,
-    source_limits,
 )
 from statehold.spark_checkpoints.scan import Scan
 from statehold.storage import Storage, StorageError, open_storage
@@ -56,7 +67,6 @@ from statehold.storage import Storage, StorageError, open_storage
 #: state store maintenance interval (60 s), and far longer than a default trigger.
 DEFAULT_GRACE_SECONDS = 120.0
 SINK_LOG_DIR = "_spark_metadata"
-_LIVE_DIRS = (OFFSETS_DIR, COMMITS_DIR, SOURCES_DIR, STATE_DIR)
 
 
 class RollbackReport(BaseModel):
@@ -72,6 +82,8 @@ class RollbackReport(BaseModel):
     sink_deleted: list[str] = Field(default_factory=list)
     #: Sinks that would skip or duplicate the replayed batches, and why.
     sinks: list[str] = Field(default_factory=list)
+    #: This run finished a rollback an earlier run began and did not end.
+    finished_interrupted: bool = False
 
 
 def rollback(
@@ -92,6 +104,13 @@ def rollback(
     deleted, when the rollback cannot be done safely."""
     options = dict(storage_options or {})
     found = checkpoint.scan()
+    marker = read_marker(checkpoint.storage, ROLLBACK_MARKER in found.files)
+    if marker is not None and to_batch > marker.to_batch:
+        raise SparkCheckpointError(
+            f"cannot roll back to batch {to_batch}: a rollback to batch {marker.to_batch} "
+            f"was interrupted; finish it first (statehold rollback {checkpoint.uri} "
+            f"{marker.to_batch})"
+        )
     needs = checkpoint.restart_needs(found, to_batch)
     if not needs.ok:
         more = f" (and {len(needs.problems) - 1} more)" if len(needs.problems) > 1 else ""
@@ -99,79 +118,107 @@ def rollback(
             f"cannot roll back to batch {to_batch}: {needs.problems[0]}{more}"
         )
     if not force:
-        _refuse_alive(found, grace_seconds)
+        refuse_alive(found, grace_seconds, "force the rollback")
     plan = _plan(checkpoint, found, to_batch)
-    sink_storage = _open(sink, options) if sink else None
+    sink_uri = sink or (marker.sink if marker else None)
+    sink_storage = _open(sink_uri, options) if sink_uri else None
     sink_plan = _plan_sink(sink_storage, to_batch) if sink_storage else []
     for key in [*plan, *sink_plan]:
         check_rollback_deletable(key)
-    newest = found.newest_committed
+    newest = marker.from_batch if marker else found.newest_committed
     report = RollbackReport(
         checkpoint=checkpoint.uri,
         to_batch=to_batch,
         from_batch=newest,
         sink=sink_storage.uri if sink_storage else None,
         sinks=_sink_notes(to_batch, newest, sink_storage is not None),
+        finished_interrupted=marker is not None,
     )
-    if not plan and not sink_plan:
+    if not plan and not sink_plan and marker is None:
         return report
-    kept = savepoint(
-        checkpoint,
-        _open(keep or _default_keep(checkpoint), options),
-        batch=newest_restartable(checkpoint, found).batch,
-    )
+    if marker is None or marker.to_batch != to_batch:
+        marker = _begin(checkpoint, found, to_batch, keep, options, sink_storage, marker)
     _delete(checkpoint.storage, plan)
     if sink_storage is not None:
         _delete(sink_storage, sink_plan)
+    _delete(checkpoint.storage, [ROLLBACK_MARKER])
     return report.model_copy(
         update={
-            "kept": kept.dest,
-            "kept_batch": kept.batch,
+            "kept": marker.kept,
+            "kept_batch": marker.kept_batch,
             "deleted": plan,
             "sink_deleted": sink_plan,
         }
     )
 
 
-def _refuse_alive(found: Scan, grace_seconds: float) -> None:
-    since = found.started_at - grace_seconds
-    recent = [
-        i for i in found.files.values() if i.key.split("/", 1)[0] in _LIVE_DIRS and i.mtime > since
-    ]
-    if recent:
-        newest = max(recent, key=lambda i: i.mtime)
-        age = max(0.0, found.started_at - newest.mtime)
-        raise SparkCheckpointError(
-            f"the query looks alive: {newest.key} was written {age:.0f} s ago (within "
-            f"{grace_seconds:.0f} s); stop it, or force the rollback"
+def _begin(
+    checkpoint: SparkCheckpoint,
+    found: Scan,
+    to_batch: int,
+    keep: str | None,
+    options: Mapping[str, Any],
+    sink: Storage | None,
+    earlier: RollbackMarker | None,
+) -> RollbackMarker:
+    """Keep what is there as a savepoint (unless an interrupted run already did), then
+    mark the location: nothing is deleted before both are written."""
+    if earlier is not None:
+        kept, kept_batch = earlier.kept, earlier.kept_batch
+    else:
+        report = savepoint(
+            checkpoint,
+            _open(keep or _default_keep(checkpoint), options),
+            batch=newest_restartable(checkpoint, found).batch,
         )
+        kept, kept_batch = report.dest, report.batch
+    marker = RollbackMarker(
+        to_batch=to_batch,
+        from_batch=earlier.from_batch if earlier else found.newest_committed,
+        kept=kept,
+        kept_batch=kept_batch,
+        sink=sink.uri if sink else None,
+        started_at=clock.now(),
+    )
+    write_marker(checkpoint.storage, marker)
+    return marker
 
 
 def _plan(checkpoint: SparkCheckpoint, found: Scan, to_batch: int) -> list[str]:
-    """The keys to delete, in the order to delete them."""
+    """The keys to delete, in the order to delete them (the module's docstring says
+    why): state version files above N+1, newest first; operator files of later batches;
+    the logs of later batches, newest first, commit before offsets; the sources' entries
+    after what a restart at N reads."""
+    state = sorted(
+        (
+            (name.version, key)
+            for key, name in found.names.items()
+            if name.kind in VERSION_FILES and name.version is not None
+            and name.version > to_batch + 1
+        ),
+        reverse=True,
+    )
+    operator = sorted(
+        key for key in found.names
+        if (operator_file_batch(key) or -1) > to_batch
+    )
     logs: list[str] = []
     for batch in sorted({*found.offsets, *found.commits}, reverse=True):
         if batch > to_batch:
             logs += [k for k in (found.commits.get(batch), found.offsets.get(batch)) if k]
-    rest = _source_logs(checkpoint, found, to_batch)
-    for key, name in sorted(found.names.items()):
-        if name.kind in VERSION_FILES and name.version is not None and name.version > to_batch + 1:
-            rest.append(key)
-        written_by = operator_file_batch(key)
-        if written_by is not None and written_by > to_batch:
-            rest.append(key)
+    sources = _source_logs(checkpoint, found, to_batch)
     _refuse_orphaned_operators(found, to_batch)
     out: list[str] = []
-    for key in [*logs, *rest]:
+    for key in [*(k for _v, k in state), *operator, *logs, *sources]:
         out += [*companions(key, found), key]
     return out
 
 
 def _source_logs(checkpoint: SparkCheckpoint, found: Scan, to_batch: int) -> list[str]:
-    limits = source_limits(checkpoint, to_batch)
+    tops = checkpoint.source_tops(found, to_batch, as_is=False)
     out: list[str] = []
     for source, log in sorted(found.sources.items()):
-        limit = limits.get(source, to_batch)
+        limit = tops[source][0] if source in tops else to_batch
         out += _roll_log(
             {b: k for b, k in log.items()}, limit, f"{SOURCES_DIR}/{source}", found.names
         )

@@ -1,12 +1,14 @@
 """A savepoint of a Spark checkpoint location: a new location holding exactly what a
 restart at one batch needs, so a query started on it continues from the next batch.
 
-What is copied is `SparkCheckpoint.restart_needs` of the batch, narrowed to the batch:
-the sources' logs only up to the offset the batch recorded for each (a file source's
-log counts its own batches), and operator metadata v2 / state schema v3 files only of
-batches up to it (Spark 4 names them by the batch that wrote them; a later one would
-describe a later run). Each copied file's checksum companions (Hadoop's ``.NAME.crc``,
-Spark 4's ``NAME.crc``) come with it, so Spark reads the copy as it read the original.
+What is copied is `SparkCheckpoint.restart_needs` of the batch: the sources' logs as a
+restart reads them (a file source's up to the logOffset the batch recorded, which can be
+above the batch number, and to its newest entry when the batch is the newest; the
+compaction its chain starts from included: `source_logs`), and operator metadata v2 /
+state schema v3 files only of batches up to it (Spark 4 names them by the batch that
+wrote them; a later one would describe a later run). Each copied file's checksum
+companions (Hadoop's ``.NAME.crc``, Spark 4's ``NAME.crc``) come with it, so Spark reads
+the copy as it read the original.
 
 Copies are hard links on a local disk and server-side copies on object stores
 (`Storage.copy`); the source is only read. A hard link shares the file with the source,
@@ -23,10 +25,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from statehold.format.spark_layout import COMMITS_DIR, Kind, crc_of
+from statehold.format.spark_layout import COMMITS_DIR, ROLLBACK_MARKER, crc_of
 from statehold.progress import NoProgress, Progress
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import RestartNeeds, SparkCheckpoint
+from statehold.spark_checkpoints.rollback_marker import refuse_unfinished
 from statehold.spark_checkpoints.scan import Scan
 from statehold.storage import Storage, StorageError, open_storage
 from statehold.storage.destination import destination_problem
@@ -67,17 +70,6 @@ def operator_file_batch(key: str) -> int | None:
     return int(match["meta"] or match["schema"])
 
 
-def source_limits(checkpoint: SparkCheckpoint, batch: int) -> dict[int, int]:
-    """Per source, the newest entry of its log that batch `batch` read. A file source's
-    offset is ``{"logOffset": L}``: its own log counts only the batches that found new
-    files. Any other source's log is kept up to the query's batch."""
-    limits: dict[int, int] = {}
-    for i, offset in enumerate(checkpoint.offsets(batch).sources):
-        if isinstance(offset, dict) and isinstance(offset.get("logOffset"), int):
-            limits[i] = int(offset["logOffset"])
-    return limits
-
-
 def companions(key: str, found: Scan) -> list[str]:
     """The checksum files beside `key` that the listing holds."""
     own = f"{key}.crc"
@@ -91,15 +83,9 @@ def restart_files(
     """The files a restart at `needs.batch` reads, narrowed to that batch, with their
     companions: key -> size in the listing. Refuses (SparkCheckpointError) when one is
     missing or of another size than its snapshot's list says."""
-    limits = source_limits(checkpoint, needs.batch)
     keep: list[str] = []
     problems: list[str] = []
     for key, expected in needs.files.items():
-        name = found.names.get(key)
-        if name is not None and name.kind is Kind.SOURCE_LOG and name.source in limits:
-            assert name.batch is not None
-            if name.batch > limits[name.source]:
-                continue
         written_by = operator_file_batch(key)
         if written_by is not None and written_by > needs.batch:
             continue
@@ -157,6 +143,7 @@ def savepoint(
     `restart_needs` of the batch whole on `dest`. The source is never modified."""
     out = _open(dest, dest_options)
     found = checkpoint.scan()
+    refuse_unfinished(checkpoint.storage, ROLLBACK_MARKER in found.files, "take a savepoint")
     needs = needs_at(checkpoint, found, batch)
     files = restart_files(checkpoint, found, needs)
     _check_destination(checkpoint, out)

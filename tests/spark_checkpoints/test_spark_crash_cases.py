@@ -1,0 +1,300 @@
+"""Hand-made locations laid out as Spark leaves them after a crash, one per case found by
+reading Spark's writer against statehold: a file source's log one entry ahead of the
+offsets (a driver died between the two writes), a rollback stopped halfway, a source
+log's chain broken, a stream read twice in one query. Each of these said OK, copied too
+little or deleted the wrong entry before the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from statehold.format.spark_layout import ROLLBACK_MARKER
+from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
+from statehold.spark_checkpoints.gc import gc
+from statehold.spark_checkpoints.relocate import relocate
+from statehold.spark_checkpoints.reports import listing, verify
+from statehold.spark_checkpoints.rollback import rollback
+from statehold.spark_checkpoints.savepoint import savepoint
+from statehold.storage import StorageError
+from statehold.storage.local import LocalStorage
+from tests.support.spark_checkpoint_files import hdfs_store, rocksdb_changelog_store, write
+from tests.support.spark_checkpoint_trees import backdate, copy_tree
+from tests.support.spark_checkpoint_trees import listing as tree
+
+STORE = "state/0/0"
+
+
+def _offsets(root: Path, batch: int, *lines: object) -> None:
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": 1_700_000_000_000 + batch, "conf": {}}
+    body = "\n".join(["v1", json.dumps(meta), *(json.dumps(x) for x in lines)])
+    write(root, f"offsets/{batch}", body)
+    write(root, f"commits/{batch}", 'v1\n{"nextBatchWatermarkMs":0}')
+
+
+def _entry(root: Path, source: int, k: int, compact_from: int | None = None) -> None:
+    """Source `source`'s log entry K (a compaction of entries `compact_from`..K)."""
+    first = k if compact_from is None else compact_from
+    lines = [
+        json.dumps({"path": f"file:///in/{source}/{i}.json", "timestamp": 1, "batchId": i})
+        for i in range(first, k + 1)
+    ]
+    name = f"{k}.compact" if compact_from is not None else str(k)
+    write(root, f"sources/{source}/{name}", "\n".join(["v1", *lines]))
+
+
+def _ahead(root: Path) -> Path:
+    """Batches 0-5 of a file source whose driver died at batch 2 between writing entry 2
+    and ``offsets/2``: the restart wrote entry 3 for batch 2, so ``offsets/N`` records
+    logOffset N+1 from then on. An HDFS-backed store, versions 1-6."""
+    write(root, "metadata", '{"id":"q"}')
+    for k in range(7):
+        _entry(root, 0, k)
+    for batch in range(6):
+        _offsets(root, batch, {"logOffset": batch if batch < 2 else batch + 1})
+    hdfs_store(root, STORE, range(1, 7), {4})
+    backdate(root, 7200)
+    return root
+
+
+def test_a_savepoint_holds_the_source_entries_past_the_batch_number(tmp_path: Path) -> None:
+    ckpt = open_spark_checkpoint(str(_ahead(tmp_path / "ckpt")))
+    needs = ckpt.restart_needs(ckpt.scan(), 5)
+    assert needs.ok, needs.problems
+    assert "sources/0/6" in needs.files  # offsets/5 reads up to logOffset 6
+
+    report = savepoint(ckpt, str(tmp_path / "sp"))
+
+    assert report.batch == 5
+    assert sorted(p.name for p in (tmp_path / "sp" / "sources" / "0").iterdir()) == [
+        str(k) for k in range(7)
+    ]
+    assert verify(open_spark_checkpoint(str(tmp_path / "sp"))).ok
+    # an older batch's savepoint reads to that batch's logOffset: entries 0-4 for batch 3
+    savepoint(ckpt, str(tmp_path / "sp3"), batch=3)
+    assert sorted(int(p.name) for p in (tmp_path / "sp3" / "sources" / "0").iterdir()) == list(
+        range(5)
+    )
+
+
+def test_a_rollbacks_undo_copy_keeps_the_entries_it_removes(tmp_path: Path) -> None:
+    root = _ahead(tmp_path / "ckpt")
+    before = {k: v for k, v in tree(root).items() if k.startswith("sources/")}
+
+    report = rollback(open_spark_checkpoint(str(root)), 3, keep=str(tmp_path / "kept"))
+
+    assert [k for k in report.deleted if k.startswith("sources/")] == ["sources/0/6", "sources/0/5"]
+    kept = tmp_path / "kept"
+    assert {k for k in tree(kept) if k.startswith("sources/")} == set(before)
+    assert verify(open_spark_checkpoint(str(kept))).ok
+    assert verify(open_spark_checkpoint(str(root))).ok
+
+
+@pytest.mark.parametrize("gone", ["sources/0/9.compact", "sources/0/12", "sources/0/15"])
+def test_verify_and_list_check_a_source_logs_chain(tmp_path: Path, gone: str) -> None:
+    root = tmp_path / "ckpt"
+    write(root, "metadata", '{"id":"q"}')
+    _entry(root, 0, 9, compact_from=0)
+    for k in range(10, 16):
+        _entry(root, 0, k)
+    for batch in range(12, 16):
+        _offsets(root, batch, {"logOffset": batch})
+    hdfs_store(root, STORE, range(1, 17), {12})
+    assert verify(open_spark_checkpoint(str(root))).ok
+
+    (root / gone).unlink()
+
+    report = verify(open_spark_checkpoint(str(root)))
+    assert not report.ok
+    assert any(p.path.startswith("sources/0/") and "reads source 0's log" in p.problem
+               for p in report.problems), report.problems
+    newest = listing(open_spark_checkpoint(str(root))).batches[0]
+    assert newest.batch == 15 and not newest.restartable
+    assert newest.why_not and "sources/0/" in newest.why_not
+
+
+def test_a_plain_entry_gone_after_its_compaction_is_not_missing(tmp_path: Path) -> None:
+    """Spark deletes the plain files a compaction holds; a restart finds them in it."""
+    root = tmp_path / "ckpt"
+    write(root, "metadata", '{"id":"q"}')
+    _entry(root, 0, 9, compact_from=0)
+    _entry(root, 0, 10)
+    _offsets(root, 8, {"logOffset": 8})
+    _offsets(root, 9, {"logOffset": 9})
+    _offsets(root, 10, {"logOffset": 10})
+    hdfs_store(root, STORE, range(1, 12), {9})
+    ckpt = open_spark_checkpoint(str(root))
+    assert verify(ckpt).ok
+    assert verify(ckpt, 9).ok
+
+
+def _abandoned(root: Path) -> Path:
+    """A RocksDB (changelog) location rolled back the way statehold did before the fix
+    and stopped after its logs: commits/3 is the newest, versions 5-8 of the abandoned
+    batches 4-7 (a snapshot at 6 among them) are still there."""
+    write(root, "metadata", '{"id":"q"}')
+    for k in range(4):
+        _entry(root, 0, k)
+        _offsets(root, k, {"logOffset": k})
+    rocksdb_changelog_store(root, STORE, range(1, 9), {2, 6})
+    backdate(root, 7200)
+    return root
+
+
+def test_state_left_above_the_logs_is_found_and_removed_by_a_rollback(tmp_path: Path) -> None:
+    root = _abandoned(tmp_path / "ckpt")
+    ckpt = open_spark_checkpoint(str(root))
+
+    report = verify(ckpt)
+
+    assert not report.ok
+    assert [p.path for p in report.problems] == [f"{STORE}/5.changelog"]
+    assert "above what any batch in the logs wrote" in report.problems[0].problem
+    assert "6.zip" in str(listing(ckpt).stale_state)
+
+    rollback(ckpt, 3, keep=str(tmp_path / "kept"))
+
+    assert verify(open_spark_checkpoint(str(root))).ok
+    assert not any(n.startswith(("5.", "6.", "7.", "8.")) for n in tree(root / STORE))
+
+
+class _Breaking(LocalStorage):
+    """A local disk whose deletes fail from the `after`-th on (a 503, a killed process)."""
+
+    def __init__(self, root: str, after: int) -> None:
+        super().__init__(root)
+        self.left = after
+
+    def delete_many(self, keys):  # type: ignore[no-untyped-def]
+        if self.left <= 0:
+            raise StorageError("503 Slow Down")
+        self.left -= 1
+        super().delete_many(keys)
+
+
+def _rocksdb_location(root: Path) -> Path:
+    write(root, "metadata", '{"id":"q"}')
+    for k in range(8):
+        _entry(root, 0, k)
+        _offsets(root, k, {"logOffset": k})
+    rocksdb_changelog_store(root, STORE, range(1, 9), {2, 6})
+    backdate(root, 7200)
+    return root
+
+
+def test_a_rollback_stopped_at_any_delete_is_seen_refused_around_and_finished(
+    tmp_path: Path,
+) -> None:
+    template = _rocksdb_location(tmp_path / "template")
+    whole = copy_tree(template, tmp_path / "whole")
+    finished = rollback(open_spark_checkpoint(str(whole)), 3, keep=str(tmp_path / "whole-kept"))
+    target = tree(whole)
+    steps = len(finished.deleted) + 1  # and the mark
+    assert steps > 10
+    for step in range(steps):
+        root = copy_tree(template, tmp_path / f"at-{step}")
+        broken = open_spark_checkpoint(str(root))
+        broken.storage = _Breaking(str(root), step)
+
+        with pytest.raises(SparkCheckpointError, match="stopped at"):
+            rollback(broken, 3, keep=str(tmp_path / f"kept-{step}"))
+
+        ckpt = open_spark_checkpoint(str(root))
+        found = ckpt.scan()
+        # never a location Spark would restart from with state of the abandoned batches
+        newest = found.newest_committed
+        assert newest is not None
+        assert not ckpt.stale_state(found) or not ckpt.restart_needs(found, newest).ok, step
+        report = verify(ckpt)
+        assert not report.ok and report.problems[-1].path == ROLLBACK_MARKER or (
+            ROLLBACK_MARKER not in tree(root)
+        ), (step, report.problems)
+        if ROLLBACK_MARKER in tree(root):
+            assert listing(ckpt).interrupted_rollback == 3
+            interrupted = "rollback to batch 3 was interrupted"
+            with pytest.raises(SparkCheckpointError, match=interrupted):
+                savepoint(ckpt, str(tmp_path / f"sp-{step}"))
+            with pytest.raises(SparkCheckpointError, match=interrupted):
+                gc(ckpt, grace_seconds=0)
+            with pytest.raises(SparkCheckpointError, match=interrupted):
+                relocate(ckpt, "file:///in", "file:///moved")
+            with pytest.raises(SparkCheckpointError, match="finish it first"):
+                rollback(ckpt, 5)
+
+        again = rollback(open_spark_checkpoint(str(root)), 3)
+
+        assert tree(root).keys() == target.keys(), step
+        assert verify(open_spark_checkpoint(str(root))).ok
+        assert again.kept == f"file://{tmp_path}/kept-{step}" or again.kept is None
+        kept = tmp_path / f"kept-{step}"
+        assert verify(open_spark_checkpoint(str(kept))).batch == 7
+
+
+def test_a_newer_or_broken_mark_is_refused_not_guessed(tmp_path: Path) -> None:
+    root = _rocksdb_location(tmp_path / "ckpt")
+    before = tree(root)
+    for body, match in [
+        ('{"version": 9, "to_batch": 3}', "version 9, statehold reads up to 1"),
+        ("{not json", "not valid JSON"),
+        ('{"version": 1}', "not a rollback mark"),
+    ]:
+        write(root, ROLLBACK_MARKER, body)
+        with pytest.raises(SparkCheckpointError, match=match):
+            rollback(open_spark_checkpoint(str(root)), 3, force=True)
+        with pytest.raises(SparkCheckpointError, match=match):
+            savepoint(open_spark_checkpoint(str(root)), str(tmp_path / "sp"))
+        assert not verify(open_spark_checkpoint(str(root))).ok
+    assert {k: v for k, v in tree(root).items() if k != ROLLBACK_MARKER} == before
+
+
+def _read_twice(root: Path) -> Path:
+    """``a.union(a).union(b)`` as Spark 4 wrote it: offsets/N has one line per reference
+    (a, a, b) while the logs are sources/0 (a) and sources/1 (b). a found a file in
+    batches 0 and 1, b in batches 0 and 2."""
+    write(root, "metadata", '{"id":"q"}')
+    a = [0, 1, 1]
+    b = [0, 0, 1]
+    for batch in range(3):
+        _offsets(root, batch, {"logOffset": a[batch]}, {"logOffset": a[batch]},
+                 {"logOffset": b[batch]})
+    for k in range(2):
+        _entry(root, 0, k)
+        _entry(root, 1, k)
+    hdfs_store(root, STORE, range(1, 4), set())
+    backdate(root, 7200)
+    return root
+
+
+def test_a_stream_read_twice_maps_its_lines_to_its_sources(tmp_path: Path) -> None:
+    root = _read_twice(tmp_path / "ckpt")
+
+    report = rollback(open_spark_checkpoint(str(root)), 1, keep=str(tmp_path / "kept"))
+
+    # batch 2 found b's second file: b's entry 1 goes, a's entry 1 (batch 1) stays
+    assert [k for k in report.deleted if k.startswith("sources/")] == ["sources/1/1"]
+    assert verify(open_spark_checkpoint(str(root))).ok
+
+
+def test_lines_that_cannot_be_told_apart_are_refused(tmp_path: Path) -> None:
+    """Four lines, the first two equal at every batch, and logs for two sources: either a
+    repeated reference (sources x, y, z) or two sources that happen to agree (w, x): the
+    second source's offset is line 1 or line 2, and they differ."""
+    root = tmp_path / "ckpt"
+    write(root, "metadata", '{"id":"q"}')
+    for batch in range(3):
+        _offsets(root, batch, {"logOffset": batch}, {"logOffset": batch}, {"logOffset": 0},
+                 {"n": batch})
+    for k in range(3):
+        _entry(root, 0, k)
+    _entry(root, 1, 0)
+    hdfs_store(root, STORE, range(1, 4), set())
+    backdate(root, 7200)
+    before = tree(root)
+
+    with pytest.raises(SparkCheckpointError, match="cannot tell which of its 4 lines"):
+        rollback(open_spark_checkpoint(str(root)), 1)
+
+    assert tree(root) == before
+    assert not verify(open_spark_checkpoint(str(root))).ok
