@@ -181,6 +181,8 @@ class Loc:
     damaged: bool = False
     #: An unfinished rollback's target (batches after it are being removed).
     rolling_back: int | None = None
+    #: The target of a rollback begun and not run to its end (its mark may be there).
+    marker_target: int | None = None
     #: The unfinished rollback has deleted something already.
     rollback_deleted: bool = False
     #: A rollback was interrupted and the query restarted without running it again.
@@ -241,6 +243,7 @@ class SparkWorld:
         self.arrived = 2
         #: Where the input directory is (relocate moves it, then the location follows).
         self.input_prefix = INPUTS[0]
+        self.relocate_due = False
         #: A person's operation that needs the query stopped, to run (again).
         self.pending: tuple[str, Any] | None = None
         self.quiet = False
@@ -669,7 +672,8 @@ class SparkWorld:
             if k not in log_keys:
                 raise QueryFailed(f"sources/0/{k}: missing (the source log cannot be read)")
             for n, _b, prefix in parse_entries(st.read(log_keys[k])):
-                if prefix != self.input_prefix:
+                if prefix != self.input_prefix and not proc.data.get("bound"):
+                    proc.data["bound"] = True
                     self.violate("relocate", f"{log_keys[k]} names {prefix}: the input moved "
                                  f"to {self.input_prefix} (a restart reads the file again)")
                 seen.add(n)
@@ -990,6 +994,13 @@ class SparkWorld:
                     self.rollback(proc, loc, api, arg)
                 except StateholdError as e:
                     refused = str(e).startswith(("cannot roll back", "the query looks alive"))
+                    marked = loc.storage.root + "_statehold_rollback" in self.objects
+                    if (str(e).startswith("cannot roll back") and marked
+                            and arg == loc.marker_target and "interrupted" not in str(e)):
+                        self.violate("rollback-stuck", f"{loc.name}: the mark of the rollback "
+                                     f"to batch {arg} asks for it to be run again, which is "
+                                     f"refused: {e}; gc, savepoint and relocate refuse while "
+                                     "the mark is there", loc)
                     if refused and not loc.rollback_deleted:
                         # refused before any of its runs deleted anything: given up
                         loc.rolling_back = None
@@ -999,10 +1010,20 @@ class SparkWorld:
                 # the input has moved (`arg`: it moves now); the location follows it
                 if arg == "move":
                     self.input_prefix = INPUTS[1] if self.input_prefix == INPUTS[0] else INPUTS[0]
-                    self.pending = ("relocate", None)
-                old = INPUTS[1] if self.input_prefix == INPUTS[0] else INPUTS[0]
-                api.relocate(old, self.input_prefix)
+                    self.relocate_due = True
                 self.pending = None
+                force = self.rng.random() < 0.5
+                if not force:
+                    self.clock.sleep(130.0)  # until the stopped query no longer looks alive
+                old = INPUTS[1] if self.input_prefix == INPUTS[0] else INPUTS[0]
+                try:
+                    api.relocate(old, self.input_prefix, force=force)
+                except StateholdError as e:
+                    if "rollback" in str(e) and loc.marker_target is not None:
+                        # an unfinished rollback's mark: the person finishes it first
+                        self.pending = ("rollback", loc.marker_target)
+                    raise
+                self.relocate_due = False
                 self.log(f"{proc.name}: {loc.name} follows its input to {self.input_prefix}")
             proc.data["ok"] = True
 
@@ -1034,6 +1055,8 @@ class SparkWorld:
     def rollback(self, proc: Process, loc: Loc, api: SparkCheckpointLocation,
                  target: int) -> None:
         loc.rolling_back = target
+        loc.marker_target = target if loc.marker_target is None else min(
+            loc.marker_target, target)
         force = self.rng.random() < 0.5
         if not force:
             self.clock.sleep(130.0)  # the person waits until it no longer looks alive
@@ -1044,6 +1067,7 @@ class SparkWorld:
         loc.committed = {b: f for b, f in loc.committed.items() if b <= target}
         loc.rolling_back = None
         loc.rollback_deleted = False
+        loc.marker_target = None
         self.pending = None
         loc.checked = -1
         self.log(f"{proc.name}: rolled back to batch {target}")
@@ -1100,7 +1124,10 @@ class SparkWorld:
                     self._exclusive(what, arg)
                     return
             elif self.pending is None and rng.random() < 0.05:
-                self.start_query()
+                if self.relocate_due:
+                    self._exclusive("relocate", None)  # before the query starts again
+                else:
+                    self.start_query()
                 return
         if r < self.crash_rate and running:
             self.log("ENV crash the query")
@@ -1203,7 +1230,7 @@ class SparkWorld:
         sp.batch = None
         self.live = sp
         sp.checked = -1
-        self.pending = ("relocate", None)  # (a no-op unless the input moved since)
+        self.relocate_due = True  # (a no-op unless the input moved since)
 
     # -- running -------------------------------------------------------------------------
     def grant_one(self, env: bool) -> bool:
@@ -1293,6 +1320,14 @@ class SparkWorld:
             what, arg = self.pending
             proc = self.spawn_process(what, self.person(what, arg))
             self.run_until_done([proc])
+        if (self.live.marker_target is not None
+                and self.live.storage.root + "_statehold_rollback" in self.objects):
+            # a rollback whose mark is left (the query ran on unnoticed): finished now
+            target = self.live.marker_target
+            proc = self.spawn_process("rollback", self.person("rollback", target))
+            self.run_until_done([proc])
+        if self.violations:
+            return
         self.clock.advance(2 * 3600 + self.list_lag)
         for _ in range(3):
             proc = self.spawn_process("gc", self.person("gc", 3600.0))
@@ -1442,6 +1477,7 @@ def _savepoint_to_batch_number(real: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _no_verify(real: Callable[..., Any]) -> Callable[..., Any]:
+    """Does nothing (the savepoint's verification of its copy; the rollback's mark)."""
     return lambda *args, **kwargs: None
 
 
@@ -1504,7 +1540,8 @@ PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]], dict[s
     "rollback-logs-first": (
         "a rollback deletes logs before state files, unnoticeable when cut short",
         ("stale-after-rollback",),
-        [("statehold.spark_checkpoints.rollback", "_delete", _logs_before_state)],
+        [("statehold.spark_checkpoints.rollback", "_delete", _logs_before_state),
+         ("statehold.spark_checkpoints.rollback", "write_marker", _no_verify)],
         {"provider": "hdfs", "operate_rate": 0.01, "snapshot_every": 1, "retain": 6,
          "rollback_crash": 0.25},
     ),
