@@ -212,6 +212,51 @@ def test_planted_bug_is_found(name: str, open_holes: dict[str, str]) -> None:
     raise AssertionError(f"planted bug {name!r} not found within {BOUND} seeds")
 
 
+def test_planted_gc_without_recheck_deletes_a_rewritten_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(d) by hand, as the simulation does not reach it yet: gc lists (``5.delta`` is
+    superseded by ``5.snapshot``: deletable), then a rollback to batch 3 and the query's
+    rerun of batch 4 write ``5.delta`` anew, which batch 4 needs; the planted gc, without
+    its re-check, deletes it. The real gc leaves it."""
+    import statehold.spark_checkpoints.gc as spark_gc
+    from tests.support.spark_checkpoint_files import logs, lz4_stream, records
+    from tests.support.spark_checkpoint_trees import backdate
+
+    def location(root: Path) -> Path:
+        logs(root, range(5))
+        hdfs_store(root, "state/0/0", range(1, 6), {5})
+        backdate(root, 7200)
+        return root
+
+    real = spark_gc._judge
+
+    def rerun_after_listing(root: Path) -> None:
+        def judge(*args: object, **kwargs: object) -> object:
+            plan = real(*args, **kwargs)  # type: ignore[arg-type]
+            for key in ("commits/4", "offsets/4", "state/0/0/5.snapshot"):
+                (root / key).unlink()
+            write(root, "state/0/0/5.delta", lz4_stream(records([(b"k", b"new")])))
+            write(root, "offsets/4", offsets_file(4, [{"logOffset": 4}]))
+            write(root, "commits/4", commit_file(4))
+            return plan
+
+        monkeypatch.setattr(spark_gc, "_judge", judge)
+
+    real_root = location(tmp_path / "real")
+    rerun_after_listing(real_root)
+    open_spark_checkpoint(str(real_root)).gc(grace_seconds=0)
+    assert open_spark_checkpoint(str(real_root)).verify().ok
+
+    planted_root = location(tmp_path / "planted")
+    rerun_after_listing(planted_root)
+    for _module, attr, wrap in PLANTS["gc-without-recheck"][2]:
+        monkeypatch.setattr(spark_gc, attr, wrap(getattr(spark_gc, attr)))
+    open_spark_checkpoint(str(planted_root)).gc(grace_seconds=0)
+    assert not (planted_root / "state/0/0/5.delta").exists()
+    assert not open_spark_checkpoint(str(planted_root)).verify().ok
+
+
 def test_spark_bug_is_reported_as_spark_s() -> None:
     """SPARK-55892 in the model's own Spark is a `spark-bug`, never blamed on statehold."""
     _what, _kinds, _patches, options = PLANTS["spark-55892"]
