@@ -672,7 +672,8 @@ class SparkWorld:
             if k not in log_keys:
                 raise QueryFailed(f"sources/0/{k}: missing (the source log cannot be read)")
             for n, _b, prefix in parse_entries(st.read(log_keys[k])):
-                if prefix != self.input_prefix and not proc.data.get("bound"):
+                if (prefix != self.input_prefix and not proc.data.get("bound")
+                        and not loc.damaged):
                     proc.data["bound"] = True
                     self.violate("relocate", f"{log_keys[k]} names {prefix}: the input moved "
                                  f"to {self.input_prefix} (a restart reads the file again)")
