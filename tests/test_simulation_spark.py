@@ -186,6 +186,25 @@ def test_a_seed_replays_the_same_run() -> None:
     assert list(w1.trace) == list(w2.trace)
 
 
+def test_the_documented_command_runs_from_the_repository_root() -> None:
+    """``python tests/simulate.py --world spark --seeds 2 --steps 100 --json``, as
+    docs/benchmarks.md gives it (the script once failed there: No module named 'tests')."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "tests/simulate.py", "--world", "spark", "--seeds", "2", "--steps",
+         "100", "--json", "--tolerate", ",".join(sorted(KINDS))],
+        cwd=root, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["seeds"] == [0, 1] and summary["violations"] == 0
+    assert all(run["world"] == "spark" for run in summary["runs"])
+
+
 def test_the_model_reads_what_spark_wrote() -> None:
     """A run without faults or people: every committed batch's restart reads back the
     state of exactly the input files it had processed (the check runs after each step)."""
