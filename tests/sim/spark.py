@@ -181,8 +181,6 @@ class Loc:
     damaged: bool = False
     #: An unfinished rollback's target (batches after it are being removed).
     rolling_back: int | None = None
-    #: The target of a rollback begun and not run to its end (its mark may be there).
-    marker_target: int | None = None
     #: The unfinished rollback has deleted something already.
     rollback_deleted: bool = False
     #: A rollback was interrupted and the query restarted without running it again.
@@ -995,9 +993,8 @@ class SparkWorld:
                     self.rollback(proc, loc, api, arg)
                 except StateholdError as e:
                     refused = str(e).startswith(("cannot roll back", "the query looks alive"))
-                    marked = loc.storage.root + "_statehold_rollback" in self.objects
-                    if (str(e).startswith("cannot roll back") and marked
-                            and arg == loc.marker_target and "interrupted" not in str(e)):
+                    if (str(e).startswith("cannot roll back") and arg == self.marked(loc)
+                            and "interrupted" not in str(e)):
                         self.violate("rollback-stuck", f"{loc.name}: the mark of the rollback "
                                      f"to batch {arg} asks for it to be run again, which is "
                                      f"refused: {e}; gc, savepoint and relocate refuse while "
@@ -1020,15 +1017,26 @@ class SparkWorld:
                 try:
                     api.relocate(old, self.input_prefix, force=force)
                 except StateholdError as e:
-                    if "rollback" in str(e) and loc.marker_target is not None:
+                    if "rollback" in str(e) and self.marked(loc) is not None:
                         # an unfinished rollback's mark: the person finishes it first
-                        self.pending = ("rollback", loc.marker_target)
+                        self.pending = ("rollback", self.marked(loc))
                     raise
                 self.relocate_due = False
                 self.log(f"{proc.name}: {loc.name} follows its input to {self.input_prefix}")
             proc.data["ok"] = True
 
         return run
+
+    def marked(self, loc: Loc) -> int | None:
+        """The batch an unfinished rollback's mark names (what its message tells the
+        person to run again), None without a mark."""
+        obj = self.objects.get(loc.storage.root + "_statehold_rollback")
+        if obj is None:
+            return None
+        try:
+            return int(json.loads(obj.data)["to_batch"])
+        except (ValueError, KeyError, TypeError):
+            return None
 
     def made_savepoint(self, src: Loc, dest: Loc, batch: int) -> None:
         dest.batch = batch
@@ -1056,8 +1064,6 @@ class SparkWorld:
     def rollback(self, proc: Process, loc: Loc, api: SparkCheckpointLocation,
                  target: int) -> None:
         loc.rolling_back = target
-        loc.marker_target = target if loc.marker_target is None else min(
-            loc.marker_target, target)
         force = self.rng.random() < 0.5
         if not force:
             self.clock.sleep(130.0)  # the person waits until it no longer looks alive
@@ -1068,7 +1074,6 @@ class SparkWorld:
         loc.committed = {b: f for b, f in loc.committed.items() if b <= target}
         loc.rolling_back = None
         loc.rollback_deleted = False
-        loc.marker_target = None
         self.pending = None
         loc.checked = -1
         self.log(f"{proc.name}: rolled back to batch {target}")
@@ -1115,7 +1120,7 @@ class SparkWorld:
         if not running and not exclusive:
             if self.pending is not None and rng.random() < 0.05:
                 what, arg = self.pending
-                if what == "rollback" and rng.random() < 0.4:
+                if what == "rollback" and rng.random() < 0.4 and not self.relocate_due:
                     # the interruption went unnoticed: the query is started again
                     self.log("ENV the interrupted rollback goes unnoticed")
                     self.pending = None
@@ -1321,10 +1326,9 @@ class SparkWorld:
             what, arg = self.pending
             proc = self.spawn_process(what, self.person(what, arg))
             self.run_until_done([proc])
-        if (self.live.marker_target is not None
-                and self.live.storage.root + "_statehold_rollback" in self.objects):
+        target = self.marked(self.live)
+        if target is not None:
             # a rollback whose mark is left (the query ran on unnoticed): finished now
-            target = self.live.marker_target
             proc = self.spawn_process("rollback", self.person("rollback", target))
             self.run_until_done([proc])
         if self.violations:
