@@ -38,9 +38,9 @@ STEPS = 1500
 #: seeds are explored by `python tests/simulate.py --world spark` (docs/benchmarks.md).
 SWEEP_SEEDS = range(3001, 3004)
 SWEEP_STEPS = 1200
-#: Seeds within which each planted bug must be found (today each is found within the
-#: first two; the bound leaves room for the runs to change with the code).
-BOUND = 6
+#: Seeds within which each planted bug must be found (today at seeds 0, 0, 5, 1 and 2:
+#: (a), (b), (c), (e), (f); the bound leaves room for the runs to change with the code).
+BOUND = 8
 #: (d) is not reached yet: see `test_planted_bug_is_found`.
 NOT_REACHED = {"gc-without-recheck"}
 
