@@ -98,7 +98,7 @@ def rollback_hole_open(tmp: Path) -> bool:
     storage = _FirstDelete(tmp / "b")
     with contextlib.suppress(StateholdError):
         SparkCheckpointLocation(storage).rollback(1, keep=str(tmp / "b-keep"), force=True)
-    first = getattr(storage, "first", [""])[0]
+    first: str = getattr(storage, "first", [""])[0]
     return first.startswith(("commits/", "offsets/"))
 
 
@@ -110,7 +110,7 @@ def verify_without_log_hole_open(tmp: Path) -> bool:
     (tmp / "c2" / "sources/0/0").unlink()
     (tmp / "c2" / "sources/0").rmdir()
     (tmp / "c2" / "sources").rmdir()
-    return open_spark_checkpoint(str(tmp / "c2")).verify().ok
+    return bool(open_spark_checkpoint(str(tmp / "c2")).verify().ok)
 
 
 def rollback_stuck_open(tmp: Path) -> bool:

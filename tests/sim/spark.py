@@ -39,6 +39,7 @@ file no retained batch needs is left.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import hashlib
 import json
@@ -144,10 +145,10 @@ class SparkFS:
     def write(self, key: str, data: bytes) -> None:
         self._try(lambda: self.storage.write(key, data))
 
-    def list(self, prefix: str) -> list[Any]:
-        return self._try(lambda: list(self.storage.list(prefix)))  # type: ignore[no-any-return]
+    def list(self, prefix: str) -> Any:
+        return self._try(lambda: list(self.storage.list(prefix)))
 
-    def delete_many(self, keys: list[str]) -> None:
+    def delete_many(self, keys: builtins.list[str]) -> None:
         self._try(lambda: self.storage.delete_many(keys))
 
 
@@ -792,7 +793,8 @@ class SparkWorld:
             if partition_of(k) == p:
                 changes[k] = changes.get(k, inst.state.get(k, 0)) + file_value(n)
         v = batch + 1
-        pairs = [(b"k%d" % k, b"%d" % val) for k, val in sorted(changes.items())]
+        pairs: list[tuple[bytes, bytes | None]] = [
+            (b"k%d" % k, b"%d" % val) for k, val in sorted(changes.items())]
         prefix = f"state/0/{p}"
         uid = ""
         attempts = 2 if self.rng.random() < 0.15 else 1
@@ -842,11 +844,11 @@ class SparkWorld:
             # the lineage of the version it loaded, from its snapshot on, and itself
             state = self.index(loc)["state"]
             own = state.get((p, version, uid, "changelog"))
-            chain = [tuple(x) for x in self.meaning(own[1])[2]] if own and (
-                p, version, uid, "zip") not in state else []  # type: ignore[index]
+            meant = self.meaning(own[1]) if own and (p, version, uid, "zip") not in state else None
+            chain: list[tuple[int, str]] = [(int(v), str(u)) for v, u in meant[2]] if meant else []
             based = [i for i, (v, u) in enumerate(chain) if (p, v, u, "zip") in state]
             start = based[-1] if based else 0
-            inst.lineage = [*chain[start:], (version, uid)]  # type: ignore[list-item]
+            inst.lineage = [*chain[start:], (version, uid)]
             inst.last_snapshot = inst.lineage[0][0] if based or not chain else 0
         return inst
 
@@ -888,7 +890,8 @@ class SparkWorld:
             return
         prefix = f"state/0/{p}"
         if self.provider == "hdfs":
-            pairs = [(b"k%d" % k, b"%d" % x) for k, x in sorted(state.items())]
+            pairs: list[tuple[bytes, bytes | None]] = [
+                (b"k%d" % k, b"%d" % x) for k, x in sorted(state.items())]
             self.write(st, f"{prefix}/{v}.snapshot", lz4_stream(records(pairs)),
                        ("full", state))
             inst.last_snapshot = v
@@ -959,8 +962,8 @@ class SparkWorld:
                      if k.endswith(".zip")]
         referenced: set[str] = set()
         for z in kept_zips:
-            m = self.meaning(st.read(z))
-            referenced |= {f"{prefix}SSTs/{n}" for n in (m[1] if m else ())}
+            listed_by = self.meaning(st.read(z))
+            referenced |= {f"{prefix}SSTs/{n}" for n in (listed_by[1] if listed_by else ())}
         doomed += [k for k in ssts if k not in referenced]
         if doomed:
             st.delete_many(doomed)
@@ -984,8 +987,8 @@ class SparkWorld:
                     self.count("gc-deleted")
             elif what == "savepoint":
                 dest = self.new_loc(self.name("sp-"))
-                report = api.savepoint(dest.storage)  # type: ignore[arg-type]
-                self.made_savepoint(loc, dest, report.batch)
+                made = api.savepoint(dest.storage)  # type: ignore[arg-type]
+                self.made_savepoint(loc, dest, made.batch)
             elif what == "verify":
                 self.verify(arg)
             elif what == "rollback":
@@ -1272,7 +1275,7 @@ class SparkWorld:
     def run(self) -> dict[str, Any]:
         previous_clock = statehold.clock.use(self.clock)
         saved_open = statehold.spark_checkpoints.rollback._open
-        statehold.spark_checkpoints.rollback._open = self._open  # type: ignore[assignment]
+        statehold.spark_checkpoints.rollback._open = self._open
         undo = self._plant()
         try:
             try:
@@ -1289,7 +1292,7 @@ class SparkWorld:
             except Exception:  # noqa: BLE001 - the run is over either way
                 traceback.print_exc()
             statehold.clock.use(previous_clock)
-            statehold.spark_checkpoints.rollback._open = saved_open  # type: ignore[assignment]
+            statehold.spark_checkpoints.rollback._open = saved_open
             undo()
         return self.result()
 
