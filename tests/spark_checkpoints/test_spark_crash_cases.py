@@ -130,12 +130,13 @@ def test_a_plain_entry_gone_after_its_compaction_is_not_missing(tmp_path: Path) 
     assert verify(ckpt, 9).ok
 
 
-def _abandoned(root: Path) -> Path:
-    """A RocksDB (changelog) location rolled back the way statehold did before the fix
-    and stopped after its logs: commits/3 is the newest, versions 5-8 of the abandoned
-    batches 4-7 (a snapshot at 6 among them) are still there."""
+def _rocksdb_location(root: Path, batches: int = 8) -> Path:
+    """A RocksDB (changelog) location: logs of `batches` batches, store versions 1-8 with
+    snapshots at 2 and 6. With fewer than 8 batches it is one rolled back the way statehold
+    did before the fix and stopped after its logs: versions of the abandoned batches are
+    still there."""
     write(root, "metadata", '{"id":"q"}')
-    for k in range(4):
+    for k in range(batches):
         _entry(root, 0, k)
         _offsets(root, k, {"logOffset": k})
     rocksdb_changelog_store(root, STORE, range(1, 9), {2, 6})
@@ -144,7 +145,7 @@ def _abandoned(root: Path) -> Path:
 
 
 def test_state_left_above_the_logs_is_found_and_removed_by_a_rollback(tmp_path: Path) -> None:
-    root = _abandoned(tmp_path / "ckpt")
+    root = _rocksdb_location(tmp_path / "ckpt", batches=4)  # commits/3 the newest
     ckpt = open_spark_checkpoint(str(root))
 
     report = verify(ckpt)
@@ -172,16 +173,6 @@ class _Breaking(LocalStorage):
             raise StorageError("503 Slow Down")
         self.left -= 1
         super().delete_many(keys)
-
-
-def _rocksdb_location(root: Path) -> Path:
-    write(root, "metadata", '{"id":"q"}')
-    for k in range(8):
-        _entry(root, 0, k)
-        _offsets(root, k, {"logOffset": k})
-    rocksdb_changelog_store(root, STORE, range(1, 9), {2, 6})
-    backdate(root, 7200)
-    return root
 
 
 def test_a_rollback_stopped_at_any_delete_is_seen_refused_around_and_finished(
