@@ -4,11 +4,17 @@
                              [--list-lag SEC] [--no-faults] [--pause-outside-writers]
                              [--ha embedded|zookeeper] [--zk-lag SEC] [--restores N]
                              [--grown] [--plant NAME] [--jobs N]
+                             [--world checkpoint|spark] [--provider P] [--tolerate KINDS]
 
 Runs seeds S, S+1, ... S+N-1 (default S=0), each for M scheduler steps (one storage
 operation of one actor per step), then a quiet phase (heal, reconcile, gc) and the final
 checks. On a violation it prints the failing seed, the violation and a minimal trace;
 ``--seed S --seeds 1`` replays that run exactly. Exit status 1 if any seed failed.
+
+``--world spark`` runs the second world instead (`sim.spark`): a Structured Streaming
+query as Spark writes its checkpoint location, beside statehold's Spark-location code;
+``--provider`` pins its state store (hdfs, rocksdb, rocksdb-v2; by default the seed picks),
+``--tolerate`` notes the named violation kinds without failing the seed.
 """
 
 from __future__ import annotations
@@ -24,8 +30,13 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
+# tests/ (for `sim`) and the repository's root (for `tests.support`), so the script runs
+# from anywhere, as documented: ``python tests/simulate.py``
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from sim.spark import PLANTS as SPARK_PLANTS  # noqa: E402
+from sim.spark import run_spark_seed  # noqa: E402
 from sim.world import PLANTS, grown, run_seed  # noqa: E402
 
 
@@ -34,9 +45,18 @@ def _run_one(
 ) -> tuple[dict[str, Any], list[str]]:
     """One seed in a worker process: its result and its minimal trace."""
     logging.getLogger("statehold").setLevel(logging.CRITICAL)
-    result, world = run_seed(seed, steps, **({**options, **grown(seed)} if grown_options
-                                             else options))
+    result, world = _run(seed, steps, options, grown_options)
     return result, world.minimal_trace()
+
+
+def _run(seed: int, steps: int, options: dict[str, Any], grown_options: bool) -> Any:
+    if options.get("world") == "spark":
+        spark = {k: options[k] for k in ("list_lag", "faults", "plant", "provider", "tolerate")}
+        if spark["plant"]:
+            spark = {**SPARK_PLANTS[spark["plant"]][3], **spark}
+        return run_spark_seed(seed, steps, **spark)
+    options = {k: v for k, v in options.items() if k not in ("world", "provider", "tolerate")}
+    return run_seed(seed, steps, **({**options, **grown(seed)} if grown_options else options))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,8 +80,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="every new part: even seeds embedded HA, odd seeds ZooKeeper with "
                         "lagging followers and list lag; concurrent restores (overrides the "
                         "four options above)")
-    p.add_argument("--plant", default="", choices=["", *sorted(PLANTS)],
+    p.add_argument("--plant", default="", choices=["", *sorted(PLANTS), *sorted(SPARK_PLANTS)],
                    help="switch on a planted bug (the simulation must find it)")
+    p.add_argument("--world", choices=["checkpoint", "spark"], default="checkpoint",
+                   help="statehold's job directories, or a Spark query's checkpoint location")
+    p.add_argument("--provider", choices=["hdfs", "rocksdb", "rocksdb-v2"], default=None,
+                   help="--world spark: the state store (default: the seed picks)")
+    p.add_argument("--tolerate", default="",
+                   help="--world spark: violation kinds (comma-separated) noted, not failed")
     p.add_argument("--jobs", type=int, default=1,
                    help="run seeds in this many processes (results printed in seed order)")
     args = p.parse_args(argv)
@@ -74,7 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         "zk_lag": args.zk_lag,
         "restores": args.restores,
         "plant": args.plant,
+        "world": args.world,
+        "provider": args.provider,
+        "tolerate": frozenset(k for k in args.tolerate.split(",") if k),
     }
+    if (args.plant in SPARK_PLANTS) != (args.world == "spark") and args.plant:
+        p.error(f"--plant {args.plant} belongs to the other --world")
     started = time.monotonic()
     results = []
     failed = []
@@ -93,9 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             result, lines = next(runs)
             world = None
         else:
-            result, world = run_seed(seed, args.steps, **(
-                {**options, **grown(seed)} if args.grown else options
-            ))
+            result, world = _run(seed, args.steps, options, args.grown)
             lines = world.minimal_trace()
         results.append(result)
         total_steps += result["steps"]
@@ -135,7 +164,15 @@ def main(argv: list[str] | None = None) -> int:
 def _flags(args: argparse.Namespace) -> str:
     """The options of this run that a replay needs."""
     out = ""
-    if args.grown:
+    if args.world == "spark":
+        out += " --world spark"
+        if args.list_lag:
+            out += f" --list-lag {args.list_lag}"
+        if args.provider:
+            out += f" --provider {args.provider}"
+        if args.tolerate:
+            out += f" --tolerate {args.tolerate}"
+    elif args.grown:
         out += " --grown"
     else:
         for flag, value, default in (("--ha", args.ha, "embedded"), ("--zk-lag", args.zk_lag, 0.0),

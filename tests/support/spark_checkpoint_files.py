@@ -74,6 +74,35 @@ def write(root: Path, key: str, data: bytes | str) -> Path:
     return path
 
 
+def offsets_file(batch: int, sources: list[object], conf: dict[str, str] | None = None) -> bytes:
+    """``offsets/N``: the version line, the batch's metadata, one offset per source."""
+    meta = {
+        "batchWatermarkMs": batch * 1000,
+        "batchTimestampMs": 1_700_000_000_000 + batch,
+        "conf": conf or {},
+    }
+    lines = ["v1", json.dumps(meta)] + [
+        "-" if s is None else json.dumps(s, separators=(",", ":")) for s in sources
+    ]
+    return "\n".join(lines).encode()
+
+
+def commit_file(batch: int, unique_ids: dict[str, list[list[str]]] | None = None) -> bytes:
+    """``commits/N`` (v2, naming each store's checkpoint, with `unique_ids`)."""
+    if unique_ids is None:
+        return f"v1\n{{\"nextBatchWatermarkMs\":{batch * 1000}}}".encode()
+    doc = {"nextBatchWatermarkMs": batch * 1000, "stateUniqueIds": unique_ids}
+    return f"v2\n{json.dumps(doc, separators=(',', ':'))}".encode()
+
+
+def file_log(entries: list[tuple[str, int]]) -> bytes:
+    """A file source's log file (``sources/I/K`` or ``K.compact``): (path, batch id) each."""
+    lines = ["v1"] + [
+        json.dumps({"path": path, "timestamp": 1, "batchId": b}) for path, b in entries
+    ]
+    return "\n".join(lines).encode()
+
+
 def logs(root: Path, batches: range, conf: dict[str, str] | None = None) -> None:
     """metadata, offsets/N and commits/N for `batches`, one file source with one entry per
     batch. The source's log starts at 0 whatever `batches` start at: Spark purges old
@@ -81,16 +110,10 @@ def logs(root: Path, batches: range, conf: dict[str, str] | None = None) -> None
     replaces its plain files)."""
     write(root, "metadata", json.dumps({"id": str(uuid.uuid4())}))
     for b in batches:
-        meta = {
-            "batchWatermarkMs": b * 1000,
-            "batchTimestampMs": 1_700_000_000_000 + b,
-            "conf": conf or {},
-        }
-        write(root, f"offsets/{b}", f"v1\n{json.dumps(meta)}\n{{\"logOffset\":{b}}}")
-        write(root, f"commits/{b}", f"v1\n{{\"nextBatchWatermarkMs\":{b * 1000}}}")
+        write(root, f"offsets/{b}", offsets_file(b, [{"logOffset": b}], conf))
+        write(root, f"commits/{b}", commit_file(b))
     for b in range(batches.stop):
-        entry = {"path": f"file:///data/in/{b:05d}.json", "timestamp": 1, "batchId": b}
-        write(root, f"sources/0/{b}", f"v1\n{json.dumps(entry)}")
+        write(root, f"sources/0/{b}", file_log([(f"file:///data/in/{b:05d}.json", b)]))
 
 
 def rocksdb_changelog_store(

@@ -1,0 +1,281 @@
+"""The simulation's Spark world (tests/sim/spark.py): a Structured Streaming query writing
+its checkpoint location step by step beside statehold's Spark-location code. A short
+sweep finds no violation, a seed replays exactly, and each planted bug is found within a
+bound of seeds.
+
+Holes in `src` are probed below on hand-made locations: (a) a savepoint copying source
+log entries only up to the batch number, (b) a rollback deleting logs before state
+files, (c) verify not checking the source log chain (all three fixed in main while this
+world was written), and two this world found against the fixed code. While a probe shows
+a hole open, the violation kind that finds it is noted (`tolerate`) instead of failing
+the sweep, and the test says so."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sim.spark import PLANTS, run_spark_seed
+
+from statehold.errors import StateholdError
+from statehold.spark_checkpoints import SparkCheckpointLocation, open_spark_checkpoint
+from statehold.storage.base import StorageError
+from statehold.storage.local import LocalStorage
+from tests.support.spark_checkpoint_files import (
+    commit_file,
+    file_log,
+    hdfs_store,
+    offsets_file,
+    write,
+)
+
+STEPS = 1500
+#: The sweep's seeds (one of each state store: rocksdb, rocksdb-v2, hdfs; between them
+#: every kind of step and operation), 1,200 steps each: about two seconds in all. New
+#: seeds are explored by `python tests/simulate.py --world spark` (docs/benchmarks.md).
+SWEEP_SEEDS = range(3001, 3004)
+SWEEP_STEPS = 1200
+#: Seeds within which each planted bug must be found (today at seeds 0, 0, 5, 1 and 2:
+#: (a), (b), (c), (e), (f); the bound leaves room for the runs to change with the code).
+BOUND = 8
+#: (d) is not reached yet: see `test_planted_bug_is_found`.
+NOT_REACHED = {"gc-without-recheck"}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs() -> Iterator[None]:
+    logger = logging.getLogger("statehold")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
+
+
+# -- the holes being fixed in src, probed on hand-made locations ----------------------------
+def _location(root: Path, batches: int, ahead: int) -> None:
+    """metadata, offsets/commits 0..batches-1, a source log `ahead` entries ahead of the
+    batch numbers (a driver died between an entry and its offsets), one HDFS store."""
+    write(root, "metadata", '{"id": "probe"}')
+    for b in range(batches + ahead):
+        write(root, f"sources/0/{b}", file_log([(f"file:///in/{b:05d}.json", b)]))
+    for b in range(batches):
+        write(root, f"offsets/{b}", offsets_file(b, [{"logOffset": b + ahead}]))
+        write(root, f"commits/{b}", commit_file(b))
+    hdfs_store(root, "state/0/0", range(1, batches + 1), set())
+
+
+def savepoint_hole_open(tmp: Path) -> bool:
+    """(a): a savepoint of a batch whose logOffset is past its number misses entries."""
+    _location(tmp / "a", 2, ahead=1)
+    open_spark_checkpoint(str(tmp / "a")).savepoint(str(tmp / "a-sp"))
+    return not (tmp / "a-sp" / "sources/0/2").exists()
+
+
+def verify_hole_open(tmp: Path) -> bool:
+    """(c): verify says ok with an entry missing from the middle of the source log."""
+    _location(tmp / "c", 3, ahead=0)
+    (tmp / "c" / "sources/0/1").unlink()
+    return open_spark_checkpoint(str(tmp / "c")).verify().ok
+
+
+class _FirstDelete(LocalStorage):
+    """A local storage whose first delete is noted and fails (a crash right there)."""
+
+    first: list[str]
+
+    def delete_many(self, keys: object) -> None:
+        self.first = list(keys)  # type: ignore[call-overload]
+        raise StorageError("cut short (probe)")
+
+
+def rollback_hole_open(tmp: Path) -> bool:
+    """(b): a rollback cut short at its first delete has deleted a log (the location then
+    looks rolled back, its later state files left for the next run to load)."""
+    _location(tmp / "b", 4, ahead=0)
+    storage = _FirstDelete(tmp / "b")
+    with contextlib.suppress(StateholdError):
+        SparkCheckpointLocation(storage).rollback(1, keep=str(tmp / "b-keep"), force=True)
+    first: str = getattr(storage, "first", [""])[0]
+    return first.startswith(("commits/", "offsets/"))
+
+
+def verify_without_log_hole_open(tmp: Path) -> bool:
+    """Found by this world against the fixed code: a location whose file source log is
+    gone whole (its offsets still name a logOffset) verifies ok; Spark's restart would
+    take every input file for new."""
+    _location(tmp / "c2", 1, ahead=0)
+    (tmp / "c2" / "sources/0/0").unlink()
+    (tmp / "c2" / "sources/0").rmdir()
+    (tmp / "c2" / "sources").rmdir()
+    return bool(open_spark_checkpoint(str(tmp / "c2")).verify().ok)
+
+
+def rollback_stuck_open(tmp: Path) -> bool:
+    """Found by this world against the fixed code: a rollback cut short leaves its mark;
+    the query started again anyway (Spark does not read the mark) runs past
+    ``minBatchesToRetain`` and Spark purges the batch the mark names; running the rollback
+    again, as the mark asks, is refused, and gc, savepoint and relocate refuse while the
+    mark is there: no way out but deleting the mark by hand."""
+    _location(tmp / "s", 4, ahead=0)
+    with contextlib.suppress(StateholdError):
+        SparkCheckpointLocation(_FirstDelete(tmp / "s")).rollback(
+            1, keep=str(tmp / "s-keep"), force=True)
+    if not (tmp / "s" / "_statehold_rollback").exists():
+        return False
+    for b in range(2):  # Spark's retention, once the query ran on
+        (tmp / "s" / f"offsets/{b}").unlink()
+        (tmp / "s" / f"commits/{b}").unlink()
+    try:
+        open_spark_checkpoint(str(tmp / "s")).rollback(1, keep=str(tmp / "s-keep2"), force=True)
+    except StateholdError:
+        return True
+    return False
+
+
+#: (the hole, the violation kind that finds it, its probe: True while open in src).
+HOLES = [
+    ("(a) savepoint up to the batch number", "savepoint-source-log", savepoint_hole_open),
+    ("(b) rollback logs before state", "stale-after-rollback", rollback_hole_open),
+    ("(c) verify without the source chain", "verify-missed", verify_hole_open),
+    ("verify with the source log gone whole", "verify-missed", verify_without_log_hole_open),
+    ("a rollback mark no run can finish", "rollback-stuck", rollback_stuck_open),
+]
+KINDS = frozenset(kind for _name, kind, _probe in HOLES)
+
+
+@pytest.fixture(scope="module")
+def open_holes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The holes still open in src: violation kind -> the holes' names (their
+    violations are noted, not failed, and the test says so)."""
+    tmp = tmp_path_factory.mktemp("holes")
+    out: dict[str, str] = {}
+    for name, kind, probe in HOLES:
+        if probe(tmp):
+            out[kind] = f"{out[kind]}; {name}" if kind in out else name
+    return out
+
+
+# -- the sweep and the replay ------------------------------------------------------------
+def test_sweep_finds_no_violation(open_holes: dict[str, str]) -> None:
+    events: dict[str, int] = {}
+    tolerated: dict[str, int] = {}
+    for seed in SWEEP_SEEDS:
+        result, world = run_spark_seed(seed, SWEEP_STEPS, tolerate=frozenset(open_holes))
+        assert not result["violations"], (seed, result["violations"], world.minimal_trace())
+        for k, v in result["events"].items():
+            events[k] = events.get(k, 0) + v
+        for k, v in result.get("tolerated", {}).items():
+            tolerated[k] = tolerated.get(k, 0) + v
+    # the Spark steps and the people's operations were reached, not just configured
+    for what in ("batch", "store-moved", "start-gc", "gc-deleted", "start-savepoint",
+                 "start-rollback", "rollback-interrupted", "start-relocate", "start-verify",
+                 "damage", "crash", "idle"):
+        assert events.get(what, 0) > 0, (what, events)
+    if tolerated:
+        holes = {open_holes[k]: n for k, n in tolerated.items()}
+        pytest.xfail(f"holes still open in src, their violations noted: {holes}")
+
+
+def test_a_seed_replays_the_same_run() -> None:
+    first, w1 = run_spark_seed(3001, 500, tolerate=KINDS)
+    second, w2 = run_spark_seed(3001, 500, tolerate=KINDS)
+    assert first == second
+    assert list(w1.trace) == list(w2.trace)
+
+
+def test_the_documented_command_runs_from_the_repository_root() -> None:
+    """``python tests/simulate.py --world spark --seeds 2 --steps 100 --json``, as
+    docs/benchmarks.md gives it (the script once failed there: No module named 'tests')."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # (else the script starts itself again)
+    out = subprocess.run(
+        [sys.executable, "tests/simulate.py", "--world", "spark", "--seeds", "2", "--steps",
+         "100", "--json", "--tolerate", ",".join(sorted(KINDS))],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["seeds"] == [0, 1] and summary["violations"] == 0
+    assert all(run["world"] == "spark" for run in summary["runs"])
+
+
+def test_the_model_reads_what_spark_wrote() -> None:
+    """A run without faults or people: every committed batch's restart reads back the
+    state of exactly the input files it had processed (the check runs after each step)."""
+    result, world = run_spark_seed(3002, 600, faults=False, operate_rate=0.0, pause_rate=0.0)
+    assert not result["violations"], world.minimal_trace()
+    assert result["events"].get("batch", 0) > 10
+
+
+# -- planted bugs: each must be found within a bounded number of seeds --------------------
+@pytest.mark.parametrize("name", sorted(PLANTS))
+def test_planted_bug_is_found(name: str, open_holes: dict[str, str]) -> None:
+    if name in NOT_REACHED:
+        pytest.xfail("gc's re-check guards a narrow race the simulation does not reach yet: "
+                     "a gc's listing before a rollback, its deletes after the query's rerun "
+                     "rewrote a file it judged deletable and before Spark's next snapshot "
+                     "superseded it")
+    _what, kinds, _patches, options = PLANTS[name]
+    tolerate = frozenset(open_holes) - set(kinds)
+    for seed in range(BOUND):
+        result, _world = run_spark_seed(seed, STEPS, plant=name, tolerate=tolerate, **options)
+        if result["violations"]:
+            v = result["violations"][0]
+            assert v["kind"] in kinds, v
+            # Spark's own bug is reported as Spark's, never blamed on statehold
+            assert (v["kind"] == "spark-bug") == (name == "spark-55892"), v
+            return
+    raise AssertionError(f"planted bug {name!r} not found within {BOUND} seeds")
+
+
+def test_planted_gc_without_recheck_deletes_a_rewritten_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(d) by hand, as the simulation does not reach it yet: gc lists (``5.delta`` is
+    superseded by ``5.snapshot``: deletable), then a rollback to batch 3 and the query's
+    rerun of batch 4 write ``5.delta`` anew, which batch 4 needs; the planted gc, without
+    its re-check, deletes it. The real gc leaves it."""
+    import statehold.spark_checkpoints.gc as spark_gc
+    from tests.support.spark_checkpoint_files import logs, lz4_stream, records
+    from tests.support.spark_checkpoint_trees import backdate
+
+    def location(root: Path) -> Path:
+        logs(root, range(5))
+        hdfs_store(root, "state/0/0", range(1, 6), {5})
+        backdate(root, 7200)
+        return root
+
+    real = spark_gc._judge
+
+    def rerun_after_listing(root: Path) -> None:
+        def judge(*args: object, **kwargs: object) -> object:
+            plan = real(*args, **kwargs)  # type: ignore[arg-type]
+            for key in ("commits/4", "offsets/4", "state/0/0/5.snapshot"):
+                (root / key).unlink()
+            write(root, "state/0/0/5.delta", lz4_stream(records([(b"k", b"new")])))
+            write(root, "offsets/4", offsets_file(4, [{"logOffset": 4}]))
+            write(root, "commits/4", commit_file(4))
+            return plan
+
+        monkeypatch.setattr(spark_gc, "_judge", judge)
+
+    real_root = location(tmp_path / "real")
+    rerun_after_listing(real_root)
+    open_spark_checkpoint(str(real_root)).gc(grace_seconds=0)
+    assert open_spark_checkpoint(str(real_root)).verify().ok
+
+    planted_root = location(tmp_path / "planted")
+    rerun_after_listing(planted_root)
+    for _module, attr, wrap in PLANTS["gc-without-recheck"][2]:
+        monkeypatch.setattr(spark_gc, attr, wrap(getattr(spark_gc, attr)))
+    open_spark_checkpoint(str(planted_root)).gc(grace_seconds=0)
+    assert not (planted_root / "state/0/0/5.delta").exists()
+    assert not open_spark_checkpoint(str(planted_root)).verify().ok
