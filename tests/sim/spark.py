@@ -234,6 +234,9 @@ class SparkWorld:
         self.known: dict[bytes, tuple[Any, ...]] = {}
         self.written: dict[str, float] = {}
         self.deleted: dict[str, tuple[str, str, float]] = {}
+        #: Older committed batches Spark's own retention made unrestartable (location,
+        #: batch): not checked again.
+        self.spark_lost: set[tuple[str, int]] = set()
         #: SSTs a zip named though no zip held them any more (`note_orphan_reuse`).
         self.orphan_reuse: set[str] = set()
         self.locs: dict[str, Loc] = {}
@@ -567,15 +570,24 @@ class SparkWorld:
                 return
             self.check_batch(loc, idx, newest, must=True)
             return
+        # batches after an unfinished rollback's target (its mark says which, if the
+        # model's person lost track) are being removed: not checked
+        target = loc.rolling_back if loc.rolling_back is not None else self.marked(loc)
         for b in commits:
-            if loc.rolling_back is not None and b > loc.rolling_back:
+            if target is not None and b > target:
                 continue
-            must = b == newest or b == loc.rolling_back
+            must = b in (newest, target)
             self.check_batch(loc, idx, b, must=must)
 
     def check_batch(self, loc: Loc, idx: dict[str, Any], batch: int, must: bool) -> None:
         problems: list[tuple[str, str]] = []
         files, states = self.restart_read(loc, idx, batch, problems)
+        if not must and (loc.name, batch) in self.spark_lost:
+            return
+        if not must and any(kind == "spark-deleted" for kind, _story in problems):
+            # Spark's retention let this older batch go: what else goes of it is moot
+            self.spark_lost.add((loc.name, batch))
+            return
         for kind, story in problems:
             if kind == "spark-deleted":
                 if must and loc is self.live and self.provider != "" and batch == max(
