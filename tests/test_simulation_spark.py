@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,22 +118,34 @@ def rollback_stuck_open(tmp: Path) -> bool:
     """Found by this world against the fixed code: a rollback cut short leaves its mark;
     the query started again anyway (Spark does not read the mark) runs past
     ``minBatchesToRetain`` and Spark purges the batch the mark names; running the rollback
-    again, as the mark asks, is refused, and gc, savepoint and relocate refuse while the
-    mark is there: no way out but deleting the mark by hand."""
+    again, as the mark asks, is refused, and gc, savepoint and relocate refused while the
+    mark was there: no way out but deleting the mark by hand. Closed when, once the query
+    committed a batch after the mark, a savepoint is taken and a rollback to the newest
+    batch removes the mark."""
     _location(tmp / "s", 4, ahead=0)
     with contextlib.suppress(StateholdError):
         SparkCheckpointLocation(_FirstDelete(tmp / "s")).rollback(
             1, keep=str(tmp / "s-keep"), force=True)
-    if not (tmp / "s" / "_statehold_rollback").exists():
+    mark = tmp / "s" / "_statehold_rollback"
+    if not mark.exists():
         return False
     for b in range(2):  # Spark's retention, once the query ran on
         (tmp / "s" / f"offsets/{b}").unlink()
         (tmp / "s" / f"commits/{b}").unlink()
+    later = mark.stat().st_mtime + 1  # the query's next batch, after the mark
+    write(tmp / "s", "sources/0/4", file_log([("file:///in/00004.json", 4)]))
+    write(tmp / "s", "offsets/4", offsets_file(4, [{"logOffset": 4}]))
+    hdfs_store(tmp / "s", "state/0/0", range(5, 6), set())
+    write(tmp / "s", "commits/4", commit_file(4))
+    for key in ("sources/0/4", "offsets/4", "state/0/0/5.delta", "commits/4"):
+        os.utime(tmp / "s" / key, (later, later))
     try:
-        open_spark_checkpoint(str(tmp / "s")).rollback(1, keep=str(tmp / "s-keep2"), force=True)
+        location = open_spark_checkpoint(str(tmp / "s"))
+        location.savepoint(str(tmp / "s-sp"))
+        location.rollback(4, keep=str(tmp / "s-keep2"), force=True)
     except StateholdError:
         return True
-    return False
+    return mark.exists()
 
 
 #: (the hole, the violation kind that finds it, its probe: True while open in src).

@@ -7,6 +7,7 @@ little or deleted the wrong entry before the fix."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -289,3 +290,52 @@ def test_lines_that_cannot_be_told_apart_are_refused(tmp_path: Path) -> None:
 
     assert tree(root) == before
     assert not verify(open_spark_checkpoint(str(root))).ok
+
+
+def test_a_file_source_log_gone_whole_is_missing(tmp_path: Path) -> None:
+    """Found by the simulation: the offsets still record a logOffset, the log is gone
+    (Spark's restart would take every input file for new)."""
+    root = _ahead(tmp_path / "ckpt")
+    for entry in (root / "sources" / "0").iterdir():
+        entry.unlink()
+
+    report = verify(open_spark_checkpoint(str(root)))
+
+    assert not report.ok
+    assert report.problems[0].path == "sources/0/0", report.problems
+    with pytest.raises(SparkCheckpointError, match="sources/0/0: missing"):
+        savepoint(open_spark_checkpoint(str(root)), str(tmp_path / "sp"))
+
+
+def test_a_mark_the_query_ran_on_from_is_left_behind_and_cleared(tmp_path: Path) -> None:
+    """Found by the simulation: a rollback cut short, the query started anyway (Spark does
+    not read the mark) and ran on past the mark's batch, which Spark then purged. The
+    mark no longer blocks anything; verify says so; a rollback to the newest batch
+    removes it and nothing else."""
+    root = _rocksdb_location(tmp_path / "ckpt")
+    broken = open_spark_checkpoint(str(root))
+    broken.storage = _Breaking(str(root), 0)
+    with pytest.raises(SparkCheckpointError, match="stopped at"):
+        rollback(broken, 3, keep=str(tmp_path / "kept"))
+    mark = root / ROLLBACK_MARKER
+    later = mark.stat().st_mtime + 1
+    for b in range(4):  # Spark's retention, once the query ran on
+        (root / "offsets" / str(b)).unlink()
+        (root / "commits" / str(b)).unlink()
+    _entry(root, 0, 8)
+    _offsets(root, 8, {"logOffset": 8})
+    rocksdb_changelog_store(root, STORE, range(9, 10), set())
+    for key in ("sources/0/8", "offsets/8", "commits/8", f"{STORE}/9.changelog"):
+        os.utime(root / key, (later, later))
+    ckpt = open_spark_checkpoint(str(root))
+
+    report = verify(ckpt)
+
+    assert [p.path for p in report.problems] == [ROLLBACK_MARKER]
+    assert "left behind" in report.problems[0].problem
+    assert listing(ckpt).interrupted_rollback is None
+    assert savepoint(ckpt, str(tmp_path / "sp")).batch == 8
+    before = {k: v for k, v in tree(root).items() if k != ROLLBACK_MARKER}
+    cleared = rollback(ckpt, 8, force=True)
+    assert cleared.deleted == [] and tree(root) == before
+    assert verify(open_spark_checkpoint(str(root))).ok

@@ -135,7 +135,7 @@ def gc(
     storage = checkpoint.storage
     checkpoint.forget_reads()  # a zip read before this listing may have been rewritten
     found, bulk = _list(storage)
-    refuse_unfinished(storage, ROLLBACK_MARKER in found.files, "collect garbage")
+    refuse_unfinished(storage, found, "collect garbage")
     report = SparkGcReport(uri=checkpoint.uri, dry_run=dry_run)
     report.listed = len(found.files) + sum(len(d.names) for d in bulk.values())
     commits = _read_commits(checkpoint, found)
@@ -157,7 +157,9 @@ def gc(
     if dry_run or not plan:
         return report
     size = batch_size or (OBJECT_STORE_BATCH if storage.lists_in_key_order else LOCAL_BATCH)
-    _delete(storage, plan, view, newest, size, report, progress)
+    mark = found.files.get(ROLLBACK_MARKER)  # one left behind: only a new one stops gc
+    _delete(storage, plan, view, (newest, mark.mtime if mark else None), size, report,
+            progress)
     return report
 
 
@@ -431,15 +433,16 @@ def _delete(
     storage: Storage,
     plan: _Plan,
     view: SparkView,
-    newest: int | None,
+    listed: tuple[int | None, float | None],
     batch_size: int,
     report: SparkGcReport,
     progress: Progress | None,
 ) -> None:
+    """`listed`: the newest committed batch and the rollback mark's mtime in the listing."""
     for directory, entries in plan.items():
         for start in range(0, len(entries), batch_size):
             batch = entries[start : start + batch_size]
-            _check_commits(storage, newest, report)
+            _check_commits(storage, *listed, report)
             names = check_deletable_names(directory, [e[0] for e in batch])
             same = (
                 batch
@@ -490,11 +493,14 @@ def unique_names(directory: str) -> bool:
     return shared_dir_store(directory) is not None
 
 
-def _check_commits(storage: Storage, newest: int | None, report: SparkGcReport) -> None:
-    """Stop if a rollback began (its mark) or the commit log's newest batch went back
-    since the listing."""
+def _check_commits(
+    storage: Storage, newest: int | None, mark: float | None, report: SparkGcReport
+) -> None:
+    """Stop if a rollback began (a mark not in the listing, `mark` its mtime there) or the
+    commit log's newest batch went back since the listing."""
     try:
-        marked = storage.stat(ROLLBACK_MARKER) is not None
+        mark_now = storage.stat(ROLLBACK_MARKER)
+        marked = mark_now is not None and mark_now.mtime != mark
         _dirs, files = storage.list_top(COMMITS_DIR) if newest is not None else ([], [])
     except StorageError as e:
         raise SparkGcInterruptedError(f"{COMMITS_DIR}: cannot be listed ({e})") from None

@@ -236,7 +236,7 @@ class SparkCheckpoint:
         location stands, by default when `batch` is its newest commit; a rollback asks
         for the batch's own entries). Refused (SparkCheckpointError) when
         ``offsets/<batch>`` cannot be read or its lines cannot be told apart."""
-        lines = self.offsets(batch).sources if found.sources else []
+        lines = self.offsets(batch).sources
         owners = line_owners(
             lines,
             set(found.sources),
@@ -259,7 +259,7 @@ class SparkCheckpoint:
                 problems.append(str(e))
             tops = {s: (batch, False) for s in found.sources}
         return [
-            source_needs(s, found.sources[s], top, batch, file_source)
+            source_needs(s, found.sources.get(s, {}), top, batch, file_source)
             for s, (top, file_source) in sorted(tops.items())
         ]
 

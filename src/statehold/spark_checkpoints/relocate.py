@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from statehold.format.spark_layout import ROLLBACK_MARKER, SOURCES_DIR, Kind, crc_of, is_decimal
+from statehold.format.spark_layout import SOURCES_DIR, Kind, crc_of, is_decimal
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import SparkCheckpoint, refuse_alive
 from statehold.spark_checkpoints.rollback import DEFAULT_GRACE_SECONDS, SINK_LOG_DIR
@@ -147,7 +147,7 @@ def relocate(
         raise SparkCheckpointError("relocate needs a prefix to rewrite and one to write")
     if not dry_run:
         found = checkpoint.scan()
-        refuse_unfinished(checkpoint.storage, ROLLBACK_MARKER in found.files, "relocate")
+        refuse_unfinished(checkpoint.storage, found, "relocate")
         if not force:
             refuse_alive(found, grace_seconds, "force the relocation")
     change = _changer(from_prefix, to_prefix)

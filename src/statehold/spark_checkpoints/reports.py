@@ -12,7 +12,12 @@ from pydantic import BaseModel, ConfigDict
 from statehold.format.spark_layout import ROLLBACK_MARKER, Kind
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import RestartNeeds, SparkCheckpoint
-from statehold.spark_checkpoints.rollback_marker import read_marker, unfinished
+from statehold.spark_checkpoints.rollback_marker import (
+    left_behind,
+    read_marker,
+    unfinished,
+    unfinished_marker,
+)
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.state_files import check_stream
 
@@ -151,7 +156,7 @@ def listing(checkpoint: SparkCheckpoint) -> SparkListing:
 
 def _interrupted(checkpoint: SparkCheckpoint, found: Scan) -> int | None:
     try:
-        marker = read_marker(checkpoint.storage, ROLLBACK_MARKER in found.files)
+        marker = unfinished_marker(checkpoint.storage, found)
     except SparkCheckpointError:
         return -1 if ROLLBACK_MARKER in found.files else None
     return None if marker is None else marker.to_batch
@@ -163,7 +168,13 @@ def location_problems(checkpoint: SparkCheckpoint, found: Scan) -> list[SparkPro
     problems: list[SparkProblem] = []
     try:
         marker = read_marker(checkpoint.storage, ROLLBACK_MARKER in found.files)
-        if marker is not None:
+        if marker is not None and left_behind(marker, found):
+            problems.append(SparkProblem(path=ROLLBACK_MARKER, problem=(
+                f"{ROLLBACK_MARKER}: the mark of a rollback to batch {marker.to_batch} left "
+                "behind: the query ran on after it; any rollback removes it (statehold "
+                f"rollback {checkpoint.uri} --to-batch {found.newest_committed} changes "
+                "nothing else)")))
+        elif marker is not None:
             problems.append(
                 SparkProblem(path=ROLLBACK_MARKER, problem=unfinished(marker, checkpoint.uri))
             )

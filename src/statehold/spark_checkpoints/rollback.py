@@ -51,7 +51,7 @@ from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import SparkCheckpoint, refuse_alive
 from statehold.spark_checkpoints.rollback_marker import (
     RollbackMarker,
-    read_marker,
+    unfinished_marker,
     write_marker,
 )
 from statehold.spark_checkpoints.savepoint import (
@@ -104,7 +104,8 @@ def rollback(
     deleted, when the rollback cannot be done safely."""
     options = dict(storage_options or {})
     found = checkpoint.scan()
-    marker = read_marker(checkpoint.storage, ROLLBACK_MARKER in found.files)
+    marked = ROLLBACK_MARKER in found.files
+    marker = unfinished_marker(checkpoint.storage, found)
     if marker is not None and to_batch > marker.to_batch:
         raise SparkCheckpointError(
             f"cannot roll back to batch {to_batch}: a rollback to batch {marker.to_batch} "
@@ -135,6 +136,8 @@ def rollback(
         finished_interrupted=marker is not None,
     )
     if not plan and not sink_plan and marker is None:
+        if marked:  # a mark left behind by a rollback the query ran on from
+            _delete(checkpoint.storage, [ROLLBACK_MARKER])
         return report
     if marker is None or marker.to_batch != to_batch:
         marker = _begin(checkpoint, found, to_batch, keep, options, sink_storage, marker)

@@ -6,7 +6,11 @@ first delete and removed after the last, so whatever stops a rollback is seen
 afterwards: `verify` reports it, `list` names it, savepoint, gc and relocate refuse, and
 the same rollback run again finishes it (with the savepoint it kept the first time).
 Spark ignores the file (it reads only ``metadata``, ``offsets/``, ``commits/``,
-``sources/`` and ``state/``).
+``sources/`` and ``state/``). So a query may be started again before the rollback is
+finished, and run on: once a batch above the mark's target is committed after the mark
+was written (by the storage's own clock, both mtimes from one listing), the mark is
+*left behind*: nothing refuses because of it any more, `verify` says so, and any
+rollback removes it (to the newest batch: nothing else changes).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from statehold.format.signed import load_json
 from statehold.format.spark_layout import ROLLBACK_MARKER
 from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.scan import Scan
 from statehold.storage import Storage, StorageError
 
 #: The newest version of the mark statehold writes and reads.
@@ -78,8 +83,25 @@ def unfinished(marker: RollbackMarker, uri: str) -> str:
     )
 
 
-def refuse_unfinished(storage: Storage, present: bool, what: str) -> None:
+def left_behind(marker: RollbackMarker, found: Scan) -> bool:
+    """Whether the query ran on after the mark: a batch above its target committed after
+    the mark was written."""
+    info = found.files.get(ROLLBACK_MARKER)
+    return info is not None and any(
+        batch > marker.to_batch and found.files[key].mtime > info.mtime
+        for batch, key in found.commits.items()
+    )
+
+
+def unfinished_marker(storage: Storage, found: Scan) -> RollbackMarker | None:
+    """The mark of a rollback still unfinished in the listing `found` (None: no mark, or
+    one left behind)."""
+    marker = read_marker(storage, ROLLBACK_MARKER in found.files)
+    return None if marker is None or left_behind(marker, found) else marker
+
+
+def refuse_unfinished(storage: Storage, found: Scan, what: str) -> None:
     """Refuse `what` while a rollback is unfinished (SparkCheckpointError)."""
-    marker = read_marker(storage, present)
+    marker = unfinished_marker(storage, found)
     if marker is not None:
         raise SparkCheckpointError(f"cannot {what}: {unfinished(marker, storage.uri)}")

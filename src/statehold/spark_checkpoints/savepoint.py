@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from statehold.format.spark_layout import COMMITS_DIR, ROLLBACK_MARKER, crc_of
+from statehold.format.spark_layout import COMMITS_DIR, crc_of
 from statehold.progress import NoProgress, Progress
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import RestartNeeds, SparkCheckpoint
@@ -143,7 +143,7 @@ def savepoint(
     `restart_needs` of the batch whole on `dest`. The source is never modified."""
     out = _open(dest, dest_options)
     found = checkpoint.scan()
-    refuse_unfinished(checkpoint.storage, ROLLBACK_MARKER in found.files, "take a savepoint")
+    refuse_unfinished(checkpoint.storage, found, "take a savepoint")
     needs = needs_at(checkpoint, found, batch)
     files = restart_files(checkpoint, found, needs)
     _check_destination(checkpoint, out)

@@ -140,18 +140,19 @@ def source_tops(
     batch: int,
     as_is: bool,
 ) -> dict[int, tuple[int, bool]]:
-    """Per source with a log: the newest entry a restart after `batch` reads, and whether
-    it is a file source. A file source reads to its logOffset in ``offsets/<batch>`` and,
-    restarted as the location stands (`as_is`: `batch` is its newest), to the newest
-    entry of its log (an entry written just before a driver died counts as seen); any
-    other source's log is kept up to the batch."""
+    """Per source with a log, or recorded as a file source: the newest entry a restart after
+    `batch` reads, and whether it is a file source. A file source reads to its logOffset
+    in ``offsets/<batch>`` and, restarted as the location stands (`as_is`: `batch` is
+    its newest), to the newest entry of its log (an entry written just before a driver
+    died counts as seen); any other source's log is kept up to the batch."""
     recorded: dict[int, int] = {}
     for j, owner in enumerate(owners):
         offset = log_offset(lines[j]) if j < len(lines) else None
         if owner is not None and offset is not None:
             recorded[owner] = max(offset, recorded.get(owner, -1))
     tops: dict[int, tuple[int, bool]] = {}
-    for source, log in logs.items():
+    for source in sorted({*logs, *recorded}):  # a file source whose log is gone whole too
+        log = logs.get(source, {})
         if source in recorded:
             newest = max(log, default=-1)
             tops[source] = (max(recorded[source], newest) if as_is else recorded[source], True)
