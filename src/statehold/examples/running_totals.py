@@ -42,7 +42,6 @@ import argparse
 import json
 import random
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -212,18 +211,19 @@ def run(
     args: argparse.Namespace,
     on_phase: PhaseHook | None = None,
 ) -> int:
-    """Process batches until no input is left (or, with --keep-running, until ^C)."""
+    """Process batches until no input is left (or, with --keep-running, until ^C or a
+    stop asked from outside: ``statehold stop JOB``, served while waiting for input as
+    after each batch, like ``statehold savepoint JOB NAME``)."""
     input_dir: Path = args.input.absolute()
     sink = common.output_sink(args)
     batch_id, last_file = resume_point(job)
     print(f"checkpoints: {job.job_dir}  (resuming at batch {batch_id}, after "
           f"{last_file or 'no file yet'})", flush=True)
-    while True:
+    while not job.stop_requested:
         batches = common.next_batches(input_dir, last_file, args.files_per_batch)
         if not batches:
-            if not args.keep_running:
+            if not args.keep_running or not common.wait_for_input(job, args.poll_seconds):
                 break
-            time.sleep(args.poll_seconds)
             continue
         files = batches[0]
         position = {"input": str(input_dir), "files": files, "last_file": files[-1]}
@@ -235,7 +235,10 @@ def run(
             return 1
         print(describe(result, files), flush=True)
         batch_id, last_file = batch_id + 1, files[-1]
-    if on_phase is not None:
+    stopped = common.stopped_line(job)
+    if stopped is not None:
+        print(stopped, flush=True)
+    elif on_phase is not None:
         on_phase("job-end", batch_id - 1)
     return 0
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -137,13 +136,12 @@ def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
     batch_id, last_file = resume_point(job)
     print(f"checkpoints: {job.job_dir}  (resuming at batch {batch_id}, after "
           f"{last_file or 'no file yet'})", flush=True)
-    while True:
+    while not job.stop_requested:
         pending = common.next_batches(input_dir, last_file, args.files_per_batch)
         files = pending[0] if pending else []
         if not files and not job.timers_due():
-            if not args.keep_running:
-                return 0
-            time.sleep(args.poll_seconds)
+            if not args.keep_running or not common.wait_for_input(job, args.poll_seconds):
+                break
             continue
         last_file = files[-1] if files else last_file
         result = job.transform_with_state(
@@ -160,6 +158,10 @@ def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
         )
         print(describe(result, files), flush=True)
         batch_id += 1
+    stopped = common.stopped_line(job)
+    if stopped is not None:
+        print(stopped, flush=True)
+    return 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
