@@ -1,7 +1,8 @@
-"""``statehold savepoint JOB NAME`` and ``statehold stop JOB`` against a real streaming
-query: a driver process (tests/support/operated_stream.py, ``job.foreach_batch`` over
-Spark's ``rate-micro-batch`` source, no request handling in its code) is operated by the
-CLI as its own process, and killed with SIGKILL while a request is pending.
+"""``statehold savepoint JOB NAME`` and ``statehold stop JOB`` against real drivers: a
+streaming query (tests/support/operated_stream.py, ``job.foreach_batch`` over Spark's
+``rate-micro-batch`` source or a folder, no request handling in its code) and the
+running-totals example (its own ``run_batch`` loop, waiting for files), each operated by
+the CLI as its own process, busy and idle, and killed with SIGKILL with a request pending.
 
 Exactly once is checked on the state itself: the source's values are contiguous from 0,
 so per key the count must be that of every value up to the largest seen. After every
@@ -12,6 +13,7 @@ either complete (it verifies) or absent.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -27,16 +29,28 @@ from pyspark.sql import SparkSession
 from statehold import tools
 from statehold.checkpoint.requests import read_answer, submit
 from statehold.cleanup.reconcile import plan
+from statehold.examples.common import output_sink
+from statehold.examples.running_totals import check_rows, generate_demo, read_files
+from statehold.examples.totals import totals_batch
 from statehold.format import requests as fmt
 from statehold.format.requests import Action, Outcome
 from statehold.job.directory import open_job
 from statehold.spark import StatefulJob, iter_state
 from statehold.spark.job import JobStoppedError
-from statehold.storage import open_storage
+from statehold.storage import Storage, open_storage
 from tests.support.cli_process import Run, statehold_cli
-from tests.support.example_runs import example_env, group_alive
+from tests.support.example_runs import (
+    example_cmd,
+    example_env,
+    final_state,
+    group_alive,
+    read_output,
+    reference,
+    reference_state,
+)
 from tests.support.operated_stream import KEYS, OUTPUT_SCHEMA, count
 from tests.support.paths import SUPPORT
+from tests.support.s3 import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
@@ -45,17 +59,22 @@ START_TIMEOUT = 300.0
 
 
 class Driver:
-    """The operated stream as a process; its stdout lines gathered as they come."""
+    """A driver process (by default the operated stream of job `job_id`, reading `files`
+    if given; else `cmd`); its stdout lines gathered as they come."""
 
-    def __init__(self, tmp: Path, job_id: str, *files: str) -> None:
+    def __init__(
+        self, tmp: Path, job_id: str, *files: str, cmd: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.lines: list[str] = []
         self._seen = threading.Condition()
         self.log = tmp / f"driver-{job_id}-{time.monotonic_ns()}.log"
+        if cmd is None:
+            cmd = [sys.executable, str(SUPPORT / "operated_stream.py"),
+                   str(tmp / "checkpoints"), job_id, str(tmp / f"output-{job_id}"), *files]
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, str(SUPPORT / "operated_stream.py"),
-                 str(tmp / "checkpoints"), job_id, str(tmp / f"output-{job_id}"), *files],
-                cwd=tmp, env=example_env(tmp), stdout=subprocess.PIPE, stderr=err,
+                cmd, cwd=tmp, env=example_env(tmp, env), stdout=subprocess.PIPE, stderr=err,
                 text=True, start_new_session=True,
             )
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -195,7 +214,11 @@ def test_a_driver_killed_with_a_request_pending(tmp_path: Path) -> None:
     assert request_files(job_dir) == [f"{request_id}.answer.json"]
 
 
-def test_an_idle_query_serves_savepoints_and_stops_at_its_next_batch(tmp_path: Path) -> None:
+def test_an_idle_query_serves_a_savepoint_and_a_stop_with_savepoint(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A query without new input runs no micro-batch: its driver's job answers both while
+    idle, the stop stops the query with no batch in flight, and the savepoint restores."""
     job_dir = tmp_path / "checkpoints" / "idle"
     inp = tmp_path / "input"
     inp.mkdir()
@@ -206,25 +229,113 @@ def test_an_idle_query_serves_savepoints_and_stops_at_its_next_batch(tmp_path: P
         (inp / f".{name}").rename(inp / name)  # whole, or Spark may read half of it
 
     add_file("a.json")
-    driver = Driver(tmp_path, "idle", str(inp))
-    driver.wait_batches(1)  # then no new input: no batch, no boundary
-    saved = statehold_cli("savepoint", str(job_dir), "while-idle", "--wait", "--timeout", "120")
-    assert saved.code == 0, saved.err  # served by the idle driver
-    assert "savepoints/while-idle of checkpoint 0" in saved.out[0]
-    waited = statehold_cli("stop", str(job_dir), "--wait", "--timeout", "3")
-    one_line_error(waited, "timed out after 3s", "withdrawn")  # a stop waits for a batch
-    assert driver.proc.poll() is None and request_files(job_dir) == []
     add_file("b.json")
-    driver.wait_batches(2)  # the withdrawn stop was not acted on
-    assert driver.proc.poll() is None
-    asked = statehold_cli("stop", str(job_dir))
-    assert asked.code == 0, asked.err
-    add_file("c.json")
+    driver = Driver(tmp_path, "idle", str(inp))
+    driver.wait_batches(2)  # then no new input: no batch, no boundary
+    saved = statehold_cli("savepoint", str(job_dir), "while-idle", "--wait", "--timeout", "10")
+    assert saved.code == 0, saved.err  # served by the idle driver
+    assert "savepoints/while-idle of checkpoint 1" in saved.out[0]
+    stopped = statehold_cli("stop", str(job_dir), "--savepoint", "final", "--wait",
+                            "--timeout", "10")
+    assert stopped.code == 0, stopped.err
+    assert "stopped after checkpoint 1; savepoint savepoints/final" in stopped.out[0]
     assert driver.exited() == 0, driver.log.read_text()[-3000:]
-    assert driver.batches() == 3 and driver.lines[-1].startswith("ended stopped after")
-    assert tools.verify(str(job_dir / "savepoints" / "while-idle")).ok
-    assert exactly_once(dict(iter_state(str(job_dir)))) == 20
+    assert driver.batches() == 2, driver.lines  # stopped with no batch of its own
+    assert driver.lines[-1] == "ended stopped after checkpoint 1; savepoint savepoints/final"
+    assert open_job(str(job_dir)).ha.read().latest is not None  # ended keeping the newest
+    assert request_files(job_dir) == [] and "Traceback" not in driver.log.read_text()
     no_orphans(job_dir)
+    for name in ("while-idle", "final"):
+        assert tools.verify(str(job_dir / "savepoints" / name)).ok
+    assert exactly_once(dict(iter_state(str(job_dir / "savepoints" / "final")))) == 13
+
+    # the query's own checkpoint did not move past the job's: a restart reads c.json only
+    add_file("c.json")
+    again = Driver(tmp_path, "idle", str(inp))
+    again.wait_batches(1)
+    assert statehold_cli("stop", str(job_dir), "--wait", "--timeout", "10").code == 0
+    assert again.exited() == 0 and again.lines[-1] == "ended stopped after checkpoint 2"
+    assert exactly_once(dict(iter_state(str(job_dir)))) == 20
+
+    # the savepoint restores into a new job: one more batch, exact over everything
+    job = StatefulJob(spark, str(tmp_path / "checkpoints"), "from-final", max_parallelism=8,
+                      parallelism=2, restore_from=str(job_dir / "savepoints" / "final"))
+    more = spark.createDataFrame([(v % KEYS, v) for v in range(14, 30)], "key long, value long")
+    job.run_batch(more, count, OUTPUT_SCHEMA)
+    job.close()
+    restored = dict(iter_state(str(tmp_path / "checkpoints" / "from-final")))
+    assert exactly_once(restored) == 29
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_the_idle_example_serves_a_savepoint_and_a_stop_then_restores_exactly(
+    spark: SparkSession, tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    """The README's pipeline waiting for files (``--keep-running``): it answers a savepoint,
+    a kill -9 leaves a request timing out with nothing behind, and its next run, idle,
+    answers a stop with a savepoint by exiting 0; the savepoint restores exactly."""
+    env: dict[str, str] = {}
+    options: dict[str, object] = {}
+    root = str(tmp_path / "checkpoints")
+    if where == "s3":
+        s3: S3Server = request.getfixturevalue("s3_server")
+        env, options = s3.env, s3.options
+        root = f"s3://{s3.bucket}/idle-{os.getpid()}-{tmp_path.name}"
+    job_uri = f"{root}/running-totals"
+    storage = open_storage(job_uri, **options)
+    inp, out = tmp_path / "input", tmp_path / "output"
+    generate_demo(inp, files=4, rows=50, keys=8)
+    *first_files, later, last = sorted(inp.glob("*.jsonl"))
+    for f in (later, last):
+        f.rename(tmp_path / f.name)
+    cmd = example_cmd("--input", str(inp), "--output", str(out), "--checkpoints", root,
+                      "--max-parallelism", "8", "--parallelism", "2", "--keep-running",
+                      "--poll-seconds", "0.5")
+
+    first = Driver(tmp_path, "example", cmd=cmd, env=env)
+    first.wait_batches(2)  # then it waits for files
+    saved = statehold_cli("savepoint", job_uri, "sp", "--wait", "--timeout", "10", env=env)
+    assert saved.code == 0, saved.err
+    assert "savepoints/sp of checkpoint 1" in saved.out[0]
+    first.kill()  # idle; its lease still looks alive for a while
+    late = statehold_cli("savepoint", job_uri, "late", "--wait", "--timeout", "2", env=env)
+    one_line_error(late, "timed out after 2s", "did not answer", "withdrawn")
+    assert keys(storage, fmt.REQUESTS_DIR) == []  # withdrawn: nothing left behind
+    assert {k.split("/")[1] for k in keys(storage, "savepoints")} == {"sp"}
+
+    later.rename(inp / later.name)
+    second = Driver(tmp_path, "example", cmd=cmd, env=env)
+    second.wait_batches(1)  # the file added while it was down; then idle again
+    stopped = statehold_cli("stop", job_uri, "--savepoint", "final", "--wait", "--timeout",
+                            "10", env=env)
+    assert stopped.code == 0, stopped.err
+    assert second.exited() == 0, second.log.read_text()[-3000:]
+    assert second.lines[-1] == (
+        "stopped from outside after checkpoint 2; savepoint savepoints/final"
+    ), second.lines[-3:]
+    assert "error" not in second.log.read_text().lower()
+    assert read_output(out) == reference(inp)
+    assert keys(storage, fmt.REQUESTS_DIR) == []  # both collected by --wait
+    assert plan(open_job(storage), None).orphans == []
+    assert tools.verify(f"{job_uri}/savepoints/final", **options).ok
+
+    # the savepoint starts a new job: the next file, exact over everything
+    last.rename(inp / last.name)
+    job = StatefulJob(spark, root, "copy", max_parallelism=8, parallelism=2,
+                      storage_options=options, restore_from=f"{job_uri}/savepoints/final")
+    sink = output_sink(argparse.Namespace(output=out))
+    result = totals_batch(job, read_files(spark, inp, [last.name]), check_rows, sink, 3,
+                          ["_file", "_line"], {"last_file": last.name}, None)
+    job.close()
+    assert result.checkpoint_id == 3
+    assert read_output(out) == reference(inp)
+    copy = open_storage(f"{root}/copy", **options)
+    assert final_state(copy, tmp_path / "reader", 8) == reference_state(inp)
+
+
+def keys(storage: Storage, prefix: str) -> list[str]:
+    """Every key under `prefix` in `storage`, listed."""
+    return sorted(info.key for info in storage.list(prefix.rstrip("/") + "/"))
 
 
 def test_a_run_batch_loop_sees_stop_requested(spark: SparkSession, tmp_path: Path) -> None:
