@@ -203,8 +203,7 @@ class StatefulJob:
         self.history = history
         self.metrics: JobMetrics | None = None
         self._inbox: Inbox | None = None
-        #: The answer to the stop request that ended this job (None: not stopped).
-        self.stopped: RequestAnswer | None = None
+        self._stopped: RequestAnswer | None = None
         #: Inside a Structured Streaming batch: requests wait for its end.
         self._in_stream = False
         #: Held by every batch; a request served while idle takes it (`_serve_when_idle`).
@@ -219,6 +218,9 @@ class StatefulJob:
         #: Set (under the batch lock) once a stop served while idle is stopping the query:
         #: a micro-batch starting now must not run (`_refuse_batch`).
         self._closing = False
+        #: Set once that stop has ended the job (or failed to), by this thread.
+        self._closed = threading.Event()
+        self._stopper: threading.Thread | None = None
         self._observed: HistoryRecord | None = None
         #: The newest batches' history records, for `progress_listener`.
         self.recent = RecentRecords()
@@ -249,9 +251,9 @@ class StatefulJob:
     @property
     def coordinator(self) -> CheckpointCoordinator:
         """The attempt's coordinator, started on first use (claims a new epoch)."""
-        if self.stopped is not None:
+        if self._stopped is not None:
             raise JobStoppedError(
-                f"job {self.job_id} was stopped from outside (request {self.stopped.id}): "
+                f"job {self.job_id} was stopped from outside (request {self._stopped.id}): "
                 "start a new StatefulJob to resume it"
             )
         if self._coordinator is None:
@@ -491,6 +493,15 @@ class StatefulJob:
         return StateholdProgressListener(self.recent, callback)
 
     @property
+    def stopped(self) -> RequestAnswer | None:
+        """The answer to the stop request that ended this job (None: not stopped). A stop
+        served while the query was idle stops the query before it ends the job: asked
+        meanwhile (say right after ``awaitTermination()`` returned), this waits for it."""
+        if self._closing and threading.current_thread() is not self._stopper:
+            self._closed.wait(2 * STOP_WAIT_SECONDS)
+        return self._stopped
+
+    @property
     def stop_requested(self) -> bool:
         """Whether a stop asked from outside ended this job (``statehold stop JOB``):
         a driver looping over `run_batch` itself leaves its loop (`run_batch` refuses
@@ -514,7 +525,7 @@ class StatefulJob:
         is accepted and its savepoint taken, then returned for `_stop_idle_query`, which
         stops the query before the job ends; it waits for a batch boundary instead while
         no query can be stopped."""
-        if self._coordinator is None or self._inbox is None or self.stopped is not None:
+        if self._coordinator is None or self._inbox is None or self._stopped is not None:
             return None
         inbox, coord = self._inbox, self._coordinator
         for request in inbox.poll():
@@ -536,6 +547,7 @@ class StatefulJob:
                     continue
             if request.action is Action.STOP:
                 if idle:
+                    self._stopper = threading.current_thread()
                     self._closing = True  # from now on a starting micro-batch is refused
                     return request
                 self._stop(request, stream)
@@ -628,9 +640,18 @@ class StatefulJob:
     def _at_boundary(self, result: BatchResult) -> BatchResult:
         """After `run_batch` or `transform_with_state` (not inside a micro-batch of
         `foreach_batch` or `stream_batches`, which serves them at its end): requests are
-        served; a stop inside some other ``foreachBatch`` function stops its query too."""
-        if not self._in_stream:
-            self.serve_requests(stream=query_of_this_thread(self.spark) is not None)
+        served; a stop inside some other ``foreachBatch`` function stops its query too,
+        and one reaching a streaming job outside its query (``fire_due_timers``) is left
+        to the idle thread, which stops the query before the job ends."""
+        if self._in_stream:
+            return result
+        if query_of_this_thread(self.spark) is not None:
+            self.serve_requests(stream=True)
+        elif self._idle is not None:  # a streaming job's call outside its query (timers)
+            with self._batch_lock:  # its stops are the idle thread's: it stops the query
+                self._serve(stream=False, idle=True)
+        else:
+            self.serve_requests()
         return result
 
     @contextlib.contextmanager
@@ -702,14 +723,16 @@ class StatefulJob:
         """A stop served while idle (accepted, its savepoint taken): stop the query first,
         with the batch lock free so that a micro-batch Spark began meanwhile can reach
         `_refuse_batch` (the stop waits for it), then end the job as at a boundary."""
-        if not stop_query(query, STOP_WAIT_SECONDS):
-            log.warning("job %s: query %s did not stop within %.0fs; the job ends anyway",
-                        self.job_id, self._query_id, STOP_WAIT_SECONDS)
-        with self._batch_lock:
-            try:
+        try:
+            if not stop_query(query, STOP_WAIT_SECONDS):
+                log.warning("job %s: query %s did not stop within %.0fs; the job ends anyway",
+                            self.job_id, self._query_id, STOP_WAIT_SECONDS)
+            with self._batch_lock:
                 self._stop(request, stream=False)
-            except StateholdError as e:  # answered failed; the query has stopped
-                log.warning("job %s: stop while idle: %s", self.job_id, e)
+        except StateholdError as e:  # answered failed; the query has stopped
+            log.warning("job %s: stop while idle: %s", self.job_id, e)
+        finally:
+            self._closed.set()
 
     def _stop(self, request: OperatorRequest, stream: bool) -> None:
         """End the job as `request` asked (its savepoint already taken): the job's
@@ -727,7 +750,7 @@ class StatefulJob:
         if not clean:
             said += " (its cleanup did not finish; the next start finishes it)"
         inbox.answer(request, Outcome.DONE, said, savepoint_key=saved, checkpoint_id=latest)
-        self.stopped = RequestAnswer(
+        self._stopped = RequestAnswer(
             id=request.id, outcome=Outcome.DONE if clean else Outcome.FAILED,
             epoch=coord.epoch, message=said, savepoint_key=saved, checkpoint_id=latest,
             at=clock.now(),
