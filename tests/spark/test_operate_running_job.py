@@ -300,9 +300,7 @@ def test_the_idle_example_serves_a_savepoint_and_a_stop_then_restores_exactly(
     storage = open_storage(job_uri, **options)
     inp, out = tmp_path / "input", tmp_path / "output"
     generate_demo(inp, files=4, rows=50, keys=8)
-    *first_files, later, last = sorted(inp.glob("*.jsonl"))
-    for f in (later, last):
-        f.rename(tmp_path / f.name)
+    later, last = [f.rename(tmp_path / f.name) for f in sorted(inp.glob("*.jsonl"))[2:]]
     cmd = example_cmd("--input", str(inp), "--output", str(out), "--checkpoints", root,
                       "--max-parallelism", "8", "--parallelism", "2", "--keep-running",
                       "--poll-seconds", "0.5")
