@@ -19,6 +19,9 @@ Spark's streaming checkpoint, which on S3 would need the hadoop-aws connector an
 file source orders files by modification time, not by name). Files added later with
 names after the last file read are picked up by a later run (or, with
 ``--keep-running``, by the next poll); a file added with an earlier name is never read.
+While it polls, it serves the savepoints and stops asked from outside (``statehold
+savepoint JOB NAME``, ``statehold stop JOB [--savepoint NAME]``) as it does after each
+batch; a stop ends the run with one ``stopped from outside ...`` line and exit status 0.
 
 Malformed rows (a line that is not a JSON object, a missing or null key, a key that is
 not a string, a value that is not an integer): the batch fails with an error naming the

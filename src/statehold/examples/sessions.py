@@ -17,7 +17,9 @@ Batch N ends in checkpoint N in ``<checkpoints>/<job-id>/`` (a directory or
 and the watermark, so a run (also after kill -9) resumes after the last checkpoint. When
 the input is consumed, the run goes on with batches without input while a timer is due
 (a timer fires in the batch after the one that moved the watermark past it), then exits;
-``--keep-running`` polls for new files instead.
+``--keep-running`` polls for new files instead, serving the savepoints and stops asked
+from outside while it waits (``statehold savepoint``/``stop``; a stop exits 0 with one
+``stopped from outside ...`` line).
 """
 
 from __future__ import annotations
