@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +35,10 @@ from statehold.spark import StatefulJob, iter_state
 from statehold.spark.job import JobStoppedError
 from statehold.storage import Storage, open_storage
 from tests.support.cli_process import Run, statehold_cli
+from tests.support.driver_process import Driver
 from tests.support.example_runs import (
     example_cmd,
-    example_env,
     final_state,
-    group_alive,
     read_output,
     reference,
     reference_state,
@@ -54,83 +49,13 @@ from tests.support.s3 import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
-#: Guards against a hang, never a measure: a driver starts in about 10 s.
-START_TIMEOUT = 300.0
 
-
-class Driver:
-    """A driver process (by default the operated stream of job `job_id`, reading `files`
-    if given; else `cmd`); its stdout lines gathered as they come."""
-
-    def __init__(
-        self, tmp: Path, job_id: str, *files: str, cmd: list[str] | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.lines: list[str] = []
-        self._seen = threading.Condition()
-        self.log = tmp / f"driver-{job_id}-{time.monotonic_ns()}.log"
-        if cmd is None:
-            cmd = [sys.executable, str(SUPPORT / "operated_stream.py"),
-                   str(tmp / "checkpoints"), job_id, str(tmp / f"output-{job_id}"), *files]
-        with open(self.log, "w") as err:
-            self.proc = subprocess.Popen(
-                cmd, cwd=tmp, env=example_env(tmp, env), stdout=subprocess.PIPE, stderr=err,
-                text=True, start_new_session=True,
-            )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self._seen:
-                self.lines.append(line.strip())
-                self._seen.notify_all()
-        with self._seen:
-            self._seen.notify_all()
-
-    def batches(self) -> int:
-        return sum(1 for line in self.lines if line.startswith("batch "))
-
-    def wait_line(self, line: str) -> None:
-        """Until this driver has printed `line` (fails if it exits first)."""
-        deadline = time.monotonic() + START_TIMEOUT
-        with self._seen:
-            while line not in self.lines:
-                if self.proc.poll() is not None:
-                    self._seen.wait(1)
-                    if line not in self.lines:
-                        pytest.fail(f"driver exited ({self.proc.returncode}):\n"
-                                    f"{self.log.read_text()[-3000:]}")
-                assert time.monotonic() < deadline, f"the driver never printed {line!r}"
-                self._seen.wait(1)
-
-    def wait_batches(self, n: int) -> None:
-        """Until this driver has run `n` batches (fails if it exits first)."""
-        deadline = time.monotonic() + START_TIMEOUT
-        with self._seen:
-            while self.batches() < n:
-                if self.proc.poll() is not None and self.proc.stdout is not None:
-                    self._seen.wait(1)
-                    if self.batches() < n:
-                        pytest.fail(f"driver exited ({self.proc.returncode}):\n"
-                                    f"{self.log.read_text()[-3000:]}")
-                assert time.monotonic() < deadline, "the driver ran no batch"
-                self._seen.wait(1)
-
-    def exited(self) -> int:
-        code = self.proc.wait(timeout=START_TIMEOUT)
-        self._reader.join(timeout=START_TIMEOUT)  # every line read
-        return code
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        assert self.proc.wait() == -signal.SIGKILL
-        grace = time.monotonic() + 60
-        while group_alive(self.proc.pid) and time.monotonic() < grace:
-            time.sleep(0.2)
-        if group_alive(self.proc.pid):  # our own session only: the driver's JVM
-            os.killpg(self.proc.pid, signal.SIGKILL)
+def operated(tmp: Path, job_id: str, *files: str) -> Driver:
+    """The operated stream of job `job_id` as a process (reading the folder `files[0]`
+    if given)."""
+    return Driver(tmp, job_id, [sys.executable, str(SUPPORT / "operated_stream.py"),
+                                str(tmp / "checkpoints"), job_id,
+                                str(tmp / f"output-{job_id}"), *files])
 
 
 def exactly_once(state: dict[Any, dict[str, Any]]) -> int:
@@ -162,7 +87,7 @@ def test_savepoint_and_stop_with_savepoint_then_restore_exactly(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     job_dir = tmp_path / "checkpoints" / "operated"
-    driver = Driver(tmp_path, "operated")
+    driver = operated(tmp_path, "operated")
     driver.wait_batches(2)
     saved = statehold_cli("savepoint", str(job_dir), "sp1", "--wait", "--timeout", "120")
     assert saved.code == 0, saved.err
@@ -198,7 +123,7 @@ def test_savepoint_and_stop_with_savepoint_then_restore_exactly(
 
 def test_a_driver_killed_with_a_request_pending(tmp_path: Path) -> None:
     job_dir = tmp_path / "checkpoints" / "killed"
-    first = Driver(tmp_path, "killed")
+    first = operated(tmp_path, "killed")
     first.wait_batches(2)
     first.kill()  # its lease still looks alive for a while
     timed_out = statehold_cli("savepoint", str(job_dir), "late", "--wait", "--timeout", "2")
@@ -209,7 +134,7 @@ def test_a_driver_killed_with_a_request_pending(tmp_path: Path) -> None:
     [pending] = request_files(job_dir)
     request_id = pending.removesuffix(".json")
 
-    second = Driver(tmp_path, "killed")  # a new attempt, a higher epoch
+    second = operated(tmp_path, "killed")  # a new attempt, a higher epoch
     second.wait_batches(3)  # it did not stop: the request was not for it
     answer = read_answer(open_storage(str(job_dir)), request_id)
     assert answer is not None and answer.outcome is Outcome.REFUSED, answer
@@ -243,7 +168,7 @@ def test_an_idle_query_serves_a_savepoint_and_a_stop_with_savepoint(
 
     add_file("a.json")
     add_file("b.json")
-    driver = Driver(tmp_path, "idle", str(inp))
+    driver = operated(tmp_path, "idle", str(inp))
     driver.wait_batches(2)  # then no new input: no batch, no boundary
     saved = statehold_cli("savepoint", str(job_dir), "while-idle", "--wait", "--timeout", "10")
     assert saved.code == 0, saved.err  # served by the idle driver
@@ -264,7 +189,7 @@ def test_an_idle_query_serves_a_savepoint_and_a_stop_with_savepoint(
 
     # a restart with nothing new runs no micro-batch (the stop left Spark's checkpoint
     # with its batches committed) and is stopped before its first, found by its location
-    again = Driver(tmp_path, "idle", str(inp))
+    again = operated(tmp_path, "idle", str(inp))
     again.wait_line("started")
     stopped = statehold_cli("stop", str(job_dir), "--wait", "--timeout", "10")
     assert stopped.code == 0, stopped.err
@@ -305,7 +230,7 @@ def test_the_idle_example_serves_a_savepoint_and_a_stop_then_restores_exactly(
                       "--max-parallelism", "8", "--parallelism", "2", "--keep-running",
                       "--poll-seconds", "0.5")
 
-    first = Driver(tmp_path, "example", cmd=cmd, env=env)
+    first = Driver(tmp_path, "example", cmd, env)
     first.wait_batches(2)  # then it waits for files
     saved = statehold_cli("savepoint", job_uri, "sp", "--wait", "--timeout", "10", env=env)
     assert saved.code == 0, saved.err
@@ -317,7 +242,7 @@ def test_the_idle_example_serves_a_savepoint_and_a_stop_then_restores_exactly(
     assert {k.split("/")[1] for k in keys(storage, "savepoints")} == {"sp"}
 
     later.rename(inp / later.name)
-    second = Driver(tmp_path, "example", cmd=cmd, env=env)
+    second = Driver(tmp_path, "example", cmd, env)
     second.wait_batches(1)  # the file added while it was down; then idle again
     stopped = statehold_cli("stop", job_uri, "--savepoint", "final", "--wait", "--timeout",
                             "10", env=env)
