@@ -277,8 +277,9 @@ def keys(storage: Storage, prefix: str) -> list[str]:
 
 
 def test_a_run_batch_loop_sees_stop_requested(spark: SparkSession, tmp_path: Path) -> None:
-    """A driver looping over run_batch itself: the stop lands after the batch it asked
-    during, `stop_requested` ends the loop, and run_batch refuses afterwards."""
+    """A driver looping over run_batch itself: `serve_requests` while it waits for input
+    takes a savepoint without a batch; the stop lands after the batch it asked during,
+    `stop_requested` ends the loop, and run_batch refuses afterwards."""
     job = StatefulJob(spark, str(tmp_path), "looped", max_parallelism=8, parallelism=2)
     storage = open_storage(str(tmp_path / "looped"))
     batches = 0
@@ -289,6 +290,12 @@ def test_a_run_batch_loop_sees_stop_requested(spark: SparkSession, tmp_path: Pat
             sent = submit(storage, job.coordinator.ha, "looped", Action.STOP, "at-stop")
         job.run_batch(rows, count, OUTPUT_SCHEMA)
         batches += 1
+        if batches == 1:  # waiting for input: served without a batch
+            idle = submit(storage, job.coordinator.ha, "looped", Action.SAVEPOINT, "idle")
+            job.serve_requests()
+            done = read_answer(storage, idle.id)
+            assert done is not None and done.outcome is Outcome.DONE, done
+            assert done.checkpoint_id == 0 and not job.stop_requested
         assert batches < 10, "the stop was never served"
     assert batches == 2 and job.stopped is not None
     answer = read_answer(storage, sent.id)
@@ -297,3 +304,4 @@ def test_a_run_batch_loop_sees_stop_requested(spark: SparkSession, tmp_path: Pat
         job.run_batch(rows, count, OUTPUT_SCHEMA)
     assert job.end() is True  # the stop's end: no second attempt
     assert exactly_once(dict(iter_state(str(tmp_path / "looped" / "savepoints" / "at-stop")))) == 9
+    assert exactly_once(dict(iter_state(str(tmp_path / "looped" / "savepoints" / "idle")))) == 4
