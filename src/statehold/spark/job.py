@@ -221,6 +221,7 @@ class StatefulJob:
         #: Set once that stop has ended the job (or failed to), by this thread.
         self._closed = threading.Event()
         self._stopper: threading.Thread | None = None
+        self._idle_query: Any = None
         self._observed: HistoryRecord | None = None
         #: The newest batches' history records, for `progress_listener`.
         self.recent = RecentRecords()
@@ -518,19 +519,20 @@ class StatefulJob:
             self._serve(stream=stream)
 
     def _serve(
-        self, *, stream: bool, idle_query: Any = None, idle: bool = False
+        self, *, stream: bool, idle: bool = False, stoppable: Callable[[], Any] | None = None
     ) -> OperatorRequest | None:
-        """`serve_requests` under the batch lock. `idle`: served by the idle thread of a
-        streaming query (`idle_query`, None when it cannot be stopped from here): a stop
-        is accepted and its savepoint taken, then returned for `_stop_idle_query`, which
-        stops the query before the job ends; it waits for a batch boundary instead while
-        no query can be stopped."""
+        """`serve_requests` under the batch lock. `idle`: served outside the query's
+        micro-batches: a stop is accepted only when ``stoppable()`` gives the query to stop
+        (its savepoint taken, `_closing` set), and returned for `_stop_idle_query`, which
+        stops the query before the job ends; else it waits for a batch boundary."""
         if self._coordinator is None or self._inbox is None or self._stopped is not None:
             return None
         inbox, coord = self._inbox, self._coordinator
         for request in inbox.poll():
-            if idle and request.action is Action.STOP and idle_query is None:
-                continue
+            if idle and request.action is Action.STOP:
+                self._idle_query = None if stoppable is None else stoppable()
+                if self._idle_query is None:
+                    continue
             if not inbox.accept(request):
                 continue
             if request.savepoint is not None:
@@ -660,9 +662,9 @@ class StatefulJob:
         several checkpoints: its input, then timers). One that starts while a stop served
         while idle is stopping its query does not run (`_refuse_batch`)."""
         with self._batch_lock:
+            self._query_id = query_of_this_thread(self.spark) or self._query_id
             closing = self._closing
             if not closing:
-                self._query_id = query_of_this_thread(self.spark) or self._query_id
                 self._in_stream = True
                 try:
                     yield
@@ -707,17 +709,23 @@ class StatefulJob:
                 continue  # a batch runs: it serves them at its end
             stop: OperatorRequest | None = None
             try:
-                query = None if is_connect(self.spark) else idle_query(
-                    self.spark, self._query_id, self.spark_checkpoint_location
-                )
-                stop = self._serve(stream=False, idle_query=query, idle=True)
+                stop = self._serve(stream=False, idle=True, stoppable=self._stoppable)
             except StateholdError as e:  # fenced, storage down: the next batch says so
                 log.warning("job %s: serving requests while idle: %s", self.job_id, e)
             finally:
                 self._batch_lock.release()
             if stop is not None:
-                self._stop_idle_query(stop, query)
+                self._stop_idle_query(stop, self._idle_query)
                 return
+
+    def _stoppable(self) -> Any:
+        """The query a stop served while idle may stop now (`idle_query`), None: none."""
+        if is_connect(self.spark):
+            return None
+        query = idle_query(self.spark, self._query_id, self.spark_checkpoint_location)
+        if query is not None:
+            self._query_id = str(query.id)
+        return query
 
     def _stop_idle_query(self, request: OperatorRequest, query: Any) -> None:
         """A stop served while idle (accepted, its savepoint taken): stop the query first,

@@ -179,8 +179,13 @@ def idle_query(
     job's), provided no trigger of it is active. A trigger that found new input runs a
     micro-batch, which the stop would interrupt: the stop then waits for its end (the
     batch boundary) or for the next idle moment. None: no such query now."""
-    query = spark.streams.get(query_id) if query_id else _query_at(spark, checkpoint_location)
-    if query is None or not query.isActive or query.status.get("isTriggerActive", True):
+    try:
+        query = spark.streams.get(query_id) if query_id else _query_at(spark,
+                                                                       checkpoint_location)
+        if query is None or not query.isActive or query.status.get("isTriggerActive", True):
+            return None
+    except Exception as e:  # the session stopping under it, say: a boundary serves it
+        log.debug("finding the query to stop: %s", e)
         return None
     return query
 
