@@ -582,8 +582,9 @@ class StatefulJob:
 
     def close(self) -> None:
         self._idle_done.set()
-        if self._idle is not None and self._idle is not threading.current_thread():
-            self._idle.join(timeout=30)
+        idle = self._idle  # a stop served while idle closes the job from that thread too
+        if idle is not None and idle is not threading.current_thread():
+            idle.join(timeout=2 * STOP_WAIT_SECONDS)
         self._idle = None
         if self.metrics is not None:
             self.metrics.close()
