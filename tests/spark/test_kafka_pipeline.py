@@ -86,10 +86,10 @@ def test_kafka_exact_local_then_stopped_while_idle(
     """The Kafka pipeline without kills, as cheaply as it goes (the one Kafka test of the
     older PySparks, .ci/spark-matrix, where the kill tests above do not run): one driver
     (``--keep-running``) reads the topic in two batches, then, with nothing new to read,
-    is stopped from outside with a savepoint: it answers within the wait, exits 0 with
-    one line. Job directory on local disk (embedded HA, spark-sql-kafka of the running
-    Spark the only jars); output and state exact against the records read back from the
-    broker, storage listed after."""
+    is asked for a savepoint and stopped from outside with another: it answers both
+    within the wait and exits 0 with one line. Job directory on local disk (embedded HA,
+    spark-sql-kafka of the running Spark the only jars); output and state exact against
+    the records read back from the broker, storage listed after."""
     topic = new_topic(kafka_broker, "plain")
     produced = PER_BATCH + PER_BATCH // 2
     kafka_broker.produce(topic, records(7, produced))
@@ -99,6 +99,9 @@ def test_kafka_exact_local_then_stopped_while_idle(
                         "--poll-seconds", "0.5")
     driver = Driver(tmp_path, "kafka", example_cmd(*args))
     driver.wait_batches(2)  # then an idle query
+    saved = statehold_cli("savepoint", str(checkpoints / JOB), "idle", "--wait", "--timeout",
+                          "10")
+    assert saved.code == 0 and "savepoints/idle of checkpoint 1" in saved.out[0], saved.err
     stopped = statehold_cli("stop", str(checkpoints / JOB), "--savepoint", "final", "--wait",
                             "--timeout", "10")
     assert stopped.code == 0, stopped.err
@@ -110,5 +113,6 @@ def test_kafka_exact_local_then_stopped_while_idle(
     assert job.exists(f"{layout.SPARK_DIR}/commits/1")  # Spark committed both batches
     assert not job.exists(f"{layout.SPARK_DIR}/offsets/2")  # and began no third
     check_exact(kafka_broker, topic, produced, job, output, tmp_path)
-    assert verify(str(checkpoints / JOB / "savepoints" / "final")).ok
+    for name in ("idle", "final"):
+        assert verify(str(checkpoints / JOB / "savepoints" / name)).ok
     assert list(job.list(f"{fmt.REQUESTS_DIR}/")) == []  # collected by --wait
