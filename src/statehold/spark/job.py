@@ -124,9 +124,9 @@ class StatefulJob:
     owning state) may change between runs. The newest ``retain`` completed checkpoints
     are kept and, with ``retain_for`` (a timedelta or seconds), every one completed within
     it as well (``retain`` is the minimum; at most
-    `statehold.cleanup.policy.MAX_RETAINED`). At each batch boundary the driver serves
-    the savepoints and stops asked from outside (``statehold savepoint JOB NAME``,
-    ``statehold stop JOB``; `serve_requests`).
+    `statehold.cleanup.policy.MAX_RETAINED`). After each batch, and while it waits for
+    input, the driver serves the savepoints and stops asked from outside (``statehold
+    savepoint JOB NAME``, ``statehold stop JOB``; `serve_requests`, `stream_batches`).
     ``on_phase`` is told each batch's progress (see `PhaseHook`). The newest `history`
     checkpoints leave a record in ``_job/history/`` (`statehold.job.history`). With
     `metrics_port`, the driver serves Prometheus metrics there (`statehold.spark.metrics`; 0:
@@ -512,8 +512,10 @@ class StatefulJob:
     def serve_requests(self, *, stream: bool = False) -> None:
         """Act on the savepoints and stops asked from outside (`statehold.checkpoint.
         requests`): one listing of ``_job/requests/``. `run_batch`, `transform_with_state`
-        and `foreach_batch` call it after each batch; a stop ends the job (``end``: keep
-        the newest checkpoint) and, with `stream`, stops the streaming query whose
+        and `foreach_batch` call it after each batch; a loop of your own over `run_batch`
+        calls it while it waits for input (neither needs a batch: a savepoint keeps the
+        newest checkpoint), then leaves on `stop_requested`. A stop ends the job (``end``:
+        keep the newest checkpoint) and, with `stream`, stops the streaming query whose
         ``foreachBatch`` is running (`statehold.spark.streaming.stop_this_query`)."""
         with self._batch_lock:
             self._serve(stream=stream)
