@@ -790,7 +790,8 @@ class StatefulJob:
 
         job = ProcessorJob(run, self.timers_due, self._newest, self._replays, self.recent,
                            self.spark, streaming=self._streaming,
-                           boundary=lambda: self.serve_requests(stream=True))
+                           boundary=lambda: self.serve_requests(stream=True),
+                           stopped=lambda: self._closing or self._stopped is not None)
         return ProcessorBatches(
             job, no_data_batches=no_data_batches, on_batch=on_batch,
             input_schema=None if input_schema is None else self._struct(input_schema),

@@ -80,6 +80,8 @@ class ProcessorJob:
     streaming: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
     #: serves requests from outside at the end of each micro-batch
     boundary: Callable[[], None] = lambda: None
+    #: whether a stop from outside ended the job (or is ending it)
+    stopped: Callable[[], bool] = lambda: False
 
 
 class ProcessorBatches:
@@ -121,8 +123,12 @@ class ProcessorBatches:
 
     def fire_due_timers(self, processing_time_ms: int | None = None) -> list[BatchResult]:
         """Run batches without input while timers are due (`StatefulJob.timers_due`; the
-        processing time defaults to now). Returns their results ([]: none was due)."""
+        processing time defaults to now). Returns their results ([]: none was due, or a
+        stop from outside ended the job, as a driver's loop may ask once more after
+        ``awaitTermination`` returned)."""
         with self._lock:
+            if self.job.stopped():
+                return []
             return self._fire(self.latest_spark_batch(), processing_time_ms)
 
     def latest_spark_batch(self) -> int | None:
