@@ -141,7 +141,8 @@ class ProcessorBatches:
 
     def _fire(self, spark_batch: int | None, processing_time_ms: int | None) -> list[BatchResult]:
         results: list[BatchResult] = []
-        while len(results) < MAX_TIMER_BATCHES and self.job.timers_due(processing_time_ms):
+        while (len(results) < MAX_TIMER_BATCHES and not self.job.stopped()
+               and self.job.timers_due(processing_time_ms)):
             if self._schema is None:
                 raise InvalidArgumentError(
                     "timers are due but no micro-batch has run in this driver yet: pass "
