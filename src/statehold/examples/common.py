@@ -100,14 +100,22 @@ def _run_job(
     return code
 
 
-def wait_for_input(job: StatefulJob, seconds: float) -> bool:
+def wait_for_input(job: StatefulJob, seconds: float, waiting: str | None = None) -> bool:
     """Wait `seconds` for new input while serving the savepoints and stops asked from
-    outside (``statehold savepoint``/``stop``): whether the job goes on (False: stopped)."""
+    outside (``statehold savepoint``/``stop``): whether the job goes on (False: stopped).
+    `waiting`: a line to print first (when the run has just become idle)."""
+    if waiting is not None:
+        print(waiting, flush=True)
     job.serve_requests()
     if job.stop_requested:
         return False
     time.sleep(seconds)
     return True
+
+
+def waiting_line(input_dir: Path) -> str:
+    """What an example prints once each time it runs out of input (``--keep-running``)."""
+    return f"waiting for new files in {input_dir}"
 
 
 def stopped_line(job: StatefulJob) -> str | None:

@@ -222,12 +222,17 @@ def run(
     batch_id, last_file = resume_point(job)
     print(f"checkpoints: {job.job_dir}  (resuming at batch {batch_id}, after "
           f"{last_file or 'no file yet'})", flush=True)
+    idle = False
     while not job.stop_requested:
         batches = common.next_batches(input_dir, last_file, args.files_per_batch)
         if not batches:
-            if not args.keep_running or not common.wait_for_input(job, args.poll_seconds):
+            if not args.keep_running:
+                break
+            said, idle = (None if idle else common.waiting_line(input_dir)), True
+            if not common.wait_for_input(job, args.poll_seconds, said):
                 break
             continue
+        idle = False
         files = batches[0]
         position = {"input": str(input_dir), "files": files, "last_file": files[-1]}
         try:

@@ -138,13 +138,18 @@ def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
     batch_id, last_file = resume_point(job)
     print(f"checkpoints: {job.job_dir}  (resuming at batch {batch_id}, after "
           f"{last_file or 'no file yet'})", flush=True)
+    idle = False
     while not job.stop_requested:
         pending = common.next_batches(input_dir, last_file, args.files_per_batch)
         files = pending[0] if pending else []
         if not files and not job.timers_due():
-            if not args.keep_running or not common.wait_for_input(job, args.poll_seconds):
+            if not args.keep_running:
+                break
+            said, idle = (None if idle else common.waiting_line(input_dir)), True
+            if not common.wait_for_input(job, args.poll_seconds, said):
                 break
             continue
+        idle = False
         last_file = files[-1] if files else last_file
         result = job.transform_with_state(
             read_batch(spark, input_dir, files),
