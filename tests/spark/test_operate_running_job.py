@@ -231,8 +231,9 @@ def test_the_idle_example_serves_a_savepoint_and_a_stop_then_restores_exactly(
                       "--max-parallelism", "8", "--parallelism", "2", "--keep-running",
                       "--poll-seconds", "0.5")
 
+    waiting = f"waiting for new files in {inp}"
     driver = Driver(tmp_path, "example", cmd, env)
-    driver.wait_batches(2)  # then it waits for files
+    driver.wait_line(waiting)  # after two batches
     saved = statehold_cli("savepoint", job_uri, "sp", "--wait", "--timeout", "10", env=env)
     assert saved.code == 0, saved.err
     assert "savepoints/sp of checkpoint 1" in saved.out[0]
@@ -244,10 +245,11 @@ def test_the_idle_example_serves_a_savepoint_and_a_stop_then_restores_exactly(
         assert {k.split("/")[1] for k in keys(storage, "savepoints")} == {"sp"}
         later.rename(inp / later.name)
         driver = Driver(tmp_path, "example", cmd, env)
-        driver.wait_batches(1)  # the file added while it was down; then idle again
+        driver.wait_line(waiting)  # after the file added while it was down
     else:
         later.rename(inp / later.name)
-        driver.wait_batches(3)  # the file added meanwhile; then idle again
+        driver.wait_line(waiting, 2)  # after the file added meanwhile
+    assert driver.batches() == (1 if where == "s3" else 3)
     stopped = statehold_cli("stop", job_uri, "--savepoint", "final", "--wait", "--timeout",
                             "10", env=env)
     assert stopped.code == 0, stopped.err

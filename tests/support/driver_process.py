@@ -51,14 +51,14 @@ class Driver:
     def batches(self) -> int:
         return sum(1 for line in self.lines if line.startswith("batch "))
 
-    def wait_line(self, line: str) -> None:
-        """Until this driver has printed `line` (fails if it exits first)."""
+    def wait_line(self, line: str, times: int = 1) -> None:
+        """Until this driver has printed `line` `times` times (fails if it exits first)."""
         deadline = time.monotonic() + START_TIMEOUT
         with self._seen:
-            while line not in self.lines:
+            while self.lines.count(line) < times:
                 if self.proc.poll() is not None:
                     self._seen.wait(1)
-                    if line not in self.lines:
+                    if self.lines.count(line) < times:
                         pytest.fail(f"driver exited ({self.proc.returncode}):\n"
                                     f"{self.log.read_text()[-3000:]}")
                 assert time.monotonic() < deadline, f"the driver never printed {line!r}"
