@@ -121,6 +121,7 @@ def test_savepoint_and_stop_with_savepoint_then_restore_exactly(
     assert exactly_once(dict(iter_state(str(tmp_path / "checkpoints" / "restored")))) == top + 20
 
 
+@pytest.mark.timeout(1200)  # two Spark drivers; minutes on a busy shared machine
 def test_a_driver_killed_with_a_request_pending(tmp_path: Path) -> None:
     job_dir = tmp_path / "checkpoints" / "killed"
     first = operated(tmp_path, "killed")
@@ -152,6 +153,7 @@ def test_a_driver_killed_with_a_request_pending(tmp_path: Path) -> None:
     assert request_files(job_dir) == [f"{request_id}.answer.json"]
 
 
+@pytest.mark.timeout(1200)  # two Spark drivers; minutes on a busy shared machine
 def test_an_idle_query_serves_a_savepoint_and_a_stop_with_savepoint(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -207,6 +209,7 @@ def test_an_idle_query_serves_a_savepoint_and_a_stop_with_savepoint(
     assert exactly_once(restored) == 29
 
 
+@pytest.mark.timeout(1200)  # up to two Spark drivers; minutes on a busy shared machine
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_the_idle_example_serves_a_savepoint_and_a_stop_then_restores_exactly(
     spark: SparkSession, tmp_path: Path, where: str, request: pytest.FixtureRequest
