@@ -60,7 +60,7 @@ def test_a_timeout_withdraws_and_status_shows_what_is_asked(tmp_path: Path) -> N
     assert "timed out after 0.5s" in run.err[0] and "withdrawn" in run.err[0]
     assert requests_in(job_dir) == []
     asked = statehold_cli("stop", str(job_dir), "--savepoint", "last")
-    assert asked.code == 0 and "at its next batch boundary" in asked.out[0], asked.err
+    assert asked.code == 0 and "for a stop with savepoint last" in asked.out[0], asked.err
     status = statehold_cli("status", str(job_dir)).out
     assert any(line.startswith(f"asked: stop with savepoint last of attempt {coord.epoch}")
                for line in status), status

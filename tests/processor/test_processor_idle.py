@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from statehold.checkpoint.requests import submit
 from statehold.errors import InvalidArgumentError
+from statehold.format.requests import Action
 from statehold.processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -80,5 +82,9 @@ def test_idle_stream_fires_timers_on_request(spark: Any, tmp_path: Path) -> None
         results = run.fire_due_timers(due)
         assert [r.timers_fired for r in results] == [3]
         assert not job.timers_due(due)
+        # stopped from outside while idle: the driver's loop may ask once more, harmlessly
+        submit(job.storage, job.coordinator.ha, "idle", Action.STOP)
+        job.serve_requests()
+        assert job.stop_requested and run.fire_due_timers(due + DELAY_MS) == []
     assert _written(spark, out) == [("in", "a"), ("in", "b"), ("in", "c"), ("timer", "a"),
                              ("timer", "b"), ("timer", "c")]

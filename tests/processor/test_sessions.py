@@ -1,6 +1,7 @@
 """The sessions example (``python -m statehold.examples.sessions``) in subprocesses against
 a plain-Python reference: run to the end; kill -9 of the driver at random moments, then a
-restart (local storage and S3 on moto); a rescale 2 -> 3 -> 1 with sessions open (their
+restart (local storage and S3 on moto; on local storage the restart keeps running and is
+stopped from outside once idle); a rescale 2 -> 3 -> 1 with sessions open (their
 timers move with their key groups). After every kill the retained checkpoints are intact;
 at the end every closed session was written exactly once, the open ones (and only they)
 are in the state with one timer each, and the job directory holds no orphan."""
@@ -21,6 +22,8 @@ import pytest
 
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.storage import Storage, open_storage
+from tests.support.cli_process import statehold_cli
+from tests.support.driver_process import Driver
 from tests.support.example_runs import check_retained_intact, example_env
 from tests.support.sessions_reference import DELAY, GAP, check_end, generate
 
@@ -80,7 +83,10 @@ def kill_at_random(cwd: Path, args: list[str], rng: random.Random,
 
 
 def scenario(tmp: Path, checkpoints: str, job: Storage, kills: int,
-             env: Mapping[str, str] | None = None) -> None:
+             env: Mapping[str, str] | None = None, stop_when_idle: bool = False) -> None:
+    """`kills` runs killed at random, then one to the end: with `stop_when_idle`, one
+    that keeps running (``--keep-running``) and is stopped from outside once it waits for
+    files (its timers fired), which must exit 0 with one line."""
     inp, out = tmp / "input", tmp / "output"
     generate(inp, files=4)
     args = ["--input", str(inp), "--output", str(out), "--checkpoints", checkpoints,
@@ -91,7 +97,19 @@ def scenario(tmp: Path, checkpoints: str, job: Storage, kills: int,
         moments.append(kill_at_random(tmp, args, rng, env))
         if EmbeddedHAStore(job).read().retained:  # none if killed before the first
             check_retained_intact(job)
-    stdout = run_to_end(tmp, args, env)
+    if stop_when_idle:
+        driver = Driver(tmp, "sessions", cmd([*args, "--keep-running", "--poll-seconds",
+                                              "0.5"]), env)
+        driver.wait_line(f"waiting for new files in {inp}")
+        stopped = statehold_cli("stop", f"{checkpoints}/sessions", "--wait", "--timeout", "10",
+                                env=env)
+        assert stopped.code == 0, stopped.err
+        assert driver.exited() == 0, driver.log.read_text()[-3000:]
+        assert driver.lines[-1].startswith("stopped from outside after checkpoint "), \
+            driver.lines[-3:]
+        stdout = "\n".join(driver.lines)
+    else:
+        stdout = run_to_end(tmp, args, env)
     assert "no input (timers)" in stdout or kills, stdout
     print(f"seed {SEED}: killed {moments}")
     check_end(job, out, inp, 1)
@@ -100,7 +118,8 @@ def scenario(tmp: Path, checkpoints: str, job: Storage, kills: int,
 @pytest.mark.timeout(1800)  # each run starts Spark; slow on a shared machine
 def test_sessions_match_reference_after_kills(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    scenario(tmp_path, str(ckpt), open_storage(str(ckpt / "sessions")), kills=2)
+    scenario(tmp_path, str(ckpt), open_storage(str(ckpt / "sessions")), kills=2,
+             stop_when_idle=True)
 
 
 @pytest.mark.timeout(1800)

@@ -17,8 +17,12 @@ from pathlib import Path
 import pytest
 
 from statehold.format import layout
+from statehold.format import requests as fmt
 from statehold.storage import open_storage
-from tests.support.example_runs import run_and_kill
+from statehold.tools import verify
+from tests.support.cli_process import statehold_cli
+from tests.support.driver_process import Driver
+from tests.support.example_runs import example_cmd, run_and_kill
 from tests.support.kafka import KafkaBroker
 from tests.support.kafka_runs import (
     JOB,
@@ -75,24 +79,40 @@ def test_kill_driver_kafka_s3_zookeeper(
 
 
 @pytest.mark.timeout(900)
-def test_kafka_to_end_exact_local(
+def test_kafka_exact_local_then_stopped_while_idle(
     kafka_broker: KafkaBroker,
     tmp_path: Path,
 ) -> None:
     """The Kafka pipeline without kills, as cheaply as it goes (the one Kafka test of the
-    older PySparks, .ci/spark-matrix, where the kill tests above do not run):
-    one driver reads the topic to its end in two batches, job directory on local disk
-    (embedded HA, spark-sql-kafka of the running Spark the only jars); output and
-    state exact against the records read back from the broker, storage listed after."""
+    older PySparks, .ci/spark-matrix, where the kill tests above do not run): one driver
+    (``--keep-running``) reads the topic in two batches, then, with nothing new to read,
+    is asked for a savepoint and stopped from outside with another: it answers both
+    within the wait and exits 0 with one line. Job directory on local disk (embedded HA,
+    spark-sql-kafka of the running Spark the only jars); output and state exact against
+    the records read back from the broker, storage listed after."""
     topic = new_topic(kafka_broker, "plain")
     produced = PER_BATCH + PER_BATCH // 2
     kafka_broker.produce(topic, records(7, produced))
     output = tmp_path / "output"
     checkpoints = tmp_path / "checkpoints"
-    stdout = run_example_to_end(
-        tmp_path, example_args(kafka_broker, topic, output, str(checkpoints))
-    )
-    assert "checkpoint 1," in stdout
+    args = example_args(kafka_broker, topic, output, str(checkpoints), "--keep-running",
+                        "--poll-seconds", "0.5")
+    driver = Driver(tmp_path, "kafka", example_cmd(*args))
+    driver.wait_batches(2)  # then an idle query
+    saved = statehold_cli("savepoint", str(checkpoints / JOB), "idle", "--wait", "--timeout",
+                          "10")
+    assert saved.code == 0 and "savepoints/idle of checkpoint 1" in saved.out[0], saved.err
+    stopped = statehold_cli("stop", str(checkpoints / JOB), "--savepoint", "final", "--wait",
+                            "--timeout", "10")
+    assert stopped.code == 0, stopped.err
+    assert driver.exited() == 0, driver.log.read_text()[-3000:]
+    assert driver.lines[-1] == (
+        "stopped from outside after checkpoint 1; savepoint savepoints/final"
+    ), driver.lines[-3:]
     job = open_storage(str(checkpoints / JOB))
     assert job.exists(f"{layout.SPARK_DIR}/commits/1")  # Spark committed both batches
+    assert not job.exists(f"{layout.SPARK_DIR}/offsets/2")  # and began no third
     check_exact(kafka_broker, topic, produced, job, output, tmp_path)
+    for name in ("idle", "final"):
+        assert verify(str(checkpoints / JOB / "savepoints" / name)).ok
+    assert list(job.list(f"{fmt.REQUESTS_DIR}/")) == []  # collected by --wait

@@ -1,7 +1,8 @@
-"""``statehold savepoint JOB NAME`` and ``statehold stop JOB`` against a real streaming
-query: a driver process (tests/support/operated_stream.py, ``job.foreach_batch`` over
-Spark's ``rate-micro-batch`` source, no request handling in its code) is operated by the
-CLI as its own process, and killed with SIGKILL while a request is pending.
+"""``statehold savepoint JOB NAME`` and ``statehold stop JOB`` against real drivers: a
+streaming query (tests/support/operated_stream.py, ``job.foreach_batch`` over Spark's
+``rate-micro-batch`` source or a folder, no request handling in its code) and the
+running-totals example (its own ``run_batch`` loop, waiting for files), each operated by
+the CLI as its own process, busy and idle, and killed with SIGKILL with a request pending.
 
 Exactly once is checked on the state itself: the source's values are contiguous from 0,
 so per key the count must be that of every value up to the largest seen. After every
@@ -12,12 +13,9 @@ either complete (it verifies) or absent.
 
 from __future__ import annotations
 
+import argparse
 import os
-import signal
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,78 +25,37 @@ from pyspark.sql import SparkSession
 from statehold import tools
 from statehold.checkpoint.requests import read_answer, submit
 from statehold.cleanup.reconcile import plan
+from statehold.examples.common import output_sink
+from statehold.examples.running_totals import check_rows, generate_demo, read_files
+from statehold.examples.totals import totals_batch
 from statehold.format import requests as fmt
 from statehold.format.requests import Action, Outcome
 from statehold.job.directory import open_job
 from statehold.spark import StatefulJob, iter_state
 from statehold.spark.job import JobStoppedError
-from statehold.storage import open_storage
+from statehold.storage import Storage, open_storage
 from tests.support.cli_process import Run, statehold_cli
-from tests.support.example_runs import example_env, group_alive
+from tests.support.driver_process import Driver
+from tests.support.example_runs import (
+    example_cmd,
+    final_state,
+    read_output,
+    reference,
+    reference_state,
+)
 from tests.support.operated_stream import KEYS, OUTPUT_SCHEMA, count
 from tests.support.paths import SUPPORT
+from tests.support.s3 import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
-#: Guards against a hang, never a measure: a driver starts in about 10 s.
-START_TIMEOUT = 300.0
 
-
-class Driver:
-    """The operated stream as a process; its stdout lines gathered as they come."""
-
-    def __init__(self, tmp: Path, job_id: str, *files: str) -> None:
-        self.lines: list[str] = []
-        self._seen = threading.Condition()
-        self.log = tmp / f"driver-{job_id}-{time.monotonic_ns()}.log"
-        with open(self.log, "w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(SUPPORT / "operated_stream.py"),
-                 str(tmp / "checkpoints"), job_id, str(tmp / f"output-{job_id}"), *files],
-                cwd=tmp, env=example_env(tmp), stdout=subprocess.PIPE, stderr=err,
-                text=True, start_new_session=True,
-            )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self._seen:
-                self.lines.append(line.strip())
-                self._seen.notify_all()
-        with self._seen:
-            self._seen.notify_all()
-
-    def batches(self) -> int:
-        return sum(1 for line in self.lines if line.startswith("batch "))
-
-    def wait_batches(self, n: int) -> None:
-        """Until this driver has run `n` batches (fails if it exits first)."""
-        deadline = time.monotonic() + START_TIMEOUT
-        with self._seen:
-            while self.batches() < n:
-                if self.proc.poll() is not None and self.proc.stdout is not None:
-                    self._seen.wait(1)
-                    if self.batches() < n:
-                        pytest.fail(f"driver exited ({self.proc.returncode}):\n"
-                                    f"{self.log.read_text()[-3000:]}")
-                assert time.monotonic() < deadline, "the driver ran no batch"
-                self._seen.wait(1)
-
-    def exited(self) -> int:
-        code = self.proc.wait(timeout=START_TIMEOUT)
-        self._reader.join(timeout=START_TIMEOUT)  # every line read
-        return code
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        assert self.proc.wait() == -signal.SIGKILL
-        grace = time.monotonic() + 60
-        while group_alive(self.proc.pid) and time.monotonic() < grace:
-            time.sleep(0.2)
-        if group_alive(self.proc.pid):  # our own session only: the driver's JVM
-            os.killpg(self.proc.pid, signal.SIGKILL)
+def operated(tmp: Path, job_id: str, *files: str) -> Driver:
+    """The operated stream of job `job_id` as a process (reading the folder `files[0]`
+    if given)."""
+    return Driver(tmp, job_id, [sys.executable, str(SUPPORT / "operated_stream.py"),
+                                str(tmp / "checkpoints"), job_id,
+                                str(tmp / f"output-{job_id}"), *files])
 
 
 def exactly_once(state: dict[Any, dict[str, Any]]) -> int:
@@ -130,7 +87,7 @@ def test_savepoint_and_stop_with_savepoint_then_restore_exactly(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     job_dir = tmp_path / "checkpoints" / "operated"
-    driver = Driver(tmp_path, "operated")
+    driver = operated(tmp_path, "operated")
     driver.wait_batches(2)
     saved = statehold_cli("savepoint", str(job_dir), "sp1", "--wait", "--timeout", "120")
     assert saved.code == 0, saved.err
@@ -164,9 +121,10 @@ def test_savepoint_and_stop_with_savepoint_then_restore_exactly(
     assert exactly_once(dict(iter_state(str(tmp_path / "checkpoints" / "restored")))) == top + 20
 
 
+@pytest.mark.timeout(1200)  # two Spark drivers; minutes on a busy shared machine
 def test_a_driver_killed_with_a_request_pending(tmp_path: Path) -> None:
     job_dir = tmp_path / "checkpoints" / "killed"
-    first = Driver(tmp_path, "killed")
+    first = operated(tmp_path, "killed")
     first.wait_batches(2)
     first.kill()  # its lease still looks alive for a while
     timed_out = statehold_cli("savepoint", str(job_dir), "late", "--wait", "--timeout", "2")
@@ -177,7 +135,7 @@ def test_a_driver_killed_with_a_request_pending(tmp_path: Path) -> None:
     [pending] = request_files(job_dir)
     request_id = pending.removesuffix(".json")
 
-    second = Driver(tmp_path, "killed")  # a new attempt, a higher epoch
+    second = operated(tmp_path, "killed")  # a new attempt, a higher epoch
     second.wait_batches(3)  # it did not stop: the request was not for it
     answer = read_answer(open_storage(str(job_dir)), request_id)
     assert answer is not None and answer.outcome is Outcome.REFUSED, answer
@@ -195,7 +153,12 @@ def test_a_driver_killed_with_a_request_pending(tmp_path: Path) -> None:
     assert request_files(job_dir) == [f"{request_id}.answer.json"]
 
 
-def test_an_idle_query_serves_savepoints_and_stops_at_its_next_batch(tmp_path: Path) -> None:
+@pytest.mark.timeout(1200)  # two Spark drivers; minutes on a busy shared machine
+def test_an_idle_query_serves_a_savepoint_and_a_stop_with_savepoint(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A query without new input runs no micro-batch: its driver's job answers both while
+    idle, the stop stops the query with no batch in flight, and the savepoint restores."""
     job_dir = tmp_path / "checkpoints" / "idle"
     inp = tmp_path / "input"
     inp.mkdir()
@@ -206,30 +169,127 @@ def test_an_idle_query_serves_savepoints_and_stops_at_its_next_batch(tmp_path: P
         (inp / f".{name}").rename(inp / name)  # whole, or Spark may read half of it
 
     add_file("a.json")
-    driver = Driver(tmp_path, "idle", str(inp))
-    driver.wait_batches(1)  # then no new input: no batch, no boundary
-    saved = statehold_cli("savepoint", str(job_dir), "while-idle", "--wait", "--timeout", "120")
-    assert saved.code == 0, saved.err  # served by the idle driver
-    assert "savepoints/while-idle of checkpoint 0" in saved.out[0]
-    waited = statehold_cli("stop", str(job_dir), "--wait", "--timeout", "3")
-    one_line_error(waited, "timed out after 3s", "withdrawn")  # a stop waits for a batch
-    assert driver.proc.poll() is None and request_files(job_dir) == []
     add_file("b.json")
-    driver.wait_batches(2)  # the withdrawn stop was not acted on
-    assert driver.proc.poll() is None
-    asked = statehold_cli("stop", str(job_dir))
-    assert asked.code == 0, asked.err
-    add_file("c.json")
+    driver = operated(tmp_path, "idle", str(inp))
+    driver.wait_batches(2)  # then no new input: no batch, no boundary
+    saved = statehold_cli("savepoint", str(job_dir), "while-idle", "--wait", "--timeout", "10")
+    assert saved.code == 0, saved.err  # served by the idle driver
+    assert "savepoints/while-idle of checkpoint 1" in saved.out[0]
+    stopped = statehold_cli("stop", str(job_dir), "--savepoint", "final", "--wait",
+                            "--timeout", "10")
+    assert stopped.code == 0, stopped.err
+    assert "stopped after checkpoint 1; savepoint savepoints/final" in stopped.out[0]
     assert driver.exited() == 0, driver.log.read_text()[-3000:]
-    assert driver.batches() == 3 and driver.lines[-1].startswith("ended stopped after")
-    assert tools.verify(str(job_dir / "savepoints" / "while-idle")).ok
-    assert exactly_once(dict(iter_state(str(job_dir)))) == 20
+    assert driver.batches() == 2, driver.lines  # stopped with no batch of its own
+    assert driver.lines[-1] == "ended stopped after checkpoint 1; savepoint savepoints/final"
+    assert open_job(str(job_dir)).ha.read().latest is not None  # ended keeping the newest
+    assert request_files(job_dir) == [] and "Traceback" not in driver.log.read_text()
     no_orphans(job_dir)
+    for name in ("while-idle", "final"):
+        assert tools.verify(str(job_dir / "savepoints" / name)).ok
+    assert exactly_once(dict(iter_state(str(job_dir / "savepoints" / "final")))) == 13
+
+    # a restart with nothing new runs no micro-batch (the stop left Spark's checkpoint
+    # with its batches committed) and is stopped before its first, found by its location
+    again = operated(tmp_path, "idle", str(inp))
+    again.wait_line("started")
+    stopped = statehold_cli("stop", str(job_dir), "--wait", "--timeout", "10")
+    assert stopped.code == 0, stopped.err
+    assert again.exited() == 0, again.log.read_text()[-3000:]
+    assert again.batches() == 0 and again.lines[-1] == "ended stopped after checkpoint 1"
+    assert exactly_once(dict(iter_state(str(job_dir)))) == 13
+
+    # the savepoint restores into a new job: one more batch, exact over everything
+    job = StatefulJob(spark, str(tmp_path / "checkpoints"), "from-final", max_parallelism=8,
+                      parallelism=2, restore_from=str(job_dir / "savepoints" / "final"))
+    more = spark.createDataFrame([(v % KEYS, v) for v in range(14, 30)], "key long, value long")
+    job.run_batch(more, count, OUTPUT_SCHEMA)
+    job.close()
+    restored = dict(iter_state(str(tmp_path / "checkpoints" / "from-final")))
+    assert exactly_once(restored) == 29
+
+
+@pytest.mark.timeout(1200)  # up to two Spark drivers; minutes on a busy shared machine
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_the_idle_example_serves_a_savepoint_and_a_stop_then_restores_exactly(
+    spark: SparkSession, tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    """The README's pipeline waiting for files (``--keep-running``): it answers a savepoint
+    while idle; on S3 a kill -9 then leaves a request timing out with nothing behind, and
+    the next run goes on; idle again, it answers a stop with a savepoint by exiting 0 with
+    one line; the savepoint restores exactly."""
+    env: dict[str, str] = {}
+    options: dict[str, object] = {}
+    root = str(tmp_path / "checkpoints")
+    if where == "s3":
+        s3: S3Server = request.getfixturevalue("s3_server")
+        env, options = s3.env, s3.options
+        root = f"s3://{s3.bucket}/idle-{os.getpid()}-{tmp_path.name}"
+    job_uri = f"{root}/running-totals"
+    storage = open_storage(job_uri, **options)
+    inp, out = tmp_path / "input", tmp_path / "output"
+    generate_demo(inp, files=4, rows=50, keys=8)
+    later, last = [f.rename(tmp_path / f.name) for f in sorted(inp.glob("*.jsonl"))[2:]]
+    cmd = example_cmd("--input", str(inp), "--output", str(out), "--checkpoints", root,
+                      "--max-parallelism", "8", "--parallelism", "2", "--keep-running",
+                      "--poll-seconds", "0.5")
+
+    waiting = f"waiting for new files in {inp}"
+    driver = Driver(tmp_path, "example", cmd, env)
+    driver.wait_line(waiting)  # after two batches
+    saved = statehold_cli("savepoint", job_uri, "sp", "--wait", "--timeout", "10", env=env)
+    assert saved.code == 0, saved.err
+    assert "savepoints/sp of checkpoint 1" in saved.out[0]
+    if where == "s3":  # (one driver start less on local disk, where the stream's test kills)
+        driver.kill()  # idle; its lease still looks alive for a while
+        late = statehold_cli("savepoint", job_uri, "late", "--wait", "--timeout", "2", env=env)
+        one_line_error(late, "timed out after 2s", "did not answer", "withdrawn")
+        assert keys(storage, fmt.REQUESTS_DIR) == []  # withdrawn: nothing left behind
+        assert {k.split("/")[1] for k in keys(storage, "savepoints")} == {"sp"}
+        later.rename(inp / later.name)
+        driver = Driver(tmp_path, "example", cmd, env)
+        driver.wait_line(waiting)  # after the file added while it was down
+    else:
+        later.rename(inp / later.name)
+        driver.wait_line(waiting, 2)  # after the file added meanwhile
+    assert driver.batches() == (1 if where == "s3" else 3)
+    stopped = statehold_cli("stop", job_uri, "--savepoint", "final", "--wait", "--timeout",
+                            "10", env=env)
+    assert stopped.code == 0, stopped.err
+    assert driver.exited() == 0, driver.log.read_text()[-3000:]
+    assert driver.lines[-1] == (
+        "stopped from outside after checkpoint 2; savepoint savepoints/final"
+    ), driver.lines[-3:]
+    said = driver.log.read_text()
+    assert "Traceback" not in said and "error:" not in said, said[-3000:]  # stderr
+    assert read_output(out) == reference(inp)
+    assert keys(storage, fmt.REQUESTS_DIR) == []  # both collected by --wait
+    assert plan(open_job(storage), None).orphans == []
+    assert tools.verify(f"{job_uri}/savepoints/final", **options).ok
+
+    # the savepoint starts a new job: the next file, exact over everything
+    last.rename(inp / last.name)
+    job = StatefulJob(spark, root, "copy", max_parallelism=8, parallelism=2,
+                      storage_options=options, restore_from=f"{job_uri}/savepoints/final")
+    sink = output_sink(argparse.Namespace(output=out))
+    result = totals_batch(job, read_files(spark, inp, [last.name]), check_rows, sink, 3,
+                          ["_file", "_line"], {"last_file": last.name}, None)
+    job.close()
+    assert result.checkpoint_id == 3
+    assert read_output(out) == reference(inp)
+    copy = open_storage(f"{root}/copy", **options)
+    assert final_state(copy, tmp_path / "reader", 8) == reference_state(inp)
+
+
+def keys(storage: Storage, prefix: str) -> list[str]:
+    """Every key under `prefix` in `storage`, listed."""
+    return sorted(info.key for info in storage.list(prefix.rstrip("/") + "/"))
 
 
 def test_a_run_batch_loop_sees_stop_requested(spark: SparkSession, tmp_path: Path) -> None:
-    """A driver looping over run_batch itself: the stop lands after the batch it asked
-    during, `stop_requested` ends the loop, and run_batch refuses afterwards."""
+    """A driver looping over run_batch itself: `serve_requests` while it waits for input
+    takes a savepoint without a batch; the stop lands after the batch it asked during,
+    `stop_requested` ends the loop, and run_batch refuses afterwards."""
     job = StatefulJob(spark, str(tmp_path), "looped", max_parallelism=8, parallelism=2)
     storage = open_storage(str(tmp_path / "looped"))
     batches = 0
@@ -240,6 +300,12 @@ def test_a_run_batch_loop_sees_stop_requested(spark: SparkSession, tmp_path: Pat
             sent = submit(storage, job.coordinator.ha, "looped", Action.STOP, "at-stop")
         job.run_batch(rows, count, OUTPUT_SCHEMA)
         batches += 1
+        if batches == 1:  # waiting for input: served without a batch
+            idle = submit(storage, job.coordinator.ha, "looped", Action.SAVEPOINT, "idle")
+            job.serve_requests()
+            done = read_answer(storage, idle.id)
+            assert done is not None and done.outcome is Outcome.DONE, done
+            assert done.checkpoint_id == 0 and not job.stop_requested
         assert batches < 10, "the stop was never served"
     assert batches == 2 and job.stopped is not None
     answer = read_answer(storage, sent.id)
@@ -248,3 +314,4 @@ def test_a_run_batch_loop_sees_stop_requested(spark: SparkSession, tmp_path: Pat
         job.run_batch(rows, count, OUTPUT_SCHEMA)
     assert job.end() is True  # the stop's end: no second attempt
     assert exactly_once(dict(iter_state(str(tmp_path / "looped" / "savepoints" / "at-stop")))) == 9
+    assert exactly_once(dict(iter_state(str(tmp_path / "looped" / "savepoints" / "idle")))) == 4

@@ -9,7 +9,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +35,10 @@ class Run:
     err: list[str]
 
 
-def statehold_cli(*args: str) -> Run:
-    """`args` run as ``python -m statehold.cli`` with pipes for stdout and stderr."""
-    env = {**os.environ, **HOSTILE_ENV}
+def statehold_cli(*args: str, env: Mapping[str, str] | None = None) -> Run:
+    """`args` run as ``python -m statehold.cli`` with pipes for stdout and stderr (and
+    `env` added to the environment, say an S3 server's ``AWS_*``)."""
+    env = {**os.environ, **dict(env or {}), **HOSTILE_ENV}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-m", "statehold.cli", *args],

@@ -1,6 +1,6 @@
 """Operating a running job from outside: ``statehold savepoint JOB NAME`` and
-``statehold stop JOB`` write a request document the job's driver serves at its next
-batch boundary (`statehold.checkpoint.requests`)."""
+``statehold stop JOB`` write a request document the job's driver serves after its
+current batch, or while it waits for input (`statehold.checkpoint.requests`)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class RequestReport(BaseModel):
     request_id: str
     action: Action
     epoch: int
-    #: None: not waited for (the driver answers at its next batch boundary).
+    #: None: not waited for (the driver answers after its batch, or while idle).
     outcome: Outcome | None = None
     message: str = ""
     savepoint: str | None = None
@@ -78,8 +78,8 @@ def request(
             "stop" + (f" with savepoint {savepoint}" if savepoint else "")
         )
         if report.outcome is None:
-            say(f"asked attempt {report.epoch} of {report.job} for a {what} at its next "
-                f"batch boundary (request {report.request_id}; --wait waits for it)")
+            say(f"asked attempt {report.epoch} of {report.job} for a {what} (request "
+                f"{report.request_id}; --wait waits for it)")
         else:
             say(f"{report.job}: {report.message} ({report.waited_seconds:.1f}s)")
 
@@ -134,11 +134,11 @@ def stop_command(
     ha: HaOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Ask the running driver of a statehold job to end cleanly at its next batch
-    boundary (after taking --savepoint): the job ends keeping its newest checkpoint, and a
-    query run through job.foreach_batch stops. A later start resumes it. Fails (one line,
-    exit 1) when no driver is running, and with --wait on a timeout (the request is then
-    withdrawn, never acted on later)."""
+    """Ask the running driver of a statehold job to end cleanly after its current batch,
+    or while it waits for input (after taking --savepoint): the job ends keeping its
+    newest checkpoint, and a query run through job.foreach_batch stops. A later start
+    resumes it. Fails (one line, exit 1) when no driver is running, and with --wait on a
+    timeout (the request is then withdrawn, never acted on later)."""
     request(job_dir, Action.STOP, savepoint, wait=wait, timeout=timeout, ha=ha,
             as_json=as_json)
 

@@ -279,9 +279,10 @@ def savepoint_command(
     batch.
 
     statehold savepoint JOB NAME [--wait] [--timeout S]: for a statehold job directory,
-    ask its running driver for savepoint NAME at its next batch boundary (the driver does
-    what job.savepoint(NAME) does). Fails (one line, exit 1) when no driver is running,
-    and with --wait on a timeout (the request is then withdrawn)."""
+    ask its running driver for savepoint NAME after its current batch, or while it waits
+    for input (the driver does what job.savepoint(NAME) does: its newest checkpoint).
+    Fails (one line, exit 1) when no driver is running, and with --wait on a timeout (the
+    request is then withdrawn)."""
     if spark_checkpoint_at(location) is None and _job_directory(location, ha):
         if batch is not None:
             fail("--batch is for a Spark checkpoint location; a running job's savepoint "

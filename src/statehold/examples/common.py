@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,6 +98,32 @@ def _run_job(
     finally:
         spark.stop()
     return code
+
+
+def wait_for_input(job: StatefulJob, seconds: float, waiting: str | None = None) -> bool:
+    """Wait `seconds` for new input while serving the savepoints and stops asked from
+    outside (``statehold savepoint``/``stop``): whether the job goes on (False: stopped).
+    `waiting`: a line to print first (when the run has just become idle)."""
+    if waiting is not None:
+        print(waiting, flush=True)
+    job.serve_requests()
+    if job.stop_requested:
+        return False
+    time.sleep(seconds)
+    return True
+
+
+def waiting_line(input_dir: Path) -> str:
+    """What an example prints once each time it runs out of input (``--keep-running``)."""
+    return f"waiting for new files in {input_dir}"
+
+
+def stopped_line(job: StatefulJob) -> str | None:
+    """The line an example prints when a stop from outside ended its job (None: it was
+    not stopped): ``stopped from outside after checkpoint N[; savepoint savepoints/S]``."""
+    if job.stopped is None:
+        return None
+    return f"stopped from outside {job.stopped.message.removeprefix('stopped ')}"
 
 
 def error_summary(error: BaseException, limit: int = 800) -> str:

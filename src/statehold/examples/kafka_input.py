@@ -16,7 +16,10 @@ offsets; a batch statehold already checkpointed is skipped, any other restores f
 previous checkpoint, and the sink replaces the batch's output.
 
 Without ``--keep-running`` the query processes what the topic holds when it starts
-(``Trigger.AvailableNow``, in batches of ``--records-per-batch``) and stops.
+(``Trigger.AvailableNow``, in batches of ``--records-per-batch``) and stops. With it, the
+query runs until ^C or a stop asked from outside (``statehold stop JOB``), served after a
+micro-batch or while the topic is idle (``job.stream_batches``), as ``statehold savepoint``
+is; a stop prints one ``stopped from outside ...`` line and exits 0.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import argparse
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from statehold.examples.common import human, output_sink
+from statehold.examples.common import human, output_sink, stopped_line
 from statehold.examples.totals import MalformedRowError, parse_line, totals_batch
 
 if TYPE_CHECKING:
@@ -135,7 +138,7 @@ def run_kafka(
     print(f"checkpoints: {job.job_dir}  (Spark's offsets in {job.spark_checkpoint_location})",
           flush=True)
     writer = (
-        kafka_rows(spark, args).writeStream.foreachBatch(per_batch)
+        kafka_rows(spark, args).writeStream.foreachBatch(job.stream_batches(per_batch))
         .option("checkpointLocation", job.spark_checkpoint_location)
     )
     if args.keep_running:
@@ -146,18 +149,24 @@ def run_kafka(
     try:
         query.awaitTermination()
     except Exception:
-        if malformed:
+        if job.stop_requested and not malformed and not failed:
+            pass  # a micro-batch that began as a stop while idle stopped the query: not run
+        elif malformed:
             import sys
 
             print(f"error: {malformed[0]}", file=sys.stderr)
             return 1
-        if failed:
+        elif failed:
             raise failed[-1] from None
-        raise
+        else:
+            raise
     finally:
         if query.isActive:
             query.stop()
-    if on_phase is not None:
+    stopped = stopped_line(job)
+    if stopped is not None:
+        print(stopped, flush=True)
+    elif on_phase is not None:
         latest = job.latest_checkpoint_id()
         on_phase("job-end", -1 if latest is None else latest)
     return 0

@@ -19,6 +19,9 @@ Spark's streaming checkpoint, which on S3 would need the hadoop-aws connector an
 file source orders files by modification time, not by name). Files added later with
 names after the last file read are picked up by a later run (or, with
 ``--keep-running``, by the next poll); a file added with an earlier name is never read.
+While it polls, it serves the savepoints and stops asked from outside (``statehold
+savepoint JOB NAME``, ``statehold stop JOB [--savepoint NAME]``) as it does after each
+batch; a stop ends the run with one ``stopped from outside ...`` line and exit status 0.
 
 Malformed rows (a line that is not a JSON object, a missing or null key, a key that is
 not a string, a value that is not an integer): the batch fails with an error naming the
@@ -42,7 +45,6 @@ import argparse
 import json
 import random
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -212,19 +214,25 @@ def run(
     args: argparse.Namespace,
     on_phase: PhaseHook | None = None,
 ) -> int:
-    """Process batches until no input is left (or, with --keep-running, until ^C)."""
+    """Process batches until no input is left (or, with --keep-running, until ^C or a
+    stop asked from outside: ``statehold stop JOB``, served while waiting for input as
+    after each batch, like ``statehold savepoint JOB NAME``)."""
     input_dir: Path = args.input.absolute()
     sink = common.output_sink(args)
     batch_id, last_file = resume_point(job)
     print(f"checkpoints: {job.job_dir}  (resuming at batch {batch_id}, after "
           f"{last_file or 'no file yet'})", flush=True)
-    while True:
+    idle = False
+    while not job.stop_requested:
         batches = common.next_batches(input_dir, last_file, args.files_per_batch)
         if not batches:
             if not args.keep_running:
                 break
-            time.sleep(args.poll_seconds)
+            said, idle = (None if idle else common.waiting_line(input_dir)), True
+            if not common.wait_for_input(job, args.poll_seconds, said):
+                break
             continue
+        idle = False
         files = batches[0]
         position = {"input": str(input_dir), "files": files, "last_file": files[-1]}
         try:
@@ -235,7 +243,10 @@ def run(
             return 1
         print(describe(result, files), flush=True)
         batch_id, last_file = batch_id + 1, files[-1]
-    if on_phase is not None:
+    stopped = common.stopped_line(job)
+    if stopped is not None:
+        print(stopped, flush=True)
+    elif on_phase is not None:
         on_phase("job-end", batch_id - 1)
     return 0
 

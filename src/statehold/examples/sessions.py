@@ -17,14 +17,15 @@ Batch N ends in checkpoint N in ``<checkpoints>/<job-id>/`` (a directory or
 and the watermark, so a run (also after kill -9) resumes after the last checkpoint. When
 the input is consumed, the run goes on with batches without input while a timer is due
 (a timer fires in the batch after the one that moved the watermark past it), then exits;
-``--keep-running`` polls for new files instead.
+``--keep-running`` polls for new files instead, serving the savepoints and stops asked
+from outside while it waits (``statehold savepoint``/``stop``; a stop exits 0 with one
+``stopped from outside ...`` line).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -137,14 +138,18 @@ def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
     batch_id, last_file = resume_point(job)
     print(f"checkpoints: {job.job_dir}  (resuming at batch {batch_id}, after "
           f"{last_file or 'no file yet'})", flush=True)
-    while True:
+    idle = False
+    while not job.stop_requested:
         pending = common.next_batches(input_dir, last_file, args.files_per_batch)
         files = pending[0] if pending else []
         if not files and not job.timers_due():
             if not args.keep_running:
-                return 0
-            time.sleep(args.poll_seconds)
+                break
+            said, idle = (None if idle else common.waiting_line(input_dir)), True
+            if not common.wait_for_input(job, args.poll_seconds, said):
+                break
             continue
+        idle = False
         last_file = files[-1] if files else last_file
         result = job.transform_with_state(
             read_batch(spark, input_dir, files),
@@ -160,6 +165,10 @@ def run(spark: SparkSession, job: StatefulJob, args: argparse.Namespace) -> int:
         )
         print(describe(result, files), flush=True)
         batch_id += 1
+    stopped = common.stopped_line(job)
+    if stopped is not None:
+        print(stopped, flush=True)
+    return 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

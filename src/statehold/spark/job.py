@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from statehold import clock
 from statehold.backend.keys import check_max_parallelism
@@ -56,9 +56,14 @@ from statehold.spark.registration import register_if_supported
 from statehold.spark.session import SchemaParser, spark_checkpoint_location
 from statehold.spark.staging import JobSettings, KeptOutput
 from statehold.spark.streaming import (
+    STOP_WAIT_SECONDS,
     ProcessorBatches,
     ProcessorJob,
+    await_interruption,
+    idle_query,
     is_processor,
+    query_of_this_thread,
+    stop_query,
     stop_this_query,
 )
 from statehold.storage import Storage, check_key, open_storage
@@ -73,8 +78,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("statehold.spark")
 
-#: How often an idle streaming driver serves savepoint requests (`StatefulJob`).
-IDLE_REQUESTS_SECONDS = 5.0
+#: How often a streaming driver with no batch running serves requests (`StatefulJob`):
+#: one listing of ``_job/requests/`` each time (on an object store one LIST request).
+IDLE_REQUESTS_SECONDS = 2.0
 
 
 class JobStoppedError(StateholdError):
@@ -90,6 +96,25 @@ def _seconds(retain_for: timedelta | float | None) -> float | None:
     return float(seconds)
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamBatches:
+    """The ``foreachBatch`` function of `StatefulJob.stream_batches` (and of
+    `StatefulJob.foreach_batch` with a plain function)."""
+
+    job: StatefulJob
+    #: runs the micro-batch (calling `StatefulJob.run_batch`)
+    func: Callable[[DataFrame, int], None]
+    #: told after `func`, before requests are served (`foreach_batch`'s ``on_batch``)
+    after: Callable[[], None] | None = None
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        with self.job._streaming():
+            self.func(batch_df, batch_id)
+        if self.after is not None:
+            self.after()
+        self.job.serve_requests(stream=True)
+
+
 class StatefulJob:
     """Keyed state for a PySpark pipeline, checkpointed into one job directory.
 
@@ -99,9 +124,9 @@ class StatefulJob:
     owning state) may change between runs. The newest ``retain`` completed checkpoints
     are kept and, with ``retain_for`` (a timedelta or seconds), every one completed within
     it as well (``retain`` is the minimum; at most
-    `statehold.cleanup.policy.MAX_RETAINED`). At each batch boundary the driver serves
-    the savepoints and stops asked from outside (``statehold savepoint JOB NAME``,
-    ``statehold stop JOB``; `serve_requests`).
+    `statehold.cleanup.policy.MAX_RETAINED`). After each batch, and while it waits for
+    input, the driver serves the savepoints and stops asked from outside (``statehold
+    savepoint JOB NAME``, ``statehold stop JOB``; `serve_requests`, `stream_batches`).
     ``on_phase`` is told each batch's progress (see `PhaseHook`). The newest `history`
     checkpoints leave a record in ``_job/history/`` (`statehold.job.history`). With
     `metrics_port`, the driver serves Prometheus metrics there (`statehold.spark.metrics`; 0:
@@ -178,17 +203,25 @@ class StatefulJob:
         self.history = history
         self.metrics: JobMetrics | None = None
         self._inbox: Inbox | None = None
-        #: The answer to the stop request that ended this job (None: not stopped).
-        self.stopped: RequestAnswer | None = None
+        self._stopped: RequestAnswer | None = None
         #: Inside a Structured Streaming batch: requests wait for its end.
         self._in_stream = False
         #: Held by every batch; a request served while idle takes it (`_serve_when_idle`).
         self._batch_lock = threading.RLock()
-        #: How often a streaming driver with no batch running serves savepoint requests
-        #: (a query without new input runs no batch); None: at batch boundaries only.
+        #: How often a streaming driver with no batch running serves requests (a query
+        #: without new input runs no batch); None: at batch boundaries only.
         self.idle_requests_every: float | None = IDLE_REQUESTS_SECONDS
         self._idle: threading.Thread | None = None
         self._idle_done = threading.Event()
+        #: The streaming query whose micro-batches this job runs (seen in its batches).
+        self._query_id: str | None = None
+        #: Set (under the batch lock) once a stop served while idle is stopping the query:
+        #: a micro-batch starting now must not run (`_refuse_batch`).
+        self._closing = False
+        #: Set once that stop has ended the job (or failed to), by this thread.
+        self._closed = threading.Event()
+        self._stopper: threading.Thread | None = None
+        self._idle_query: Any = None
         self._observed: HistoryRecord | None = None
         #: The newest batches' history records, for `progress_listener`.
         self.recent = RecentRecords()
@@ -219,9 +252,9 @@ class StatefulJob:
     @property
     def coordinator(self) -> CheckpointCoordinator:
         """The attempt's coordinator, started on first use (claims a new epoch)."""
-        if self.stopped is not None:
+        if self._stopped is not None:
             raise JobStoppedError(
-                f"job {self.job_id} was stopped from outside (request {self.stopped.id}): "
+                f"job {self.job_id} was stopped from outside (request {self._stopped.id}): "
                 "start a new StatefulJob to resume it"
             )
         if self._coordinator is None:
@@ -416,19 +449,30 @@ class StatefulJob:
         if processor_options:
             raise OptionsError(f"options {sorted(processor_options)} are for stateful processors")
         fmt: InputFormat = input_format or "rows"
-        self._serve_idle()
+        results: list[BatchResult] = []
 
         def run(batch_df: DataFrame, batch_id: int) -> None:
-            with self._streaming():
-                self.check_replay(batch_id)
-                result = self.run_batch(batch_df, process, output_schema, key=key,
-                                        batch_id=batch_id, sink=sink, order_by=order_by,
-                                        input_format=fmt, vectorized=vectorized)
-            if on_batch is not None:
-                on_batch(result)
-            self.serve_requests(stream=True)
+            self.check_replay(batch_id)
+            results[:] = [self.run_batch(batch_df, process, output_schema, key=key,
+                                         batch_id=batch_id, sink=sink, order_by=order_by,
+                                         input_format=fmt, vectorized=vectorized)]
 
-        return run
+        self._serve_idle()
+        return StreamBatches(self, run, None if on_batch is None else
+                             lambda: on_batch(results[0]))
+
+    def stream_batches(self, func: Callable[[DataFrame, int], None]) -> StreamBatches:
+        """A ``writeStream.foreachBatch`` function running your own `func` (which calls
+        `run_batch` or `transform_with_state` for the micro-batch, say after checking its
+        rows) as this job's micro-batch, the way `foreach_batch` runs its own: the job's
+        attempt starts now, requests from outside are served at the end of each micro-batch
+        and while the query is idle, and a stop stops the query (its
+        ``awaitTermination()`` returns; `stop_requested` says why)."""
+        if is_connect(self.spark):
+            raise refuse("stream_batches under Spark Connect",
+                         "use foreach_batch, whose batches run in the server's process")
+        self._serve_idle()
+        return StreamBatches(self, func)
 
     def check_replay(self, batch_id: int) -> None:
         """Spark may replay only its last batch (id == our latest checkpoint). An older id
@@ -450,6 +494,15 @@ class StatefulJob:
         return StateholdProgressListener(self.recent, callback)
 
     @property
+    def stopped(self) -> RequestAnswer | None:
+        """The answer to the stop request that ended this job (None: not stopped). A stop
+        served while the query was idle stops the query before it ends the job: asked
+        meanwhile (say right after ``awaitTermination()`` returned), this waits for it."""
+        if self._closing and threading.current_thread() is not self._stopper:
+            self._closed.wait(2 * STOP_WAIT_SECONDS)
+        return self._stopped
+
+    @property
     def stop_requested(self) -> bool:
         """Whether a stop asked from outside ended this job (``statehold stop JOB``):
         a driver looping over `run_batch` itself leaves its loop (`run_batch` refuses
@@ -459,21 +512,29 @@ class StatefulJob:
     def serve_requests(self, *, stream: bool = False) -> None:
         """Act on the savepoints and stops asked from outside (`statehold.checkpoint.
         requests`): one listing of ``_job/requests/``. `run_batch`, `transform_with_state`
-        and `foreach_batch` call it after each batch; a stop ends the job (``end``: keep
-        the newest checkpoint) and, with `stream`, stops the streaming query whose
+        and `foreach_batch` call it after each batch; a loop of your own over `run_batch`
+        calls it while it waits for input (neither needs a batch: a savepoint keeps the
+        newest checkpoint), then leaves on `stop_requested`. A stop ends the job (``end``:
+        keep the newest checkpoint) and, with `stream`, stops the streaming query whose
         ``foreachBatch`` is running (`statehold.spark.streaming.stop_this_query`)."""
         with self._batch_lock:
             self._serve(stream=stream)
 
-    def _serve(self, *, stream: bool, savepoints_only: bool = False) -> None:
-        """`serve_requests` under the batch lock; `savepoints_only` while idle (a stop
-        waits for a batch boundary, where the query can be stopped after its batch)."""
-        if self._coordinator is None or self._inbox is None or self.stopped is not None:
-            return
+    def _serve(
+        self, *, stream: bool, idle: bool = False, stoppable: Callable[[], Any] | None = None
+    ) -> OperatorRequest | None:
+        """`serve_requests` under the batch lock. `idle`: served outside the query's
+        micro-batches: a stop is accepted only when ``stoppable()`` gives the query to stop
+        (its savepoint taken, `_closing` set), and returned for `_stop_idle_query`, which
+        stops the query before the job ends; else it waits for a batch boundary."""
+        if self._coordinator is None or self._inbox is None or self._stopped is not None:
+            return None
         inbox, coord = self._inbox, self._coordinator
         for request in inbox.poll():
-            if savepoints_only and request.action is Action.STOP:
-                continue
+            if idle and request.action is Action.STOP:
+                self._idle_query = None if stoppable is None else stoppable()
+                if self._idle_query is None:
+                    continue
             if not inbox.accept(request):
                 continue
             if request.savepoint is not None:
@@ -489,8 +550,13 @@ class StatefulJob:
                                  savepoint_key=saved, checkpoint_id=meta.checkpoint_id)
                     continue
             if request.action is Action.STOP:
+                if idle:
+                    self._stopper = threading.current_thread()
+                    self._closing = True  # from now on a starting micro-batch is refused
+                    return request
                 self._stop(request, stream)
-                return
+                return None
+        return None
 
     def savepoint(self, name: str) -> CheckpointMetadata:
         """Keep the newest checkpoint as savepoint `name` (``savepoints/<name>/``): never
@@ -518,8 +584,9 @@ class StatefulJob:
 
     def close(self) -> None:
         self._idle_done.set()
-        if self._idle is not None and self._idle is not threading.current_thread():
-            self._idle.join(timeout=30)
+        idle = self._idle  # a stop served while idle closes the job from that thread too
+        if idle is not None and idle is not threading.current_thread():
+            idle.join(timeout=2 * STOP_WAIT_SECONDS)
         self._idle = None
         if self.metrics is not None:
             self.metrics.close()
@@ -576,23 +643,57 @@ class StatefulJob:
         return RemoteBatches(config, type(self), process, output_schema, options)
 
     def _at_boundary(self, result: BatchResult) -> BatchResult:
-        if not self._in_stream:
+        """After `run_batch` or `transform_with_state` (not inside a micro-batch of
+        `foreach_batch` or `stream_batches`, which serves them at its end): requests are
+        served; a stop inside some other ``foreachBatch`` function stops its query too,
+        and one reaching a streaming job outside its query (``fire_due_timers``) is left
+        to the idle thread, which stops the query before the job ends."""
+        if self._in_stream:
+            return result
+        if query_of_this_thread(self.spark) is not None:
+            self.serve_requests(stream=True)
+        elif self._idle is not None:  # a streaming job's call outside its query (timers)
+            with self._batch_lock:  # its stops are the idle thread's: it stops the query
+                self._serve(stream=False, idle=True)
+        else:
             self.serve_requests()
         return result
 
     @contextlib.contextmanager
     def _streaming(self) -> Iterator[None]:
         """A Spark micro-batch: requests wait for its end (a processor's batch may be
-        several checkpoints: its input, then timers)."""
+        several checkpoints: its input, then timers). One that starts while a stop served
+        while idle is stopping its query does not run (`_refuse_batch`)."""
         with self._batch_lock:
-            self._in_stream = True
-            try:
-                yield
-            finally:
-                self._in_stream = False
+            self._query_id = query_of_this_thread(self.spark) or self._query_id
+            closing = self._closing
+            if not closing:
+                self._in_stream = True
+                try:
+                    yield
+                finally:
+                    self._in_stream = False
+        if closing:
+            self._refuse_batch()
+
+    def _refuse_batch(self) -> NoReturn:
+        """A micro-batch Spark began while an idle stop was stopping its query. It must
+        not run (the job is ending) and must not return either: Spark would then commit
+        its input as processed. It fails, after waiting for the stop to interrupt it as
+        Spark interrupts any micro-batch it stops (which Spark takes for a clean stop):
+        Spark does not commit it, and the next start of the job runs it."""
+        await_interruption(self.spark, self._query_id)
+        raise JobStoppedError(
+            f"job {self.job_id} was stopped from outside while this micro-batch began: "
+            "not run (the next start of the job runs it)"
+        )
 
     def _serve_idle(self) -> None:
-        """Start serving savepoint requests while no batch runs (`idle_requests_every`)."""
+        """Start the attempt (so a driver waiting for its query's first micro-batch is a
+        running attempt to ask) and the idle thread serving requests while no batch runs
+        (`idle_requests_every`)."""
+        if not is_connect(self.spark):
+            self.coordinator  # noqa: B018 - starts the attempt
         if self.idle_requests_every is None or self._idle is not None:
             return
         self._idle_done.clear()
@@ -602,18 +703,47 @@ class StatefulJob:
 
     def _serve_when_idle(self) -> None:
         """A streaming query without new input runs no batch, so no boundary: every
-        `idle_requests_every` seconds, if no batch holds the lock, savepoints are served
-        here (the newest checkpoint is the savepoint's, as at a boundary)."""
+        `idle_requests_every` seconds, if no batch holds the lock, requests are served
+        here. A savepoint keeps the newest checkpoint, as at a boundary; a stop stops the
+        query (when no trigger of it is active) before it ends the job (`_stop_idle_query`)."""
         every = self.idle_requests_every or IDLE_REQUESTS_SECONDS
         while not self._idle_done.wait(every):
             if not self._batch_lock.acquire(blocking=False):
                 continue  # a batch runs: it serves them at its end
+            stop: OperatorRequest | None = None
             try:
-                self._serve(stream=False, savepoints_only=True)
+                stop = self._serve(stream=False, idle=True, stoppable=self._stoppable)
             except StateholdError as e:  # fenced, storage down: the next batch says so
                 log.warning("job %s: serving requests while idle: %s", self.job_id, e)
             finally:
                 self._batch_lock.release()
+            if stop is not None:
+                self._stop_idle_query(stop, self._idle_query)
+                return
+
+    def _stoppable(self) -> Any:
+        """The query a stop served while idle may stop now (`idle_query`), None: none."""
+        if is_connect(self.spark):
+            return None
+        query = idle_query(self.spark, self._query_id, self.spark_checkpoint_location)
+        if query is not None:
+            self._query_id = str(query.id)
+        return query
+
+    def _stop_idle_query(self, request: OperatorRequest, query: Any) -> None:
+        """A stop served while idle (accepted, its savepoint taken): stop the query first,
+        with the batch lock free so that a micro-batch Spark began meanwhile can reach
+        `_refuse_batch` (the stop waits for it), then end the job as at a boundary."""
+        try:
+            if not stop_query(query, STOP_WAIT_SECONDS):
+                log.warning("job %s: query %s did not stop within %.0fs; the job ends anyway",
+                            self.job_id, self._query_id, STOP_WAIT_SECONDS)
+            with self._batch_lock:
+                self._stop(request, stream=False)
+        except StateholdError as e:  # answered failed; the query has stopped
+            log.warning("job %s: stop while idle: %s", self.job_id, e)
+        finally:
+            self._closed.set()
 
     def _stop(self, request: OperatorRequest, stream: bool) -> None:
         """End the job as `request` asked (its savepoint already taken): the job's
@@ -631,7 +761,7 @@ class StatefulJob:
         if not clean:
             said += " (its cleanup did not finish; the next start finishes it)"
         inbox.answer(request, Outcome.DONE, said, savepoint_key=saved, checkpoint_id=latest)
-        self.stopped = RequestAnswer(
+        self._stopped = RequestAnswer(
             id=request.id, outcome=Outcome.DONE if clean else Outcome.FAILED,
             epoch=coord.epoch, message=said, savepoint_key=saved, checkpoint_id=latest,
             at=clock.now(),
@@ -660,7 +790,8 @@ class StatefulJob:
 
         job = ProcessorJob(run, self.timers_due, self._newest, self._replays, self.recent,
                            self.spark, streaming=self._streaming,
-                           boundary=lambda: self.serve_requests(stream=True))
+                           boundary=lambda: self.serve_requests(stream=True),
+                           stopped=lambda: self._closing or self._stopped is not None)
         return ProcessorBatches(
             job, no_data_batches=no_data_batches, on_batch=on_batch,
             input_schema=None if input_schema is None else self._struct(input_schema),
@@ -708,4 +839,4 @@ class StatefulJob:
         return self._schemas.struct(schema)
 
 
-__all__ = ["BatchResult", "JobStoppedError", "StatefulJob", "replace_output"]
+__all__ = ["BatchResult", "JobStoppedError", "StatefulJob", "StreamBatches", "replace_output"]

@@ -35,6 +35,7 @@ from statehold.spark.progress import RecentRecords
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.types import StructType
 
     from statehold.format.metadata import CheckpointMetadata
@@ -79,6 +80,8 @@ class ProcessorJob:
     streaming: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
     #: serves requests from outside at the end of each micro-batch
     boundary: Callable[[], None] = lambda: None
+    #: whether a stop from outside ended the job (or is ending it)
+    stopped: Callable[[], bool] = lambda: False
 
 
 class ProcessorBatches:
@@ -120,8 +123,12 @@ class ProcessorBatches:
 
     def fire_due_timers(self, processing_time_ms: int | None = None) -> list[BatchResult]:
         """Run batches without input while timers are due (`StatefulJob.timers_due`; the
-        processing time defaults to now). Returns their results ([]: none was due)."""
+        processing time defaults to now). Returns their results ([]: none was due, or a
+        stop from outside ended the job, as a driver's loop may ask once more after
+        ``awaitTermination`` returned)."""
         with self._lock:
+            if self.job.stopped():
+                return []
             return self._fire(self.latest_spark_batch(), processing_time_ms)
 
     def latest_spark_batch(self) -> int | None:
@@ -134,7 +141,8 @@ class ProcessorBatches:
 
     def _fire(self, spark_batch: int | None, processing_time_ms: int | None) -> list[BatchResult]:
         results: list[BatchResult] = []
-        while len(results) < MAX_TIMER_BATCHES and self.job.timers_due(processing_time_ms):
+        while (len(results) < MAX_TIMER_BATCHES and not self.job.stopped()
+               and self.job.timers_due(processing_time_ms)):
             if self._schema is None:
                 raise InvalidArgumentError(
                     "timers are due but no micro-batch has run in this driver yet: pass "
@@ -159,6 +167,90 @@ class ProcessorBatches:
         if self.on_batch is not None:
             self.on_batch(result)
         return result
+
+
+def query_of_this_thread(spark: SparkSession) -> str | None:
+    """The id of the streaming query whose micro-batch this thread runs (None outside
+    one, and under Spark Connect, where the batch's process cannot see its query)."""
+    if is_connect(spark):
+        return None
+    found: str | None = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+    return found
+
+
+def idle_query(
+    spark: SparkSession, query_id: str | None, checkpoint_location: str
+) -> StreamingQuery | None:
+    """The query a stop served while idle may stop: the active query whose micro-batches
+    the job ran (`query_id`; before the first, the one whose checkpoint location is the
+    job's), provided no trigger of it is active. A trigger that found new input runs a
+    micro-batch, which the stop would interrupt: the stop then waits for its end (the
+    batch boundary) or for the next idle moment. None: no such query now."""
+    try:
+        query = spark.streams.get(query_id) if query_id else _query_at(spark,
+                                                                       checkpoint_location)
+        if query is None or not query.isActive or query.status.get("isTriggerActive", True):
+            return None
+    except Exception as e:  # the session stopping under it, say: a boundary serves it
+        log.debug("finding the query to stop: %s", e)
+        return None
+    return query
+
+
+def _query_at(spark: SparkSession, location: str) -> StreamingQuery | None:
+    """The active query checkpointing to `location` (compared as Hadoop qualifies paths),
+    through Spark's internal query object: None when it cannot be told."""
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        conf = spark.sparkContext._jsc.hadoopConfiguration()
+        path = jvm.org.apache.hadoop.fs.Path(location)
+        wanted = str(path.getFileSystem(conf).makeQualified(path).toString()).rstrip("/")
+        for query in spark.streams.active:
+            root = str(query._jsq.streamingQuery().resolvedCheckpointRoot()).rstrip("/")
+            if root == wanted:
+                return query
+    except Exception as e:  # another Spark's internals: the stop waits for a batch
+        log.debug("finding the query checkpointing to %s: %s", location, e)
+    return None
+
+
+def stop_query(query: StreamingQuery, timeout: float) -> bool:
+    """``query.stop()`` from another thread (it waits for the query's thread, which may be
+    waiting for this one's lock): whether it returned within `timeout` seconds."""
+
+    def stop() -> None:
+        try:
+            query.stop()
+        except Exception as e:  # a stop racing the query's own end: nothing to do
+            log.warning("stopping query %s: %s", query.id, e)
+
+    stopper = threading.Thread(target=stop, name="statehold-stop-query", daemon=True)
+    stopper.start()
+    stopper.join(timeout)
+    return not stopper.is_alive()
+
+
+def await_interruption(spark: SparkSession, query_id: str | None) -> None:
+    """In a micro-batch's thread, wait until stopping its query interrupts it. Spark's
+    ``stop()`` interrupts the query's JVM thread, and PySpark runs this thread's calls
+    into the JVM on that very thread (pinned threads), so a JVM sleep raises there
+    (``Py4JJavaError``: ``InterruptedException``), as any call of a micro-batch Spark
+    stops does, and Spark takes the failure for its stop. Returns when the query has
+    ended without interrupting this thread (pinned threads off), or after
+    `STOP_WAIT_SECONDS`."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    waited = 0.0
+    ended_at: float | None = None
+    while waited < STOP_WAIT_SECONDS:
+        jvm.java.lang.Thread.sleep(50)  # raises once interrupted
+        waited += 0.05
+        query = spark.streams.get(query_id) if query_id else None
+        if query is None or not query.isActive:
+            ended_at = waited if ended_at is None else ended_at
+            if waited - ended_at >= 1.0:  # its interruption would have come by now
+                return
 
 
 def stop_this_query(spark: SparkSession) -> bool:
