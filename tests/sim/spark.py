@@ -1009,7 +1009,7 @@ class SparkWorld:
                 except StateholdError as e:
                     refused = str(e).startswith(("cannot roll back", "the query looks alive"))
                     if (str(e).startswith("cannot roll back") and arg == self.marked(loc)
-                            and "interrupted" not in str(e)):
+                            and "interrupted" not in str(e) and not self.ran_on(loc)):
                         self.violate("rollback-stuck", f"{loc.name}: the mark of the rollback "
                                      f"to batch {arg} asks for it to be run again, which is "
                                      f"refused: {e}; gc, savepoint and relocate refuse while "
@@ -1041,6 +1041,21 @@ class SparkWorld:
             proc.data["ok"] = True
 
         return run
+
+    def ran_on(self, loc: Loc) -> bool:
+        """Whether the query committed a batch above the mark's target after the mark was
+        written (the model's own objects): the mark is then left behind, and any rollback
+        is the way out, not the one it names."""
+        mark = self.objects.get(loc.storage.root + "_statehold_rollback")
+        target = self.marked(loc)
+        if mark is None or target is None:
+            return False
+        prefix = loc.storage.root + "commits/"
+        return any(
+            key[len(prefix):].isdigit() and int(key[len(prefix):]) > target
+            and obj.mtime > mark.mtime
+            for key, obj in self.objects.items() if key.startswith(prefix)
+        )
 
     def marked(self, loc: Loc) -> int | None:
         """The batch an unfinished rollback's mark names (what its message tells the
