@@ -4,11 +4,11 @@ bounded number of seeds."""
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
+from sim.quiet import quiet_logs  # noqa: F401 - autouse: the runs' log is silenced
 from sim.world import run_seed
 
 import statehold.checkpoint.published
@@ -26,13 +26,6 @@ SWEEP_SECONDS = 60.0
 SWEEP_SEEDS = range(1000, 1040)
 
 
-@pytest.fixture(autouse=True)
-def _quiet_logs() -> Iterator[None]:
-    logger = logging.getLogger("statehold")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
 
 
 def _first_failing(seeds: range, steps: int = STEPS) -> tuple[int, dict[str, object]] | None:

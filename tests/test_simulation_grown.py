@@ -5,11 +5,11 @@ unbroken code passes the same seeds, and the bugs these faults found stay fixed.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from sim.quiet import quiet_logs  # noqa: F401 - autouse: the runs' log is silenced
 from sim.world import PLANTS, grown, run_seed
 
 from statehold.errors import StateholdError
@@ -24,13 +24,6 @@ BOUND = 8
 SWEEP_SEEDS = range(2000, 2006)
 
 
-@pytest.fixture(autouse=True)
-def _quiet_logs() -> Iterator[None]:
-    logger = logging.getLogger("statehold")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
 
 
 def test_grown_sweep_finds_no_violation() -> None:

@@ -13,12 +13,11 @@ the sweep, and the test says so."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sim.quiet import quiet_logs  # noqa: F401 - autouse: the runs' log is silenced
 from sim.spark import PLANTS, run_spark_seed
 
 from statehold.errors import StateholdError
@@ -46,13 +45,6 @@ BOUND = 8
 NOT_REACHED = {"gc-without-recheck"}
 
 
-@pytest.fixture(autouse=True)
-def _quiet_logs() -> Iterator[None]:
-    logger = logging.getLogger("statehold")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
 
 
 # -- the holes being fixed in src, probed on hand-made locations ----------------------------
