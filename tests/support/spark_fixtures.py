@@ -10,15 +10,17 @@ manifest: which PySpark, Java and settings wrote each location, its input folder
 source log records it, its last batch, and its `shape` (the files' names and kinds), which
 ``tests/fixtures/spark/make.py --check`` compares with what this Spark writes today.
 
-Nothing here imports PySpark: the tests of the fixtures run without it.
+Nothing here starts Spark: the tests of the fixtures run without a JVM.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import tarfile
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any
 
 from statehold.format.spark_layout import Kind, parse
 from tests.support.paths import TESTS
+from tests.support.spark_checkpoint_trees import TWO_HOURS
 
 FIXTURES = TESTS / "fixtures" / "spark"
 #: The input files each query read (one per batch).
@@ -45,11 +48,14 @@ _NUMBER = re.compile(r"\d+")
 
 
 def _kind(rel: str) -> str:
-    """A file's kind; a checksum's names its subject's (``crc:snapshot-zip``)."""
+    """A file's kind; a checksum's names its subject's (``crc:snapshot-zip``, also for the
+    checksum of a checksum)."""
     name = parse(rel)
-    if name.kind is Kind.CRC and name.of:
-        return f"crc:{parse(name.of).kind}"
-    return str(name.kind)
+    if name.kind is not Kind.CRC or not name.of:
+        return str(name.kind)
+    while name.kind is Kind.CRC and name.of:  # a checksum of a checksum: of what in the end
+        name = parse(name.of)
+    return f"crc:{name.kind}"
 
 
 def _pattern(rel: str) -> str:
@@ -115,6 +121,12 @@ class Fixture:
         """The input folder as the source log records it (where make.py wrote it)."""
         return str(self.entry["input"])
 
+    @property
+    def written_at(self) -> str:
+        """Where make.py wrote the location: Spark 4's transformWithState records its state
+        schema files' absolute paths in its operator metadata."""
+        return str(self.entry.get("checkpoint") or Path(self.input).parent / "ckpt")
+
 
 @cache
 def manifests() -> dict[str, dict[str, Any]]:
@@ -150,3 +162,62 @@ def fixture(root: Path, version: str, query: str, provider: str) -> Fixture:
                if (q["query"], q["provider"]) == (query, provider)]
     base = root / f"{query}-{provider}"
     return Fixture(version, query, provider, base / "ckpt", base / "output", entry)
+
+
+def extractor(root: Path) -> Callable[[str], Path]:
+    """Extracts each version's archive under `root` the first time it is asked for."""
+
+    @cache
+    def extracted(version: str) -> Path:
+        return extract(version, root / version)
+
+    return extracted
+
+
+def copy_of(root: Path, version: str, query: str, provider: str, dest: Path) -> Fixture:
+    """A copy of a committed location (bytes of its own: the tests write into it) at
+    ``dest/ckpt``, its files' times shifted so the newest is two hours old (as a query
+    stopped long ago left it, the order of the times kept)."""
+    import shutil
+
+    found = fixture(root, version, query, provider)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(found.checkpoint, dest / "ckpt", symlinks=True)
+    make_old(dest / "ckpt", TWO_HOURS)
+    return Fixture(version, query, provider, dest / "ckpt", found.output, found.entry)
+
+
+def make_old(root: Path, seconds: float) -> None:
+    """Every file below `root` shifted in time so that the newest is `seconds` old."""
+    files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    if not files:
+        return
+    shift = time.time() - seconds - max(p.stat().st_mtime for p in files)
+    for path in files:
+        st = path.stat()
+        os.utime(path, (st.st_atime + shift, st.st_mtime + shift))
+
+
+def rows(fx: Fixture) -> list[dict[str, Any]]:
+    """Every row the query that wrote `fx` wrote (sorted, as `all_rows`)."""
+    batches = [json.loads(line) for path in fx.output.glob("batch-*.json")
+               for line in path.read_text().splitlines()]
+    return sorted(batches, key=lambda r: json.dumps(r, sort_keys=True))
+
+
+def rebind(fx: Fixture, inputs: Path) -> Path:
+    """`fx`'s input files written again to `inputs`, and `fx`'s checkpoint relocated to them
+    and to where it is now (statehold's relocate: the source log records where make.py
+    wrote the input, transformWithState's metadata where it wrote the location), so that
+    Spark can restart it; returns `inputs`."""
+    from statehold.spark_checkpoints import open_spark_checkpoint
+    from statehold.spark_checkpoints.relocate import absolute_paths, relocate
+    from tests.support.spark_checkpoint_queries import write_inputs
+
+    write_inputs(inputs, 0, int(fx.entry["files"]))
+    report = relocate(open_spark_checkpoint(str(fx.checkpoint)), fx.input, str(inputs))
+    assert report.paths > 0, report
+    relocate(open_spark_checkpoint(str(fx.checkpoint)), fx.written_at, str(fx.checkpoint))
+    assert all(str(Path(fx.input).parent) not in b.path
+               for b in absolute_paths(open_spark_checkpoint(str(fx.checkpoint))))
+    return inputs
