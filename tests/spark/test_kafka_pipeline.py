@@ -74,13 +74,14 @@ def test_kill_driver_kafka_s3_zookeeper(
     check_exact(kafka_broker, topic, 2 * PER_BATCH + 30, job, output, tmp_path)
 
 
+@pytest.mark.matrix  # each Spark's own spark-sql-kafka
 @pytest.mark.timeout(900)
 def test_kafka_to_end_exact_local(
     kafka_broker: KafkaBroker,
     tmp_path: Path,
 ) -> None:
     """The Kafka pipeline without kills, as cheaply as it goes (the one Kafka test of the
-    older PySparks, .ci/spark-matrix, where the kill tests above do not run):
+    older PySparks, .ci/spark-matrix: `matrix`):
     one driver reads the topic to its end in two batches, job directory on local disk
     (embedded HA, spark-sql-kafka of the running Spark the only jars); output and
     state exact against the records read back from the broker, storage listed after."""
