@@ -38,7 +38,6 @@ from tests.support.spark_fixtures import (
     FILES,
     Fixture,
     copy_of,
-    extractor,
     fixture,
     manifests,
     pairs,
@@ -56,11 +55,6 @@ HOW = {
     "rocksdb_changelog": {"changelogs", "snapshot+changelogs", "snapshot"},
     "rocksdb_v2": {"changelogs", "snapshot+changelogs", "snapshot"},
 }
-
-
-@pytest.fixture(scope="module")
-def extracted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    return extractor(tmp_path_factory.mktemp("spark-fixtures"))
 
 
 def committed(extracted: Callable[[str], Path], version: str, query: str,

@@ -39,7 +39,6 @@ from tests.support.spark_checkpoint_trees import (
 from tests.support.spark_fixtures import (
     FILES,
     copy_of,
-    extractor,
     make_old,
     manifests,
     rebind,
@@ -53,11 +52,6 @@ QUERY = "window"
 #: Every PySpark whose fixtures are committed.
 VERSIONS = sorted(manifests())
 PROVIDERS = ["hdfs", "rocksdb", "rocksdb_changelog", "rocksdb_v2"]
-
-
-@pytest.fixture(scope="module")
-def extracted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    return extractor(tmp_path_factory.mktemp("spark-gc-fixtures"))
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,7 @@ from tests.support.spark_checkpoint_trees import (
     restartable_batches,
     versions_held,
 )
-from tests.support.spark_fixtures import copy_of, extractor, manifests, rebind, rows
+from tests.support.spark_fixtures import copy_of, manifests, rebind, rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 
@@ -87,11 +87,12 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Run]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory, extracted: Callable[[str], Path]
+) -> Callable[[str, str], Run]:
     """Each pair's committed location of this PySpark, copied and relocated to its own
     input the first time a test asks for it."""
     root = tmp_path_factory.mktemp("real-queries")
-    extracted = extractor(root / "fixtures")
     version = pyspark.__version__
     assert version in manifests(), (
         f"no committed fixture of PySpark {version}: python -m tests.fixtures.spark.make")

@@ -18,7 +18,7 @@ import pytest
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.rollback import rollback
 from tests.support.spark_checkpoint_trees import newest_log, restartable_batches
-from tests.support.spark_fixtures import copy_of, extractor, make_old, manifests, rebind, rows
+from tests.support.spark_fixtures import copy_of, make_old, manifests, rebind, rows
 
 #: A representative subset of queries x providers, to keep the Spark time modest.
 CASES = [
@@ -33,11 +33,6 @@ CASES = [
 MATRIX = {("window", "hdfs"), ("window", "rocksdb"), ("window", "rocksdb_v2"),
           ("dedup", "rocksdb_changelog")}
 VERSIONS = sorted(manifests())
-
-
-@pytest.fixture(scope="module")
-def extracted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    return extractor(tmp_path_factory.mktemp("spark-rollback-fixtures"))
 
 
 def _listing(root: Path) -> dict[str, int]:

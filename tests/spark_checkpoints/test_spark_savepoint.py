@@ -20,7 +20,6 @@ from tests.support.spark_checkpoint_trees import newest_log, restartable_batches
 from tests.support.spark_fixtures import (
     Fixture,
     copy_of,
-    extractor,
     manifests,
     rebind,
     rows,
@@ -41,11 +40,6 @@ _CASES = [
 ]
 VERSIONS = sorted(manifests())
 PROVIDER = "rocksdb_changelog"
-
-
-@pytest.fixture(scope="module")
-def extracted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    return extractor(tmp_path_factory.mktemp("spark-savepoint-fixtures"))
 
 
 def running(extracted: Callable[[str], Path], query: str, provider: str, tmp_path: Path
