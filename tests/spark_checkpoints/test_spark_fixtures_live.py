@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 from tests.fixtures.spark.make import CHECK_QUERY, check
+from tests.support.spark_checkpoint_queries import PROVIDERS
 
 pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 
 
-def test_this_spark_still_writes_what_its_fixture_holds(spark: Any) -> None:
-    problems = check(spark, CHECK_QUERY)
+@pytest.mark.parametrize("provider", list(PROVIDERS))
+def test_this_spark_still_writes_what_its_fixture_holds(spark: Any, provider: str) -> None:
+    problems = check(spark, CHECK_QUERY, [provider])
     assert not problems, "\n".join(problems)
