@@ -23,7 +23,7 @@ from statehold.processor import (
 from statehold.spark import StatefulJob, iter_state
 from tests.support.spark_versions import SparkProcessor, needs_transform_with_state
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 
 INPUT = "user string, ts long, page string"
 GAP_MS = 100

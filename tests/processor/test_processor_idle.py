@@ -23,7 +23,7 @@ from statehold.processor import (
 from statehold.spark import StatefulJob, replace_output
 from tests.support.spark_queries import write_batch
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 
 OUT = "what string, user string"
 DELAY_MS = 60_000

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         TimerValues,
     )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 
 OUT = "user STRING, count BIGINT"
 INITIAL = [("a", 10), ("b", 5), ("b", 7), ("c", 100)]  # c: only in the initial state at first

@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from statehold.spark import StatefulJob
 from statehold.spark.connect import JobConfig
 
-pytestmark = [pytest.mark.spark]
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 
 #: Settings that cannot travel: the session is the server's own, and a metrics endpoint
 #: with foreach_batch under Connect is refused (ConnectUnsupportedError).

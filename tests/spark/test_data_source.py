@@ -22,7 +22,7 @@ from statehold.spark.reader import iter_state, locate_state
 from statehold.spark_checkpoints import open_spark_checkpoint
 from tests.support.keyed_totals import MAXP, OUT, make_batches, totals
 
-pytestmark = [pytest.mark.spark]
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 #: Python data sources came with PySpark 4.0 (on 3.5 only the refusal is tested)
 needs_4 = pytest.mark.skipif(not data_sources_supported(), reason="PySpark 4 data sources")
 

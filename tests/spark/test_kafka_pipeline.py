@@ -78,6 +78,7 @@ def test_kill_driver_kafka_s3_zookeeper(
     check_exact(kafka_broker, topic, 2 * PER_BATCH + 30, job, output, tmp_path)
 
 
+@pytest.mark.matrix  # each Spark's own spark-sql-kafka
 @pytest.mark.timeout(900)
 def test_kafka_exact_local_then_stopped_while_idle(
     kafka_broker: KafkaBroker,

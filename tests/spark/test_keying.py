@@ -35,7 +35,7 @@ from tests.support.keyed_totals import (
     totals,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 
 #: Strings that stress the bytes hashed: empty, multi-byte UTF-8, a NUL, both sides of
 #: XXH64's 32-byte stripe, a long one (the random strings below add lengths up to ~180

@@ -19,7 +19,7 @@ from statehold.spark import BatchResult, StatefulJob, read_history_df
 from statehold.storage import open_storage
 from tests.support.keyed_totals import MAXP, OUT, make_batches, totals
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]  # each Spark's streaming listener
 
 
 def scrape(port: int) -> dict[str, float]:

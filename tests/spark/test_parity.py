@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         TimerValues,
     )
 
-pytestmark = [pytest.mark.spark, needs_transform_with_state]
+pytestmark = [pytest.mark.spark, pytest.mark.matrix, needs_transform_with_state]
 
 GAP = 60  # seconds of silence that close a session
 DELAY = 30  # watermark delay, seconds

@@ -21,7 +21,7 @@ from statehold.spark import StatefulJob
 from statehold.spark.data_source import data_sources_supported
 from tests.support.keyed_totals import MAXP, OUT, make_batches, totals
 
-pytestmark = [pytest.mark.spark]
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]  # each Spark's listener events
 
 
 def test_observed_metrics_listener_and_history_view(

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from statehold.spark import routing
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 
 
 def test_murmur3_matches_sparks_hash(spark: SparkSession) -> None:

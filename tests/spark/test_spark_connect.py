@@ -36,7 +36,7 @@ from tests.support.infra.connect_server import ConnectServer
 from tests.support.kafka_runs import check_retained_intact, latest_id
 from tests.support.keyed_totals import Reference, make_batches, stored_state
 
-pytestmark = [pytest.mark.spark]
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 __all__ = ["connect_server"]  # the session fixture
 
 BATCHES = 5

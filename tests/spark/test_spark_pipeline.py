@@ -27,7 +27,7 @@ from tests.support.keyed_totals import (
     totals,
 )
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 
 
 @pytest.mark.parametrize("changelog", [False, True], ids=["snapshots", "changelog"])

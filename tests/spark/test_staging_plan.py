@@ -13,7 +13,7 @@ from statehold.spark.staging import ADAPTIVE
 from tests.support.keyed_totals import MAXP, OUT, Reference, make_batches, outputs, totals
 from tests.support.spark_versions import SPARK_4
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 
 #: With adaptive execution on, Spark 3.5 makes the acks' query read the cached result in a
 #: job of its own (a cached table is a query stage there); 4.0 reads it in the job that

@@ -94,6 +94,7 @@ def decoded(rows: list[Any]) -> Totals:
     }
 
 
+@pytest.mark.matrix  # mapInArrow, to_arrow_schema and localCheckpoint of each PySpark
 def test_read_state_as_dataframe(spark: SparkSession, job: Job) -> None:
     df = read_state(spark, job.uri, **job.options)  # job dir: newest retained = chk-2
     assert df.columns == ["key", "count", "last", "sum"]  # key, then state names sorted

@@ -21,7 +21,7 @@ from statehold.processor import StatefulProcessor, StatefulProcessorHandle, Time
 from statehold.spark import StatefulJob
 from statehold.spark.reader import iter_state, read_state
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 
 PROFILE = "seen TIMESTAMP, spent DECIMAL(10,2), tag BINARY, last STRUCT<page: STRING, n: INT>"
 WHEN = datetime.datetime(2024, 5, 6, 7, 8, 9)

@@ -1,12 +1,15 @@
 """gc of Spark's own checkpoint locations, written by a real Structured Streaming query
-(the windowed aggregation of tests.support.spark_checkpoint_queries; the other queries'
-gc is in test_spark_real_queries) on every state store layout (HDFS-backed and RocksDB
-providers, changelog off and on, checkpoint format v2): planted
+(the windowed aggregation of tests.support.spark_checkpoint_queries, as each supported
+PySpark wrote it: the committed fixtures, tests/fixtures/spark/; the other queries' gc is
+in test_spark_fixtures and test_spark_real_queries) on every state store layout
+(HDFS-backed and RocksDB providers, changelog off and on, checkpoint format v2): planted
 orphans go, nothing a retained batch needs goes (checked by listing and by
 `restart_needs` of every retained batch), young, foreign and linked files stay, a dry run
 deletes nothing, and the query restarts from the gc'd checkpoint with the same output as
-from an untouched copy. Bad input spares the store (or refuses) and deletes nothing it
-should not. One run on S3 (moto)."""
+from an untouched copy (live, on the running PySpark's fixture: `matrix`). Bad input
+spares the store (or refuses) and deletes nothing it should not, on every PySpark's
+fixture without Spark. One run on S3 (moto).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import os
 import time
 import uuid
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,39 +29,57 @@ from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpo
 from statehold.spark_checkpoints.gc import SparkGcReport, gc
 from statehold.storage import open_storage
 from tests.support.s3 import S3Server
-from tests.support.spark_checkpoint_queries import PROVIDERS, all_rows, run_query, write_inputs
 from tests.support.spark_checkpoint_trees import (
     TWO_HOURS,
-    backdate,
     copy_tree,
     listing,
     needs_of_restartable,
     plant,
 )
+from tests.support.spark_fixtures import (
+    FILES,
+    copy_of,
+    make_old,
+    manifests,
+    rebind,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-pytestmark = [pytest.mark.spark]
-
 #: The windowed aggregation: one operator (``state/0``), two partitions, a store each.
 QUERY = "window"
-FIRST_FILES = 6
+#: Every PySpark whose fixtures are committed.
+VERSIONS = sorted(manifests())
+PROVIDERS = ["hdfs", "rocksdb", "rocksdb_changelog", "rocksdb_v2"]
 
 
 @pytest.fixture(scope="module")
-def base(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One checkpoint per provider, every input file read, every file two hours old."""
+def base(spark: SparkSession, extracted: Callable[[str], Path],
+         tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The running PySpark's window location per provider (the committed fixture, relocated
+    to its input beside it, ``../inputs``), every input file read, every file two hours old."""
+    import pyspark
+
+    from tests.support.spark_checkpoint_queries import PROVIDERS as HERE
+
+    version = pyspark.__version__
+    assert version in manifests(), (
+        f"no committed fixture of PySpark {version}: python -m tests.fixtures.spark.make")
     root = tmp_path_factory.mktemp("spark-gc")
     made = {}
-    for provider in PROVIDERS:
-        ckpt = root / provider / "ckpt"
-        write_inputs(root / provider / "inputs", 0, FIRST_FILES)
-        run_query(spark, QUERY, provider, str(ckpt), root / provider / "inputs",
-                  root / provider / "out", FIRST_FILES - 1)
-        backdate(ckpt, TWO_HOURS)
-        made[provider] = ckpt
+    for provider in HERE:
+        fx = copy_of(extracted(version), version, QUERY, provider, root / provider)
+        rebind(fx, root / provider / "inputs")
+        make_old(fx.checkpoint, TWO_HOURS)
+        made[provider] = fx.checkpoint
     return made
+
+
+def rocks(extracted: Callable[[str], Path], version: str, tmp_path: Path) -> Path:
+    """`version`'s window location on RocksDB with changelogs, every file two hours old."""
+    return copy_of(extracted(version), version, QUERY, "rocksdb_changelog",
+                   tmp_path / "fixture").checkpoint
 
 
 def copy(src: Path, dst: Path) -> Path:
@@ -100,13 +122,19 @@ def plant_orphans(ckpt: Path, provider: str) -> tuple[set[str], set[str]]:
     return rel
 
 
-@pytest.mark.parametrize("provider", sorted(PROVIDERS))
+@pytest.mark.spark
+@pytest.mark.matrix
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_gc_removes_orphans_keeps_needs_and_the_query_continues(
     spark: SparkSession,
     base: dict[str, Path],
     tmp_path: Path,
     provider: str,
 ) -> None:
+    from tests.support.spark_checkpoint_queries import all_rows, run_query, write_inputs
+
+    if provider not in base:
+        pytest.skip(f"PySpark {spark.version} has no checkpoint format v2")
     ckpt = copy(base[provider], tmp_path / "ckpt")
     untouched = copy(base[provider], tmp_path / "untouched")
     doomed, kept = plant_orphans(ckpt, provider)
@@ -131,18 +159,21 @@ def test_gc_removes_orphans_keeps_needs_and_the_query_continues(
     assert {k for k in after if k.endswith((".zip", ".changelog", ".delta"))}, "gc took all"
 
     # the gc'd checkpoint restarts like the untouched one
-    inputs = base[provider].parent / "inputs"  # the paths the source's log recorded
-    write_inputs(inputs, FIRST_FILES, 3)
-    last = FIRST_FILES + 3 - 1
+    inputs = base[provider].parent / "inputs"  # the paths the source's log records
+    write_inputs(inputs, FILES, 3)
+    last = FILES + 3 - 1
     run_query(spark, QUERY, provider, str(ckpt), inputs, tmp_path / "out-gc", last)
     run_query(spark, QUERY, provider, str(untouched), inputs, tmp_path / "out-untouched", last)
     assert all_rows(tmp_path / "out-gc") == all_rows(tmp_path / "out-untouched")
     assert all_rows(tmp_path / "out-gc"), "no output after the restart"
 
 
-def test_young_files_of_spark_are_kept_by_the_grace(base: dict[str, Path], tmp_path: Path) -> None:
-    ckpt = copy(base["rocksdb_changelog"], tmp_path / "ckpt")
-    backdate(ckpt, -TWO_HOURS + 60)  # a minute old
+@pytest.mark.parametrize("version", VERSIONS)
+def test_young_files_of_spark_are_kept_by_the_grace(
+    extracted: Callable[[str], Path], tmp_path: Path, version: str
+) -> None:
+    ckpt = rocks(extracted, version, tmp_path)
+    make_old(ckpt, 60)  # a minute old
     orphan = plant(store_dir(ckpt) / "SSTs" / "orphan.sst", age=TWO_HOURS)
     before = listing(ckpt)
     report = gc(open_spark_checkpoint(str(ckpt)))
@@ -156,8 +187,10 @@ def assert_store_spared(ckpt: Path, report: SparkGcReport, partition: int = 0) -
     assert f"partition {partition}" in report.problems[0] and "spared" in report.problems[0]
 
 
-def rocks_with_orphans(base: dict[str, Path], tmp_path: Path) -> tuple[Path, Path, Path]:
-    ckpt = copy(base["rocksdb_changelog"], tmp_path / "ckpt")
+def rocks_with_orphans(
+    extracted: Callable[[str], Path], version: str, tmp_path: Path
+) -> tuple[Path, Path, Path]:
+    ckpt = rocks(extracted, version, tmp_path)
     zero = plant(store_dir(ckpt) / "SSTs" / "orphan-a.sst")
     one = plant(store_dir(ckpt, 1) / "SSTs" / "orphan-b.sst")
     return ckpt, zero, one
@@ -173,8 +206,11 @@ def gc_sparing_partition_0(ckpt: Path, zero: Path, one: Path) -> SparkGcReport:
     return report
 
 
-def test_a_truncated_needed_zip_spares_its_store(base: dict[str, Path], tmp_path: Path) -> None:
-    ckpt, zero, one = rocks_with_orphans(base, tmp_path)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_truncated_needed_zip_spares_its_store(
+    extracted: Callable[[str], Path], tmp_path: Path, version: str
+) -> None:
+    ckpt, zero, one = rocks_with_orphans(extracted, version, tmp_path)
     newest = zips(ckpt)[-1]
     st = newest.stat()
     newest.write_bytes(newest.read_bytes()[: st.st_size // 2])
@@ -184,8 +220,11 @@ def test_a_truncated_needed_zip_spares_its_store(base: dict[str, Path], tmp_path
     assert "zip" in report.problems[0]
 
 
-def test_a_changelog_gap_spares_its_store(base: dict[str, Path], tmp_path: Path) -> None:
-    ckpt, zero, one = rocks_with_orphans(base, tmp_path)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_changelog_gap_spares_its_store(
+    extracted: Callable[[str], Path], tmp_path: Path, version: str
+) -> None:
+    ckpt, zero, one = rocks_with_orphans(extracted, version, tmp_path)
     needed = set().union(*needs_of_restartable(ckpt).values())
     changelogs = sorted(k for k in needed if k.startswith("state/0/0/") and "changelog" in k)
     assert changelogs, "no retained version of partition 0 replays a changelog"
@@ -194,11 +233,12 @@ def test_a_changelog_gap_spares_its_store(base: dict[str, Path], tmp_path: Path)
     assert_store_spared(ckpt, report)
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("bad", ["../x.sst", "/etc/x.sst"])
 def test_an_sst_list_naming_another_place_spares_its_store(
-    base: dict[str, Path], tmp_path: Path, bad: str
+    extracted: Callable[[str], Path], tmp_path: Path, bad: str, version: str
 ) -> None:
-    ckpt, zero, one = rocks_with_orphans(base, tmp_path)
+    ckpt, zero, one = rocks_with_orphans(extracted, version, tmp_path)
     victim = plant(ckpt / "state" / "0" / "x.sst")  # what "../x.sst" would name
     for path in zips(ckpt):
         st = path.stat()
@@ -222,8 +262,11 @@ def test_an_sst_list_naming_another_place_spares_its_store(
     assert victim.exists()
 
 
-def test_an_unknown_commit_log_version_refuses(base: dict[str, Path], tmp_path: Path) -> None:
-    ckpt, _zero, _one = rocks_with_orphans(base, tmp_path)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_an_unknown_commit_log_version_refuses(
+    extracted: Callable[[str], Path], tmp_path: Path, version: str
+) -> None:
+    ckpt, _zero, _one = rocks_with_orphans(extracted, version, tmp_path)
     commits = sorted((ckpt / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
     commits[-1].write_text('v9\n{"nextBatchWatermarkMs":0}')
     before = listing(ckpt)
@@ -234,8 +277,11 @@ def test_an_unknown_commit_log_version_refuses(base: dict[str, Path], tmp_path: 
 
 
 # -- S3 -----------------------------------------------------------------------------------
-def test_gc_on_s3(base: dict[str, Path], tmp_path: Path, s3_server: S3Server) -> None:
-    local = copy(base["rocksdb_changelog"], tmp_path / "ckpt")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_gc_on_s3(
+    extracted: Callable[[str], Path], tmp_path: Path, s3_server: S3Server, version: str
+) -> None:
+    local = rocks(extracted, version, tmp_path)
     orphan = plant(store_dir(local) / "SSTs" / "orphan.sst")
     stale = plant(store_dir(local) / "1.zip", zips(local)[0].read_bytes())
     needs_before = needs_of_restartable(local)

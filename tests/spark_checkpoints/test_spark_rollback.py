@@ -1,30 +1,27 @@
-"""Rollbacks of real queries' checkpoint locations (tests.support.spark_checkpoint_queries):
-a rollback to an earlier batch k then a rerun writes the rows of the run before it; a
-rollback to a batch whose state is gone, or of a query that looks alive, is refused with
-nothing deleted. The window, dedup and join queries here; pandas_state, transform and
-multi in test_spark_real_queries."""
+"""Rollbacks of real queries' checkpoint locations (tests.support.spark_checkpoint_queries,
+as each supported PySpark wrote them: the committed fixtures, tests/fixtures/spark/): a
+rollback to an earlier batch k then a rerun writes the rows of the run before it (live, on
+the running PySpark's fixture: `matrix`, one query per layout); a rollback to a batch whose
+state is gone, or of a query that looks alive, is refused with nothing deleted (every
+PySpark's fixture, without Spark). The window, dedup and join queries here; pandas_state,
+transform and multi in test_spark_real_queries; every pair's rollback without a restart in
+test_spark_fixtures."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.rollback import rollback
-from tests.support.spark_checkpoint_queries import (
-    PROVIDERS,
-    all_rows,
-    read_output,
-    run_query,
-    write_inputs,
-)
 from tests.support.spark_checkpoint_trees import newest_log, restartable_batches
-
-pytestmark = [pytest.mark.spark]
+from tests.support.spark_fixtures import copy_of, make_old, manifests, rebind, rows
 
 #: A representative subset of queries x providers, to keep the Spark time modest.
-_CASES = [
+CASES = [
     ("window", "hdfs"),
     ("window", "rocksdb"),
     ("window", "rocksdb_v2"),
@@ -32,26 +29,43 @@ _CASES = [
     ("join", "hdfs"),
     ("join", "rocksdb_changelog"),
 ]
-#: Those this PySpark has (format v2 is Spark 4's).
-CASES = [case for case in _CASES if case[1] in PROVIDERS]
-FILES = 6
+#: One query per layout on the older PySparks too.
+MATRIX = {("window", "hdfs"), ("window", "rocksdb"), ("window", "rocksdb_v2"),
+          ("dedup", "rocksdb_changelog")}
+VERSIONS = sorted(manifests())
 
 
 def _listing(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
 
 
-@pytest.mark.parametrize(("query", "provider"), CASES)
+@pytest.mark.spark
+@pytest.mark.parametrize(("query", "provider"), [
+    pytest.param(q, p, marks=[pytest.mark.matrix] if (q, p) in MATRIX else []) for q, p in CASES
+])
 def test_rollback_then_rerun_gives_the_same_output(
-    spark, tmp_path: Path, query: str, provider: str
+    spark: Any, extracted: Callable[[str], Path], tmp_path: Path, query: str, provider: str
 ) -> None:
-    inputs, ckpt, out = tmp_path / "in", tmp_path / "ckpt", tmp_path / "out"
-    write_inputs(inputs, 0, FILES)
-    run_query(spark, query, provider, str(ckpt), inputs, out, FILES - 1)
-    reference = all_rows(out)
+    import pyspark
+
+    from tests.support.spark_checkpoint_queries import PROVIDERS, all_rows, run_query
+
+    if provider not in PROVIDERS:
+        pytest.skip(f"PySpark {pyspark.__version__} has no checkpoint format v2")
+    version = pyspark.__version__
+    assert version in manifests(), (
+        f"no committed fixture of PySpark {version}: python -m tests.fixtures.spark.make")
+    fx = copy_of(extracted(version), version, query, provider, tmp_path)
+    ckpt, out = fx.checkpoint, tmp_path / "out"
+    inputs = rebind(fx, tmp_path / "in")
+    files = int(fx.entry["files"])
+    out.mkdir()
+    for path in fx.output.glob("batch-*.json"):
+        (out / path.name).write_bytes(path.read_bytes())
+    reference = rows(fx)
     newest = newest_log(ckpt, "commits")
     k = restartable_batches(ckpt)[0]
-    assert k < FILES - 1, "no input left after the oldest restartable batch"
+    assert k < files - 1, "no input left after the oldest restartable batch"
     before = _listing(ckpt)
 
     report = rollback(open_spark_checkpoint(str(ckpt)), k, grace_seconds=0)
@@ -62,19 +76,18 @@ def test_rollback_then_rerun_gives_the_same_output(
     assert newest_log(ckpt, "commits") == newest_log(ckpt, "offsets") == k
     assert set(_listing(ckpt)) < set(before)
     assert any("foreachBatch" in s for s in report.sinks)
-    for batch in read_output(out):
-        if batch > k:
-            (out / f"batch-{batch}.json").write_text('{"stale": true}\n')  # rewritten or gone
-    run_query(spark, query, provider, str(ckpt), inputs, out, FILES - 1)
+    for path in out.glob("batch-*.json"):
+        if int(path.stem.split("-", 1)[1]) > k:
+            path.write_text('{"stale": true}\n')  # rewritten or gone
+    run_query(spark, query, provider, str(ckpt), inputs, out, files - 1)
     assert all_rows(out) == reference
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 def test_rollback_to_a_batch_whose_state_is_gone_is_refused_with_nothing_deleted(
-    spark, tmp_path: Path
+    extracted: Callable[[str], Path], tmp_path: Path, version: str
 ) -> None:
-    inputs, ckpt = tmp_path / "in", tmp_path / "ckpt"
-    write_inputs(inputs, 0, 8)
-    run_query(spark, "window", "rocksdb", str(ckpt), inputs, tmp_path / "out", 7)
+    ckpt = copy_of(extracted(version), version, "window", "rocksdb", tmp_path).checkpoint
     before = _listing(ckpt)
     assert "commits/0" not in before  # Spark purged the logs of batch 0
 
@@ -84,12 +97,12 @@ def test_rollback_to_a_batch_whose_state_is_gone_is_refused_with_nothing_deleted
     assert not list(tmp_path.glob("ckpt-before-rollback-*"))
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 def test_rollback_of_a_live_looking_query_is_refused_without_force(
-    spark, tmp_path: Path
+    extracted: Callable[[str], Path], tmp_path: Path, version: str
 ) -> None:
-    inputs, ckpt = tmp_path / "in", tmp_path / "ckpt"
-    write_inputs(inputs, 0, 4)
-    run_query(spark, "dedup", "hdfs", str(ckpt), inputs, tmp_path / "out", 3)
+    ckpt = copy_of(extracted(version), version, "dedup", "hdfs", tmp_path).checkpoint
+    make_old(ckpt, 1.0)  # as a query running now leaves it: its newest file a second old
     before = _listing(ckpt)
     source = open_spark_checkpoint(str(ckpt))
     k, newest = restartable_batches(ckpt)[0], newest_log(ckpt, "commits")

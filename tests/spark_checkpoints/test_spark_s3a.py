@@ -100,6 +100,7 @@ def test_directory_markers_are_not_operator_files() -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.matrix  # each Spark through its own hadoop-aws
 @pytest.mark.timeout(900)  # a reference run and three driver JVMs with the AWS SDK (~1 min each)
 def test_a_checkpoint_spark_wrote_through_s3a(
     spark: Any,

@@ -1,30 +1,33 @@
-"""Savepoints of real queries' checkpoint locations (tests.support.spark_checkpoint_queries):
-a savepoint of an earlier batch k, started elsewhere, writes the rows of the query that
-never stopped; on S3 too. The window, dedup and join queries here, on every layout between
-them; pandas_state, transform and multi in test_spark_real_queries."""
+"""Savepoints of real queries' checkpoint locations (tests.support.spark_checkpoint_queries,
+as each supported PySpark wrote them: the committed fixtures, tests/fixtures/spark/): a
+savepoint of an earlier batch k, started elsewhere, writes the rows of the query that
+never stopped (live, on the running PySpark's fixture); on S3 too. The window, dedup and
+join queries here, on every layout between them; pandas_state, transform and multi in
+test_spark_real_queries; every pair's savepoint without a restart in test_spark_fixtures."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.savepoint import savepoint
-from tests.support.spark_checkpoint_queries import (
-    PROVIDERS,
-    all_rows,
-    read_output,
-    run_query,
-    write_inputs,
-)
 from tests.support.spark_checkpoint_trees import newest_log, restartable_batches
-
-pytestmark = [pytest.mark.spark]
+from tests.support.spark_fixtures import (
+    Fixture,
+    copy_of,
+    manifests,
+    rebind,
+    rows,
+)
 
 #: A representative subset of queries x providers (every provider with the window, the
-#: others on two each), to keep the Spark time modest.
+#: others on two each); the window's run on the older PySparks too (`matrix`: one query
+#: per layout).
 _CASES = [
     ("window", "hdfs"),
     ("window", "rocksdb"),
@@ -35,31 +38,53 @@ _CASES = [
     ("join", "rocksdb"),
     ("join", "rocksdb_v2"),
 ]
-#: Those this PySpark has (format v2 is Spark 4's).
-CASES = [case for case in _CASES if case[1] in PROVIDERS]
-FILES = 6
+VERSIONS = sorted(manifests())
 PROVIDER = "rocksdb_changelog"
+
+
+def running(extracted: Callable[[str], Path], query: str, provider: str, tmp_path: Path
+            ) -> tuple[Fixture, Path]:
+    """The running PySpark's location of `query` on `provider`, copied and relocated to a
+    fresh copy of its input (``tmp_path/in``); skips where this PySpark lacks `provider`."""
+    import pyspark
+
+    from tests.support.spark_checkpoint_queries import PROVIDERS
+
+    if provider not in PROVIDERS:
+        pytest.skip(f"PySpark {pyspark.__version__} has no checkpoint format v2")
+    version = pyspark.__version__
+    assert version in manifests(), (
+        f"no committed fixture of PySpark {version}: python -m tests.fixtures.spark.make")
+    fx = copy_of(extracted(version), version, query, provider, tmp_path)
+    return fx, rebind(fx, tmp_path / "in")
 
 
 def copy_output(reference: Path, out: Path, upto: int) -> None:
     """`out` holds the reference's outputs of batches 0..upto, as before the savepoint."""
+    from tests.support.spark_checkpoint_queries import read_output
+
     out.mkdir()
     for batch in read_output(reference):
         if batch <= upto:
             shutil.copy(reference / f"batch-{batch}.json", out)
 
 
-@pytest.mark.parametrize(("query", "provider"), CASES)
+@pytest.mark.spark
+@pytest.mark.parametrize(("query", "provider"), [
+    pytest.param(q, p, marks=[pytest.mark.matrix] if q == "window" else []) for q, p in _CASES
+])
 def test_savepoint_of_batch_k_restarts_elsewhere_with_the_same_output(
-    spark, tmp_path: Path, query: str, provider: str
+    spark: Any, extracted: Callable[[str], Path], tmp_path: Path, query: str, provider: str
 ) -> None:
-    inputs, ckpt = tmp_path / "in", tmp_path / "ckpt"
-    write_inputs(inputs, 0, FILES)
-    run_query(spark, query, provider, str(ckpt), inputs, tmp_path / "out", FILES - 1)
-    reference = all_rows(tmp_path / "out")
+    from tests.support.spark_checkpoint_queries import all_rows, run_query
+
+    fx, inputs = running(extracted, query, provider, tmp_path)
+    ckpt = fx.checkpoint
+    reference = rows(fx)
     assert reference, "the query wrote nothing"
     k = restartable_batches(ckpt)[0]
-    assert k < FILES - 1, "no input left after the oldest restartable batch"
+    files = int(fx.entry["files"])
+    assert k < files - 1, "no input left after the oldest restartable batch"
     source = open_spark_checkpoint(str(ckpt))
     before = {p: p.stat().st_mtime_ns for p in ckpt.rglob("*")}
 
@@ -70,17 +95,16 @@ def test_savepoint_of_batch_k_restarts_elsewhere_with_the_same_output(
     assert report.bytes < report.source_bytes
     assert {p: p.stat().st_mtime_ns for p in ckpt.rglob("*")} == before
     assert newest_log(tmp_path / "sp", "offsets") == k
-    copy_output(tmp_path / "out", tmp_path / "out2", k)
-    run_query(spark, query, provider, str(tmp_path / "sp"), inputs, tmp_path / "out2", FILES - 1)
+    copy_output(fx.output, tmp_path / "out2", k)
+    run_query(spark, query, provider, str(tmp_path / "sp"), inputs, tmp_path / "out2", files - 1)
     assert all_rows(tmp_path / "out2") == reference
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 def test_savepoint_refuses_a_batch_whose_state_is_gone_and_a_full_destination(
-    spark, tmp_path: Path
+    extracted: Callable[[str], Path], tmp_path: Path, version: str
 ) -> None:
-    inputs, ckpt = tmp_path / "in", tmp_path / "ckpt"
-    write_inputs(inputs, 0, 4)
-    run_query(spark, "window", "hdfs", str(ckpt), inputs, tmp_path / "out", 3)
+    ckpt = copy_of(extracted(version), version, "window", "hdfs", tmp_path / "fx").checkpoint
     source = open_spark_checkpoint(str(ckpt))
     found = source.scan()
     # a batch whose state version replays a delta, and that delta
@@ -104,28 +128,46 @@ def test_savepoint_refuses_a_batch_whose_state_is_gone_and_a_full_destination(
     assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["x"]
 
 
-def test_savepoint_local_to_s3_and_back_restarts_locally(
-    spark, tmp_path: Path, s3_server
-) -> None:
-    inputs = tmp_path / "in"
-    write_inputs(inputs, 0, FILES)
-    run_query(spark, "window", PROVIDER, str(tmp_path / "ref"), inputs, tmp_path / "ref-out",
-              FILES - 1)
-    write_inputs(tmp_path / "in2", 0, 3)
-    run_query(spark, "window", PROVIDER, str(tmp_path / "ckpt"), tmp_path / "in2",
-              tmp_path / "out", 2)
-    local = open_spark_checkpoint(str(tmp_path / "ckpt"))
-    uri = f"s3://{s3_server.bucket}/savepoints/sp1"
-
-    up = savepoint(local, uri, dest_options=s3_server.options)
+def to_s3_and_back(local: Path, k: int, s3_server: Any, back: Path, name: str) -> None:
+    """A savepoint of `local`'s batch k on S3, and one of that back to `back`."""
+    uri = f"s3://{s3_server.bucket}/savepoints/{name}"
+    up = savepoint(open_spark_checkpoint(str(local)), uri, batch=k,
+                   dest_options=s3_server.options)
     on_s3 = open_spark_checkpoint(uri, **s3_server.options)
-    down = savepoint(on_s3, str(tmp_path / "back"))
-
-    assert up.batch == down.batch == max(read_output(tmp_path / "out"))
+    down = savepoint(on_s3, str(back))
+    assert up.batch == down.batch == k
     assert up.bytes_written == up.bytes and down.files == up.files
-    write_inputs(tmp_path / "in2", 3, FILES - 3)
-    run_query(spark, "window", PROVIDER, str(tmp_path / "back"), tmp_path / "in2",
-              tmp_path / "out", FILES - 1)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_savepoint_local_to_s3_and_back(
+    extracted: Callable[[str], Path], tmp_path: Path, s3_server: Any, version: str
+) -> None:
+    fx = copy_of(extracted(version), version, "window", PROVIDER, tmp_path / "fx")
+    k = restartable_batches(fx.checkpoint)[0]
+    to_s3_and_back(fx.checkpoint, k, s3_server, tmp_path / "back", f"{version}-{tmp_path.name}")
+    back = open_spark_checkpoint(str(tmp_path / "back"))
+    assert back.verify().ok
+    assert back.listing().newest_committed == k
+    assert back.restart_needs(back.scan(), k).ok
+
+
+@pytest.mark.spark
+@pytest.mark.matrix
+def test_savepoint_local_to_s3_and_back_restarts_locally(
+    spark: Any, extracted: Callable[[str], Path], tmp_path: Path, s3_server: Any
+) -> None:
+    from tests.support.spark_checkpoint_queries import all_rows, run_query
+
+    fx, inputs = running(extracted, "window", PROVIDER, tmp_path)
+    k = restartable_batches(fx.checkpoint)[0]
+    files = int(fx.entry["files"])
+    assert k < files - 1, "no input left after the oldest restartable batch"
+    to_s3_and_back(fx.checkpoint, k, s3_server, tmp_path / "back", f"live-{tmp_path.name}")
+
+    copy_output(fx.output, tmp_path / "out", k)
+    run_query(spark, "window", PROVIDER, str(tmp_path / "back"), inputs, tmp_path / "out",
+              files - 1)
     # A stop may add a batch without data (the watermark's): the rows compare, not the
     # batch ids.
-    assert all_rows(tmp_path / "out") == all_rows(tmp_path / "ref-out")
+    assert all_rows(tmp_path / "out") == rows(fx)

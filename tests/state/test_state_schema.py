@@ -274,6 +274,7 @@ def test_unsupported_types_are_refused() -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.matrix  # each PySpark's own parser
 def test_ddl_parses_as_spark_parses_it(spark: Any) -> None:
     from pyspark.sql.types import _parse_datatype_string
 

@@ -19,7 +19,7 @@ from statehold.spark import StatefulJob
 from statehold.state.schema import SchemaEvolutionError, codec_for
 from statehold.storage import open_storage
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 
 OUT = "user string, visits long, before string"
 

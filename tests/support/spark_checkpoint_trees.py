@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 
+from statehold.format.spark_layout import Kind, StoreId
 from statehold.spark_checkpoints import open_spark_checkpoint
 
 TWO_HOURS = 7200.0
@@ -75,3 +77,54 @@ def restartable_batches(ckpt: Path) -> list[int]:
 def newest_log(ckpt: Path, log: str) -> int:
     """The newest batch id in ``offsets/`` or ``commits/``."""
     return max(int(p.name) for p in (ckpt / log).iterdir() if p.name.isdigit())
+
+
+def versions_held(ckpt: Path) -> dict[tuple[StoreId, int], int]:
+    """The versions of the stores that retained batches (those with a commit) start from
+    and that are held whole, with the version each starts from (its snapshot; 0: an empty
+    store): what gc keeps, whether or not the batch's logs are still there."""
+    location = open_spark_checkpoint(str(ckpt))
+    found = location.scan()
+    return {
+        (needs.store, needs.version): needs.base
+        for batch in found.commits
+        for needs in location.restart_needs(found, batch).stores
+        if needs.ok
+    }
+
+
+def plant_orphans(ckpt: Path, provider: str) -> tuple[set[str], set[str]]:
+    """In every store, what gc must delete: a random SST name (RocksDB), a checksum whose
+    subject is gone, and a stale zip, delta or HDFS snapshot (a copy of one Spark wrote)
+    of a version below those the retained versions start from, where one is free and the
+    file makes no retained version whole; all two hours old. Returns them all, and the
+    stale ones."""
+    found = open_spark_checkpoint(str(ckpt)).scan()
+    held = versions_held(ckpt)
+    doomed, stale_files = set(), set()
+    for store, files in found.stores.items():
+        directory = ckpt / store.prefix
+        if provider == "hdfs":
+            doomed.add(plant(directory / ".97.delta.crc"))
+        else:
+            sst = f"{uuid.uuid4().int % 10**6:06d}-{uuid.uuid4()}.sst"
+            doomed.add(plant(directory / "SSTs" / sst))
+            doomed.add(plant(directory / ".97.changelog.crc"))
+        lowest = min(base or 1 for (s, _v), base in held.items() if s == store)
+        unique_id = str(uuid.uuid4()) if provider == "rocksdb_v2" else None
+        kinds = [Kind.DELTA, Kind.HDFS_SNAPSHOT] if provider == "hdfs" else [Kind.ZIP]
+        candidates = [
+            (kind, version, like)
+            for kind in kinds
+            for like in sorted(i.key for (k, _v, _u), i in files.versions.items() if k is kind)[:1]
+            for version in range(1, lowest)
+            if not files.has(kind, version, unique_id)
+        ]
+        for kind, version, like in candidates:
+            stale = plant(ckpt / files.key(kind, version, unique_id), (ckpt / like).read_bytes())
+            if versions_held(ckpt) == held:
+                stale_files.add(stale)
+                break
+            stale.unlink()  # it would make a retained version whole: gc must keep it
+    rel = {str(p.relative_to(ckpt)) for p in doomed | stale_files}
+    return rel, {str(p.relative_to(ckpt)) for p in stale_files}
