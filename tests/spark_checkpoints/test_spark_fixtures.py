@@ -301,13 +301,14 @@ def test_relocate_rewrites_every_input_path(
     assert bool(own) == (query == "transform"), own
     before = listing(fx.checkpoint)
 
-    dry = relocate(moved, fx.input, str(new_in), dry_run=True)
+    # force: the fixture was just extracted, so its files look like a live query's
+    dry = relocate(moved, fx.input, str(new_in), dry_run=True, force=True)
     assert absolute_paths(moved) == bound and dry.paths == len(inputs)
     assert listing(fx.checkpoint) == before
-    report = relocate(moved, fx.input, str(new_in))
+    report = relocate(moved, fx.input, str(new_in), force=True)
     assert report.paths == len(inputs) and len(report.others) == len(own)
     if own:
-        here = relocate(moved, fx.written_at, str(fx.checkpoint))
+        here = relocate(moved, fx.written_at, str(fx.checkpoint), force=True)
         assert here.paths == len(own) and len(here.others) == len(inputs)
 
     after = absolute_paths(moved)

@@ -215,9 +215,12 @@ def rebind(fx: Fixture, inputs: Path) -> Path:
     from tests.support.spark_checkpoint_queries import write_inputs
 
     write_inputs(inputs, 0, int(fx.entry["files"]))
-    report = relocate(open_spark_checkpoint(str(fx.checkpoint)), fx.input, str(inputs))
+    # force: the fixture was just extracted, so its files look like a live query's
+    report = relocate(open_spark_checkpoint(str(fx.checkpoint)), fx.input, str(inputs),
+                      force=True)
     assert report.paths > 0, report
-    relocate(open_spark_checkpoint(str(fx.checkpoint)), fx.written_at, str(fx.checkpoint))
+    relocate(open_spark_checkpoint(str(fx.checkpoint)), fx.written_at, str(fx.checkpoint),
+             force=True)
     assert all(str(Path(fx.input).parent) not in b.path
                for b in absolute_paths(open_spark_checkpoint(str(fx.checkpoint))))
     return inputs
