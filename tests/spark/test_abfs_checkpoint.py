@@ -22,9 +22,9 @@ import pytest
 
 from statehold.cleanup.gc import gc
 from statehold.format import layout
-from statehold.format.spark_layout import Kind, parse
 from statehold.job.directory import open_job
 from statehold.spark_checkpoints import open_spark_checkpoint
+from statehold.spark_checkpoints.layout import Kind, parse
 from statehold.storage import open_storage
 from tests.support.example_runs import check_retained_intact
 from tests.support.infra.object_stores import AZURITE_ACCOUNT

@@ -32,9 +32,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statehold.format.spark_layout import Kind, parse
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.layout import Kind, parse
 from statehold.spark_checkpoints.logs import parse_commit, parse_file_log, parse_offsets
 from statehold.spark_checkpoints.state_files import check_stream, lineage, read_zip_metadata
 from tests.support.fuzz import (

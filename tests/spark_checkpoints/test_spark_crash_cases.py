@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from statehold.format.spark_layout import ROLLBACK_MARKER
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.gc import gc
+from statehold.spark_checkpoints.layout import ROLLBACK_MARKER
 from statehold.spark_checkpoints.relocate import relocate
 from statehold.spark_checkpoints.reports import listing, verify
 from statehold.spark_checkpoints.rollback import rollback

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from statehold.format.spark_layout import Kind
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.gc import gc
+from statehold.spark_checkpoints.layout import Kind
 from statehold.spark_checkpoints.relocate import absolute_paths, relocate
 from statehold.spark_checkpoints.rollback import rollback
 from statehold.spark_checkpoints.savepoint import savepoint

@@ -38,12 +38,12 @@ from typing import IO, Any
 
 import pytest
 
-from statehold.cleanup.spark_policy import KEPT_KINDS
-from statehold.format.spark_layout import Kind, parse
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.api import SparkCheckpointLocation
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.gc import SAMPLE
+from statehold.spark_checkpoints.layout import Kind, parse
+from statehold.spark_checkpoints.policy import KEPT_KINDS
 from statehold.spark_checkpoints.reports import batches
 from tests.support.spark_checkpoint_files import hdfs_store, logs
 from tests.support.spark_checkpoint_queries import (
@@ -326,7 +326,7 @@ def test_the_temp_file_of_a_version_being_written_is_in_flight() -> None:
     the query failed. A temp file of a version above the newest committed one is
     protected like the version file, whatever its age; older ones are deletable."""
     from statehold.cleanup.policy import Verdict
-    from statehold.cleanup.spark_policy import SparkView, judge
+    from statehold.spark_checkpoints.policy import SparkView, judge
     from statehold.storage.base import FileInfo
 
     now = time.time()

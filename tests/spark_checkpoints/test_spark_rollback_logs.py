@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from statehold.cleanup.spark_policy import DeletionRefusedError, check_rollback_deletable
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
+from statehold.spark_checkpoints.policy import DeletionRefusedError, check_rollback_deletable
 from statehold.spark_checkpoints.relocate import absolute_paths, hadoop_crc, relocate
 from statehold.spark_checkpoints.rollback import rollback
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from statehold.format.spark_layout import Kind, parse
 from statehold.spark_checkpoints import open_spark_checkpoint
+from statehold.spark_checkpoints.layout import Kind, parse
 from tests.support.cli_process import statehold_cli
 from tests.support.s3 import S3Server
 from tests.support.spark_checkpoint_queries import (

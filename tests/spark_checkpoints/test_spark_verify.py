@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from statehold.format.spark_layout import Kind, StoreId, parse
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.errors import NotASparkCheckpointError
+from statehold.spark_checkpoints.layout import Kind, StoreId, parse
 from statehold.spark_checkpoints.reports import listing, verify
 from statehold.spark_checkpoints.state_files import check_stream
 from tests.support.spark_checkpoint_files import (

@@ -11,8 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
-from statehold.format.spark_layout import Kind, StoreId
 from statehold.spark_checkpoints import open_spark_checkpoint
+from statehold.spark_checkpoints.layout import Kind, StoreId
 
 TWO_HOURS = 7200.0
 

@@ -26,7 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from statehold.format.spark_layout import Kind, parse
+from statehold.spark_checkpoints.layout import Kind, parse
 from tests.support.paths import TESTS
 from tests.support.spark_checkpoint_trees import TWO_HOURS
 

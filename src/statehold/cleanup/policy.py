@@ -3,7 +3,7 @@
 Every path that deletes asks it: the coordinator's subsume and abort (through the
 registry, which holds the same references), the reconcile, `statehold gc`, dispose, job
 end, and `du`'s count of unreferenced bytes. Spark's own checkpoint locations have their
-rule beside this one, in `spark_policy` (same `Verdict`s). Stated once:
+rule in `statehold.spark_checkpoints.policy` (same `Verdict`s). Stated once:
 
 * **Referenced** (never deleted): the `_metadata` of every retained checkpoint and
   savepoint, and every file one of them names. A document that cannot be verified is

@@ -9,7 +9,6 @@ import typer
 
 from statehold.checkpoint.requests import pending as pending_requests
 from statehold.cleanup.gc import GcAllReport, GcProgress, GcReport, gc, job_locations
-from statehold.cleanup.spark_policy import SPARK_GC_GRACE_SECONDS
 from statehold.cli.common import (
     HaOption,
     JobArg,
@@ -24,6 +23,7 @@ from statehold.errors import StateholdError
 from statehold.job.directory import open_job
 from statehold.job.locate import split_location
 from statehold.job.status import job_status
+from statehold.spark_checkpoints.policy import SPARK_GC_GRACE_SECONDS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

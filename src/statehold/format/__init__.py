@@ -1,4 +1,5 @@
 """On-disk formats: the job directory's layout and file names, the self-verifying JSON
-document, the checkpoint metadata (``_metadata``), and what each file in a Spark
-checkpoint location is (`spark_layout`). Below everything that reads or
-writes a job directory; above storage only."""
+document and the checkpoint metadata (``_metadata``). Below everything that reads or
+writes a job directory; above storage only. What each file in a Spark checkpoint location
+is lives in `statehold.spark_checkpoints.layout` (``spark_layout`` here is its deprecated
+old path)."""

@@ -2,8 +2,7 @@
 relocate and garbage-collect the ``checkpointLocation`` of any Structured Streaming query,
 without Spark and without changing the query.
 
-What each key is lives below, in `statehold.format.spark_layout`.
-
+    layout.py     what each key of a location is (`parse`), from its name alone
     errors.py     the error family's members for checkpoint locations
     logs.py       the offsets, commit and file logs, parsed (newer versions refused)
     state_files.py snapshot zips' file lists, compressed streams proven whole, lineage
@@ -15,6 +14,8 @@ What each key is lives below, in `statehold.format.spark_layout`.
     relocate.py   the absolute paths that bind a location to its place, rewritten
     reports.py    read-only views: list, inspect, verify, du
     history.py    per batch: time, watermark, offsets, state bytes per operator
+    policy.py     the deletion rule: gc's verdict per file, the last-line checks, and
+                  what a rollback may delete (the `Verdict`s of `statehold.cleanup.policy`)
     gc.py         delete what no batch Spark may restart from needs, beside the query
     api.py        `open_spark_checkpoint`: the location opened once, every operation a method
 """

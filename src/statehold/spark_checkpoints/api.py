@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from statehold.cleanup.spark_policy import SPARK_GC_GRACE_SECONDS
 from statehold.spark_checkpoints.errors import NotASparkCheckpointError
 from statehold.spark_checkpoints.gc import SparkGcReport, gc
 from statehold.spark_checkpoints.history import SparkHistory, history
 from statehold.spark_checkpoints.location import SparkCheckpoint, looks_like_spark_checkpoint
+from statehold.spark_checkpoints.policy import SPARK_GC_GRACE_SECONDS
 from statehold.spark_checkpoints.relocate import BoundPath, RelocateReport, absolute_paths, relocate
 from statehold.spark_checkpoints.reports import (
     SparkListing,

@@ -2,7 +2,7 @@
 query that may be running.
 
 One listing (its start time noted) is judged by the Spark deletion rule
-(`cleanup.spark_policy`) against what every retained batch needs: for each store, the
+(`spark_checkpoints.policy`) against what every retained batch needs: for each store, the
 resolution (`stores.resolve`) of the state version of every batch in the commit log
 (batch B restarts from version B+1; with checkpoint format v2 the version's unique id is
 the one commits/B recorded), plus the files every zip it keeps lists. A store whose
@@ -28,15 +28,8 @@ from pydantic import BaseModel, Field
 
 from statehold import clock
 from statehold.cleanup.policy import Verdict
-from statehold.cleanup.spark_policy import (
-    SPARK_GC_GRACE_SECONDS,
-    SparkView,
-    check_deletable_names,
-    judge,
-    judge_names,
-    shared_dir_store,
-)
-from statehold.format.spark_layout import (
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.layout import (
     COMMITS_DIR,
     ROLLBACK_MARKER,
     Kind,
@@ -45,9 +38,16 @@ from statehold.format.spark_layout import (
     is_decimal,
     parse,
 )
-from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import SparkCheckpoint, unique_id
 from statehold.spark_checkpoints.logs import Commit
+from statehold.spark_checkpoints.policy import (
+    SPARK_GC_GRACE_SECONDS,
+    SparkView,
+    check_deletable_names,
+    judge,
+    judge_names,
+    shared_dir_store,
+)
 from statehold.spark_checkpoints.rollback_marker import refuse_unfinished
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.stores import resolve

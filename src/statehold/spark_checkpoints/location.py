@@ -16,7 +16,8 @@ from functools import cache
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from statehold.format.signed import load_json
-from statehold.format.spark_layout import (
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.layout import (
     COMMITS_DIR,
     DEFAULT_STORE,
     OFFSETS_DIR,
@@ -27,7 +28,6 @@ from statehold.format.spark_layout import (
     StoreId,
     is_decimal,
 )
-from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.logs import (
     Commit,
     FileEntry,

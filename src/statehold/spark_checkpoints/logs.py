@@ -13,8 +13,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from statehold.format.signed import load_json
-from statehold.format.spark_layout import is_decimal
 from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.layout import is_decimal
 
 #: The newest log version statehold reads, per log.
 OFFSETS_VERSION = 1

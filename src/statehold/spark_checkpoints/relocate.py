@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from statehold.format.spark_layout import SOURCES_DIR, Kind, crc_of, is_decimal
 from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.layout import SOURCES_DIR, Kind, crc_of, is_decimal
 from statehold.spark_checkpoints.location import SparkCheckpoint, refuse_alive
 from statehold.spark_checkpoints.rollback import DEFAULT_GRACE_SECONDS, SINK_LOG_DIR
 from statehold.spark_checkpoints.rollback_marker import refuse_unfinished

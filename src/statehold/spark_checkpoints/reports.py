@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from statehold.format.spark_layout import ROLLBACK_MARKER, Kind
 from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.layout import ROLLBACK_MARKER, Kind
 from statehold.spark_checkpoints.location import RestartNeeds, SparkCheckpoint
 from statehold.spark_checkpoints.rollback_marker import (
     left_behind,

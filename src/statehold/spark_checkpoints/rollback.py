@@ -28,7 +28,7 @@ abandoned batches (Spark loads the newest snapshot at or below the version it as
 a stale ``7.zip`` left after the logs were rolled back would be read silently later).
 Whatever stops it, the mark makes `verify` report it, `list` name it, and savepoint, gc
 and relocate refuse; the same rollback run again finishes it. Every delete is checked by
-the deletion rule (`statehold.cleanup.spark_policy.check_rollback_deletable`).
+the deletion rule (`statehold.spark_checkpoints.policy.check_rollback_deletable`).
 """
 
 from __future__ import annotations
@@ -40,15 +40,15 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from statehold import clock
-from statehold.cleanup.spark_policy import check_rollback_deletable
-from statehold.format.spark_layout import (
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.layout import (
     ROLLBACK_MARKER,
     SOURCES_DIR,
     VERSION_FILES,
     is_decimal,
 )
-from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import SparkCheckpoint, refuse_alive
+from statehold.spark_checkpoints.policy import check_rollback_deletable
 from statehold.spark_checkpoints.rollback_marker import (
     RollbackMarker,
     unfinished_marker,

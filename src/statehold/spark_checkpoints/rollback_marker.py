@@ -18,8 +18,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from statehold.format.signed import load_json
-from statehold.format.spark_layout import ROLLBACK_MARKER
 from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.layout import ROLLBACK_MARKER
 from statehold.spark_checkpoints.scan import Scan
 from statehold.storage import Storage, StorageError
 

@@ -25,9 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from statehold.format.spark_layout import COMMITS_DIR, crc_of
 from statehold.progress import NoProgress, Progress
 from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.layout import COMMITS_DIR, crc_of
 from statehold.spark_checkpoints.location import RestartNeeds, SparkCheckpoint
 from statehold.spark_checkpoints.rollback_marker import refuse_unfinished
 from statehold.spark_checkpoints.scan import Scan

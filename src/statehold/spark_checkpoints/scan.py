@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from statehold import clock
-from statehold.format.spark_layout import Kind, Name, StoreId, parse
+from statehold.spark_checkpoints.layout import Kind, Name, StoreId, parse
 from statehold.spark_checkpoints.stores import StoreFiles
 from statehold.storage.base import FileInfo, Storage
 

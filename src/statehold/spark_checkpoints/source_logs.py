@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from statehold.format.spark_layout import SOURCES_DIR
 from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.layout import SOURCES_DIR
 
 
 def log_offset(offset: Any) -> int | None:

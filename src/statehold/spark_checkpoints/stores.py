@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from statehold.format.spark_layout import Kind, Name, StoreId, version_file
+from statehold.spark_checkpoints.layout import Kind, Name, StoreId, version_file
 from statehold.storage.base import FileInfo
 
 Provider = Literal["hdfs", "rocksdb"]

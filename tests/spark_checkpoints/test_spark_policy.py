@@ -1,4 +1,4 @@
-"""The deletion rule for Spark checkpoint locations (cleanup/spark_policy.py), on plain
+"""The deletion rule for Spark checkpoint locations (spark_checkpoints/policy.py), on plain
 data: each verdict, the order they are decided in, the bulk judgment's agreement with the
 per-file one, and the last-line check."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 
 from statehold.cleanup.policy import Verdict
-from statehold.cleanup.spark_policy import (
+from statehold.spark_checkpoints.layout import StoreId, parse
+from statehold.spark_checkpoints.policy import (
     SparkView,
     check_deletable,
     check_deletable_names,
     judge,
     judge_names,
 )
-from statehold.format.spark_layout import StoreId, parse
 from statehold.storage.base import FileInfo, UnsafePathError
 
 NOW = 1_000_000.0

@@ -1,6 +1,7 @@
-"""The deletion rule for Spark's own checkpoint locations (`statehold gc CKPT`), beside
-the job directory's rule in `policy`: every delete in a Spark checkpoint location asks
-it. It judges one listed file from plain data (`SparkView`), in this order:
+"""The deletion rule for Spark's own checkpoint locations (`statehold gc CKPT`), the
+counterpart of the job directory's rule (`statehold.cleanup.policy`, whose `Verdict`s it
+gives): every delete in a Spark checkpoint location asks it. It judges one listed file
+from plain data (`SparkView`), in this order:
 
 * **Foreign**: symlinks and names Spark does not write; reported, never deleted.
 * **Referenced**: a file some batch Spark may still restart from (or be rolled back to)
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 
 from statehold.cleanup.policy import Verdict
 from statehold.errors import StateholdError
-from statehold.format.spark_layout import VERSION_FILES, Kind, Name, StoreId, parse
+from statehold.spark_checkpoints.layout import VERSION_FILES, Kind, Name, StoreId, parse
 from statehold.storage.base import FileInfo, UnsafePathError, check_key
 
 #: A file younger than this may be an upload, a maintenance run or an atomic write still
