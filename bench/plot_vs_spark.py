@@ -11,6 +11,7 @@ location's size after each batch. Needs matplotlib (the ``bench`` extra).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -79,9 +80,11 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
 
 
 def main() -> None:
-    if len(sys.argv) != 3:
-        sys.exit(f"usage: {sys.argv[0]} RESULTS.json OUT_DIR")
-    for path in plot(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("results", type=Path, help="a vs_spark.py run's results.json")
+    parser.add_argument("out_dir", type=Path, help="where the PNG charts go")
+    args = parser.parse_args()
+    for path in plot(json.loads(args.results.read_text()), args.out_dir):
         print(path)
 
 

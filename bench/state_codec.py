@@ -10,6 +10,7 @@ disturbed), in microseconds per value.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import timeit
 from collections.abc import Callable
@@ -54,6 +55,7 @@ def arrow_row(schema: pa.Schema, value: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n", 1)[0]).parse_args()
     print("| value | encoding | bytes | encode µs | decode µs |")
     print("|---|---|---|---|---|")
     for name, (ddl, value, json_value) in CASES.items():
