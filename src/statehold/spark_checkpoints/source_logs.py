@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Any
 
 from statehold.spark_checkpoints.errors import SparkCheckpointError
@@ -123,14 +124,28 @@ def source_needs(
         return needs
     base = max((b for b, k in log.items() if b <= top and k.endswith(".compact")), default=-1)
     start = max(base, 0)
-    missing = [b for b in range(start, top + 1) if b not in log]
-    if missing:
-        gap = f"{missing[0]}" + (f"-{missing[-1]}" if len(missing) > 1 else "")
+    gap = first_and_last_missing(sorted(b for b in log if start <= b <= top), start, top)
+    if gap:
+        first, last = gap
+        gone = f"{first}" + (f"-{last}" if last > first else "")
         needs.problems.append(
-            f"{SOURCES_DIR}/{source}/{missing[0]}: missing (a restart after batch {batch} "
-            f"reads source {source}'s log from {start} to {top}; entries {gap} are gone)"
+            f"{SOURCES_DIR}/{source}/{first}: missing (a restart after batch {batch} "
+            f"reads source {source}'s log from {start} to {top}; entries {gone} are gone)"
         )
     return needs
+
+
+def first_and_last_missing(present: list[int], start: int, top: int) -> tuple[int, int] | None:
+    """The first and the last number from `start` to `top` not in `present` (sorted, all
+    within that range), or None. Walks what is there, never the range: `top` comes from
+    an offsets file and may be any number."""
+    if len(present) == top - start + 1:
+        return None
+    first = next((want for b, want in zip(present, count(start)) if b != want),
+                 start + len(present))
+    last = next((want for b, want in zip(reversed(present), count(top, -1)) if b != want),
+                top - len(present))
+    return first, last
 
 
 def source_tops(
