@@ -93,16 +93,16 @@ def read_store(
                     continue
                 rows.append(decode_key(k) + decode_value(value))
                 if len(rows) >= batch_rows:
-                    yield _batch(rows, arrow, store)
+                    yield arrow_batch(rows, arrow, store)
                     rows = []
     for k, value in changed.items():
         if value is not None:
             rows.append(decode_key(k) + decode_value(value))
             if len(rows) >= batch_rows:
-                yield _batch(rows, arrow, store)
+                yield arrow_batch(rows, arrow, store)
                 rows = []
     if rows:
-        yield _batch(rows, arrow, store)
+        yield arrow_batch(rows, arrow, store)
 
 
 def _blocks(location: SparkCheckpoint, key: str, tmp: Path) -> Iterator[bytes]:
@@ -121,7 +121,7 @@ def _chunks(path: Path) -> Iterator[bytes]:
             yield chunk
 
 
-def _batch(rows: list[tuple[Any, ...]], schema: pa.Schema, store: StoreId) -> pa.RecordBatch:
+def arrow_batch(rows: list[tuple[Any, ...]], schema: pa.Schema, store: object) -> pa.RecordBatch:
     try:
         columns = [pa.array(column, type=f.type) for column, f in
                    zip(zip(*rows, strict=True), schema, strict=True)]
