@@ -1,0 +1,186 @@
+"""Spark's own state read offline (`SparkCheckpointLocation.read_state`) from the committed
+fixtures' HDFS-backed locations (tests/fixtures/spark/, written by real Spark 3.5, 4.0 and
+the newest 4.x), without a JVM: at every batch a location can restart from, the rows of
+every partition equal the state the query's input implies, computed here from the input
+files (tests.support.spark_checkpoint_queries.input_rows: batch i reads file i) and the
+watermark they imply (checked against the one Spark recorded in the offsets).
+
+Then what is refused, in one line: a RocksDB store (not read yet), a batch not committed,
+a store without a schema file (a schema given instead reads it), a damaged delta.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statehold.format.spark_layout import Kind
+from statehold.spark_checkpoints import open_spark_checkpoint
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.stores import resolve
+from tests.support.spark_checkpoint_queries import STEP, input_rows
+from tests.support.spark_fixtures import Fixture, copy_of, fixture, manifests
+
+#: Spark's watermark delay of the queries (10 minutes), in ms.
+DELAY_MS = 600_000
+#: (query, operator, store kind) of each HDFS-backed location's stores checked here.
+CHECKED = [("window", 0, "window"), ("dedup", 0, "dedup"), ("pandas_state", 0, "totals"),
+           ("multi", 0, "window-distinct"), ("multi", 1, "dedup")]
+CASES = [(v, q, op, kind) for v in sorted(manifests()) for q, op, kind in CHECKED
+         if any((loc["query"], loc["provider"]) == (q, "hdfs")
+                for loc in manifests()[v]["locations"])]
+
+
+def files_read(fx: Fixture, batch: int) -> range:
+    """The input files batches 0 .. `batch` read (one a batch; later batches read none)."""
+    return range(min(batch, int(fx.entry["files"]) - 1) + 1)
+
+
+def rows_of(files: range) -> list[dict[str, Any]]:
+    return [row for i in files for row in input_rows(i)]
+
+
+def watermark_ms(fx: Fixture, batch: int) -> int:
+    """The watermark of `batch`: the newest event time of the batches before it, less the
+    delay (0 before any)."""
+    before = rows_of(files_read(fx, batch - 1)) if batch else []
+    return max([0, *(r["ts"] * 1000 - DELAY_MS for r in before)])
+
+
+def expected(fx: Fixture, kind: str, batch: int) -> Counter[tuple[Any, ...]]:
+    """The state rows the input implies after `batch`, as `actual` gives them."""
+    rows = rows_of(files_read(fx, batch))
+    wm = watermark_ms(fx, batch)
+    if kind == "dedup":  # every (key, event time) whose time is after the watermark
+        return Counter({(r["key"], r["ts"], None) for r in rows if r["ts"] * 1000 > wm})
+    if kind == "totals":  # applyInPandasWithState's (count, total) per key
+        totals: dict[str, tuple[int, int]] = {}
+        for r in rows:
+            count, total = totals.get(r["key"], (0, 0))
+            totals[r["key"]] = (count + 1, total + r["value"])
+        return Counter((k, c, t) for k, (c, t) in totals.items())
+    if kind == "window-distinct":  # the windowed aggregation after dropDuplicates
+        rows = [dict(t) for t in {tuple(sorted(r.items())) for r in rows}]
+    groups: dict[tuple[int, str], tuple[int, int]] = {}
+    for r in rows:
+        start = r["ts"] // STEP * STEP
+        count, total = groups.get((start, r["key"]), (0, 0))
+        groups[(start, r["key"])] = (count + 1, total + r["value"])
+    # a window stays in state until the watermark reaches its end
+    return Counter((s, s + STEP, k, c, t) for (s, k), (c, t) in groups.items()
+                   if (s + STEP) * 1000 > wm)
+
+
+def _seconds(value: datetime.datetime) -> int:
+    assert value.tzinfo is not None
+    return int(value.timestamp())
+
+
+def actual(fx: Fixture, kind: str, operator: int, batch: int) -> Counter[tuple[Any, ...]]:
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    out: Counter[tuple[Any, ...]] = Counter()
+    for record_batch in location.read_state(batch, operator=operator, batch_rows=3):
+        assert record_batch.num_rows <= 3
+        for r in record_batch.to_pylist():
+            if kind == "dedup":
+                out[(r["key"], _seconds(r["event_time"]), r["__dummy__"])] += 1
+            elif kind == "totals":
+                out[(r["key"], r["groupState"]["count"], r["groupState"]["total"])] += 1
+            else:
+                w = r["window"]
+                out[(_seconds(w["start"]), _seconds(w["end"]), r["key"], r["count"],
+                     r["sum"])] += 1
+    return out
+
+
+def readable_batches(fx: Fixture, operator: int) -> list[int]:
+    """The committed batches whose state version every partition holds whole."""
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    found = location.scan()
+    stores = [s for s in found.stores if s.operator == operator]
+    return [b for b in sorted(found.commits)
+            if all(resolve(found.stores[s], b + 1, location).ok for s in stores)]
+
+
+@pytest.mark.parametrize(("version", "query", "operator", "kind"), CASES,
+                         ids=[f"{v}-{q}-{op}" for v, q, op, _k in CASES])
+def test_offline_rows_equal_what_the_input_implies(
+    extracted: Callable[[str], Path], version: str, query: str, operator: int, kind: str
+) -> None:
+    fx = fixture(extracted(version), version, query, "hdfs")
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    batches = readable_batches(fx, operator)
+    assert fx.last_batch in batches and len(batches) >= 2, batches
+    for batch in batches:
+        recorded = location.offsets(batch).metadata.batchWatermarkMs
+        no_watermark = kind == "totals"  # that query has no event time
+        assert recorded == (0 if no_watermark else watermark_ms(fx, batch)), (batch, recorded)
+        want = expected(fx, kind, batch)
+        assert want, "a batch whose state the input says is empty tests nothing"
+        assert actual(fx, kind, operator, batch) == want, batch
+
+
+def test_the_expected_state_changes_between_batches(extracted: Callable[[str], Path]) -> None:
+    """The batches compared hold different states (rows are evicted and added), so a
+    reader that ignored the batch asked for would fail the test above."""
+    version = sorted(manifests())[0]
+    fx = fixture(extracted(version), version, "window", "hdfs")
+    batches = readable_batches(fx, 0)
+    states = [expected(fx, "window", b) for b in batches]
+    assert all(a != b for a, b in zip(states, states[1:], strict=False)), batches
+
+
+def test_state_schema_of_a_location(extracted: Callable[[str], Path]) -> None:
+    version = sorted(manifests())[-1]
+    fx = fixture(extracted(version), version, "window", "hdfs")
+    schema = open_spark_checkpoint(str(fx.checkpoint)).state_schema(partition=1)
+    assert schema.arrow().names == ["window", "key", "count", "sum"]
+    assert [f.name for f in schema.key.fields] == ["window", "key"]
+
+
+def _one_line(call: Callable[[], object], match: str) -> str:
+    with pytest.raises(SparkCheckpointError, match=match) as caught:
+        call()
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
+def test_what_is_not_read_is_refused_in_one_line(
+    extracted: Callable[[str], Path], tmp_path: Path
+) -> None:
+    version = sorted(manifests())[-1]
+    rocks = open_spark_checkpoint(str(fixture(extracted(version), version, "window",
+                                              "rocksdb").checkpoint))
+    _one_line(lambda: list(rocks.read_state()), "RocksDB store")
+    fx = copy_of(extracted(version), version, "dedup", "hdfs", tmp_path / "dedup")
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    _one_line(lambda: list(location.read_state(fx.last_batch + 1)), "not committed")
+    _one_line(lambda: list(location.read_state(operator=3)), "no store 'default' of operator 3")
+    schema = location.state_schema()
+    shutil.rmtree(fx.checkpoint / "state/0/0/_metadata")
+    _one_line(lambda: list(location.read_state()), r"no state schema file .*give the key")
+    assert sum(b.num_rows for b in location.read_state(schema=schema)) > 0
+
+
+def test_a_damaged_delta_is_refused_in_one_line(
+    extracted: Callable[[str], Path], tmp_path: Path
+) -> None:
+    version = sorted(manifests())[-1]
+    fx = copy_of(extracted(version), version, "window", "hdfs", tmp_path / "window")
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    found = location.scan()
+    files = next(f for s, f in found.stores.items() if s.partition == 0)
+    newest = max(v for k, v, _u in files.versions if k is Kind.DELTA)
+    path = fx.checkpoint / files.key(Kind.DELTA, newest)
+    path.write_bytes(path.read_bytes()[:-12])
+    # a snapshot of the same version would be read instead of the delta
+    (fx.checkpoint / files.key(Kind.HDFS_SNAPSHOT, newest)).unlink(missing_ok=True)
+    message = _one_line(lambda: list(location.read_state(fx.last_batch, partition=0)),
+                        f"{newest}.delta")
+    assert "cut short" in message or "end" in message
