@@ -11,7 +11,6 @@ import struct
 from decimal import Decimal as D
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from statehold.spark_checkpoints.errors import SparkCheckpointError
