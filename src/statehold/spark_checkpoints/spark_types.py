@@ -107,7 +107,7 @@ def _parse(doc: Any, where: str, path: str, depth: int) -> SparkType:
         if kind == "struct":
             fields = doc["fields"]
             if not isinstance(fields, list):
-                raise TypeError("fields is not a list")
+                raise SparkCheckpointError(f"{where}: {at}'s fields are not a list")
             return Struct(tuple(_field(f, where, path, depth) for f in fields))
         if kind == "array":
             return Array(_parse(doc["elementType"], where, f"{path}[]", depth + 1),
