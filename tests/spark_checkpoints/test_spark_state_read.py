@@ -1,12 +1,14 @@
 """Spark's own state read offline (`SparkCheckpointLocation.read_state`) from the committed
-fixtures' HDFS-backed locations (tests/fixtures/spark/, written by real Spark 3.5, 4.0 and
-the newest 4.x), without a JVM: at every batch a location can restart from, the rows of
-every partition equal the state the query's input implies, computed here from the input
-files (tests.support.spark_checkpoint_queries.input_rows: batch i reads file i) and the
+fixtures (tests/fixtures/spark/, written by real Spark 3.5, 4.0 and the newest 4.x) on
+every state store layout (HDFS-backed; RocksDB with changelogs off, on, and checkpoint
+format v2), without a JVM: at every batch a location can restart from, the rows of every
+partition equal the state the query's input implies, computed here from the input files
+(tests.support.spark_checkpoint_queries.input_rows: batch i reads file i) and the
 watermark they imply (checked against the one Spark recorded in the offsets).
 
-Then what is refused, in one line: a RocksDB store (not read yet), a batch not committed,
-a store without a schema file (a schema given instead reads it), a damaged delta.
+Then what is refused, in one line: transformWithState's state (no schema file; its
+column families), a batch not committed, a store without a schema file (a schema given
+instead reads it), a damaged delta, a damaged or missing SST.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 from statehold.format.spark_layout import Kind
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.location import unique_id
 from statehold.spark_checkpoints.stores import resolve
 from tests.support.spark_checkpoint_queries import STEP, input_rows
 from tests.support.spark_fixtures import Fixture, copy_of, fixture, manifests
@@ -32,9 +35,9 @@ DELAY_MS = 600_000
 #: (query, operator, store kind) of each HDFS-backed location's stores checked here.
 CHECKED = [("window", 0, "window"), ("dedup", 0, "dedup"), ("pandas_state", 0, "totals"),
            ("multi", 0, "window-distinct"), ("multi", 1, "dedup")]
-CASES = [(v, q, op, kind) for v in sorted(manifests()) for q, op, kind in CHECKED
-         if any((loc["query"], loc["provider"]) == (q, "hdfs")
-                for loc in manifests()[v]["locations"])]
+CASES = [(v, q, loc["provider"], op, kind) for v in sorted(manifests())
+         for q, op, kind in CHECKED for loc in manifests()[v]["locations"]
+         if loc["query"] == q]
 
 
 def files_read(fx: Fixture, batch: int) -> range:
@@ -104,16 +107,23 @@ def readable_batches(fx: Fixture, operator: int) -> list[int]:
     location = open_spark_checkpoint(str(fx.checkpoint))
     found = location.scan()
     stores = [s for s in found.stores if s.operator == operator]
-    return [b for b in sorted(found.commits)
-            if all(resolve(found.stores[s], b + 1, location).ok for s in stores)]
+    order = location.store_order(found, operator)
+
+    def readable(batch: int) -> bool:
+        commit = location.commit(batch)
+        return all(resolve(found.stores[s], batch + 1, location,
+                           unique_id(commit, s, order)).ok for s in stores)
+
+    return [b for b in sorted(found.commits) if readable(b)]
 
 
-@pytest.mark.parametrize(("version", "query", "operator", "kind"), CASES,
-                         ids=[f"{v}-{q}-{op}" for v, q, op, _k in CASES])
+@pytest.mark.parametrize(("version", "query", "provider", "operator", "kind"), CASES,
+                         ids=[f"{v}-{q}-{p}-{op}" for v, q, p, op, _k in CASES])
 def test_offline_rows_equal_what_the_input_implies(
-    extracted: Callable[[str], Path], version: str, query: str, operator: int, kind: str
+    extracted: Callable[[str], Path], version: str, query: str, provider: str, operator: int,
+    kind: str,
 ) -> None:
-    fx = fixture(extracted(version), version, query, "hdfs")
+    fx = fixture(extracted(version), version, query, provider)
     location = open_spark_checkpoint(str(fx.checkpoint))
     batches = readable_batches(fx, operator)
     assert fx.last_batch in batches and len(batches) >= 2, batches
@@ -155,9 +165,14 @@ def test_what_is_not_read_is_refused_in_one_line(
     extracted: Callable[[str], Path], tmp_path: Path
 ) -> None:
     version = sorted(manifests())[-1]
-    rocks = open_spark_checkpoint(str(fixture(extracted(version), version, "window",
-                                              "rocksdb").checkpoint))
-    _one_line(lambda: list(rocks.read_state()), "RocksDB store")
+    any_schema = open_spark_checkpoint(str(fixture(extracted(version), version, "window",
+                                                   "hdfs").checkpoint)).state_schema()
+    for provider in ("rocksdb", "rocksdb_changelog"):
+        transform = open_spark_checkpoint(str(fixture(extracted(version), version,
+                                                      "transform", provider).checkpoint))
+        _one_line(lambda: list(transform.read_state()), "no state schema file")  # noqa: B023
+        _one_line(lambda: list(transform.read_state(schema=any_schema)),  # noqa: B023
+                  "column families")
     fx = copy_of(extracted(version), version, "dedup", "hdfs", tmp_path / "dedup")
     location = open_spark_checkpoint(str(fx.checkpoint))
     _one_line(lambda: list(location.read_state(fx.last_batch + 1)), "not committed")
@@ -184,3 +199,19 @@ def test_a_damaged_delta_is_refused_in_one_line(
     message = _one_line(lambda: list(location.read_state(fx.last_batch, partition=0)),
                         f"{newest}.delta")
     assert "cut short" in message or "end" in message
+
+
+def test_a_damaged_or_missing_sst_is_refused_in_one_line(
+    extracted: Callable[[str], Path], tmp_path: Path
+) -> None:
+    version = sorted(manifests())[-1]
+    fx = copy_of(extracted(version), version, "dedup", "rocksdb", tmp_path / "dedup")
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    assert sum(b.num_rows for b in location.read_state(partition=0)) > 0
+    ssts = sorted((fx.checkpoint / "state/0/0/SSTs").iterdir())
+    for sst in ssts:
+        sst.write_bytes(b"not an sst " * 100)
+    _one_line(lambda: list(location.read_state(partition=0)), "RocksDB cannot")
+    for sst in ssts:
+        sst.unlink()
+    _one_line(lambda: list(location.read_state(partition=0)), "cannot be read")

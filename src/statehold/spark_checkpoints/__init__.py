@@ -11,7 +11,8 @@ What each key is lives below, in `statehold.format.spark_layout`.
     spark_types.py Spark SQL's JSON data types, parsed, and their Arrow types
     unsafe_row.py Spark's UnsafeRow (state keys and values) decoded, bounds checked
     state_schema.py a store's ``_metadata/schema``: its key and value schemas
-    state_records.py the key/value records of HDFS-backed deltas and snapshots
+    state_records.py the key/value records of HDFS-backed deltas and snapshots, changelogs
+    rocksdb_snapshot.py a RocksDB snapshot zip and its SSTs rebuilt, opened read-only
     state_reader.py one store's rows at a batch, offline, as Arrow record batches
     scan.py       one listing, every key named and grouped
     location.py   `SparkCheckpoint`: reading a location, and what a restart at a batch needs

@@ -9,24 +9,29 @@ deltas since the snapshot (what Spark's maintenance keeps small), not the whole 
 store with no snapshot yet is all deltas. Files are copied to a temporary directory and
 read in chunks, so a remote location is read the same way.
 
-RocksDB stores (zips, SSTs, changelogs) are refused in one line: not read yet.
+RocksDB provider: the same, with the changelogs after the base snapshot as the map, and
+the snapshot zip's RocksDB rebuilt and iterated (`rocksdb_snapshot`); its keys and values
+start with Spark's one-byte state encoding version. Format v2 takes the version's unique
+id from the commit log. Column families (transformWithState) are refused in one line.
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from statehold.format.spark_layout import Kind, StoreId
+from statehold.format.spark_layout import StoreId
 from statehold.spark_checkpoints.errors import SparkCheckpointError
-from statehold.spark_checkpoints.location import SparkCheckpoint
+from statehold.spark_checkpoints.location import SparkCheckpoint, unique_id
+from statehold.spark_checkpoints.rocksdb_snapshot import rocksdb_rows
 from statehold.spark_checkpoints.scan import Scan
+from statehold.spark_checkpoints.spark_types import Struct
 from statehold.spark_checkpoints.state_files import decompressed
-from statehold.spark_checkpoints.state_records import records
+from statehold.spark_checkpoints.state_records import changelog_records, records
 from statehold.spark_checkpoints.state_schema import StateSchema, read_state_schema
 from statehold.spark_checkpoints.stores import resolve
 from statehold.spark_checkpoints.unsafe_row import row_decoder
@@ -63,32 +68,42 @@ def read_store(
     files = found.stores.get(store)
     if files is None:
         raise SparkCheckpointError(f"{store}: no files in the location")
-    if files.provider != "hdfs":
-        raise SparkCheckpointError(
-            f"{store}: a RocksDB store; only the HDFS-backed provider's state is read yet")
     codec = location.codec(found)
     if codec != "lz4":
         raise SparkCheckpointError(f"{store}: compressed with {codec}; only lz4 is read")
     if batch not in found.commits:
         raise SparkCheckpointError(f"batch {batch} is not committed in the location")
     version = batch + 1
-    needs = resolve(files, version, location)
+    rocks = files.provider == "rocksdb"
+    uid = (unique_id(location.commit(batch), store, location.store_order(found, store.operator))
+           if rocks else None)
+    needs = resolve(files, version, location, uid)
     if not needs.ok:
         raise SparkCheckpointError(needs.problems[0])
     schema = schema or store_schema(location, found, store)
     arrow = schema.arrow()
-    decode_key = row_decoder(schema.key, f"{store} version {version} (a key)")
-    decode_value = row_decoder(schema.value, f"{store} version {version} (a value)")
+    # RocksDB's keys and values carry Spark's state encoding version (one byte, 0) first
+    skip = 1 if rocks else 0
+    decode_key = _decoder(schema.key, f"{store} version {version} (a key)", skip)
+    decode_value = _decoder(schema.value, f"{store} version {version} (a value)", skip)
 
+    steps = [k for k in needs.files if k.endswith((".delta", ".changelog"))]
+    bases = [k for k in needs.files if k.endswith((".snapshot", ".zip"))]
     changed: dict[bytes, bytes | None] = {}
+    rows: list[tuple[Any, ...]] = []
     with tempfile.TemporaryDirectory(prefix="statehold-state-") as tmp:
-        for v in range(needs.base + 1, version + 1):
-            key = files.key(Kind.DELTA, v)
-            changed.update(records(_blocks(location, key, Path(tmp)), key, deletes=True))
-        rows: list[tuple[Any, ...]] = []
-        if needs.base:
-            key = files.key(Kind.HDFS_SNAPSHOT, needs.base)
-            for k, value in records(_blocks(location, key, Path(tmp)), key, deletes=False):
+        for key in steps:
+            blocks = _blocks(location, key, Path(tmp))
+            changed.update(changelog_records(blocks, key) if rocks
+                           else records(blocks, key, deletes=True))
+        for key in bases:
+            base: Iterator[tuple[bytes, bytes | None]]
+            if rocks:
+                (Path(tmp) / "db").mkdir()
+                base = rocksdb_rows(location, key, store.prefix, Path(tmp) / "db")
+            else:
+                base = records(_blocks(location, key, Path(tmp)), key, deletes=False)
+            for k, value in base:
                 if k in changed or value is None:
                     continue
                 rows.append(decode_key(k) + decode_value(value))
@@ -103,6 +118,20 @@ def read_store(
                 rows = []
     if rows:
         yield arrow_batch(rows, arrow, store)
+
+
+def _decoder(schema: Struct, where: str, skip: int) -> Callable[[bytes], tuple[Any, ...]]:
+    decode = row_decoder(schema, where)
+    if not skip:
+        return decode
+
+    def versioned(data: bytes) -> tuple[Any, ...]:
+        if data[:1] != b"\x00":
+            raise SparkCheckpointError(
+                f"{where}: state encoding version {data[:1].hex() or 'missing'}, not 00")
+        return decode(data[1:])
+
+    return versioned
 
 
 def _blocks(location: SparkCheckpoint, key: str, tmp: Path) -> Iterator[bytes]:
