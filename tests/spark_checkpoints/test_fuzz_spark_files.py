@@ -51,6 +51,7 @@ from statehold.spark_checkpoints.state_files import (
     read_zip_metadata,
 )
 from statehold.spark_checkpoints.state_reader import arrow_batch
+from statehold.spark_checkpoints.state_records import changelog_records
 from statehold.spark_checkpoints.state_records import records as read_records
 from statehold.spark_checkpoints.state_schema import StateSchema, read_state_schema
 from statehold.spark_checkpoints.unsafe_row import decode_row
@@ -187,6 +188,20 @@ def _decode_delta(data: bytes) -> object:
     return count
 
 
+def _changelog_v3() -> bytes:
+    """A format-v2 changelog: its lineage header, then RocksDB's records (the state
+    encoding version byte before each row)."""
+    pairs: list[tuple[bytes, bytes | None]] = [
+        (b"\x00" + _key_row(), b"\x00" + _value_row()), (b"\x00" + _key_row(), None)]
+    return lz4_stream(records(pairs, header=lineage_header([(4, "6b0c6fd4-6a8c")])),
+                      block=256)
+
+
+def _decode_changelog(data: bytes) -> object:
+    key = f"{STORE}/5_u.changelog"
+    return sum(1 for _ in changelog_records(decompressed(iter([data]), key), key))
+
+
 @dataclass(frozen=True)
 class Decoder:
     name: str
@@ -217,6 +232,7 @@ DECODERS = [
     Decoder("state-schema", _schema_file,
             lambda d: read_state_schema(d, f"{STORE}/_metadata/schema")),
     Decoder("delta-records", _delta, _decode_delta),
+    Decoder("changelog-records", _changelog_v3, _decode_changelog),
 ]
 
 
