@@ -257,3 +257,65 @@ def test_memory_does_not_grow_with_the_state(tmp_path: Path) -> None:
             tracemalloc.stop()
         assert seen == rows
     assert peaks[40_000] < 1.5 * peaks[4_000] + (1 << 20), peaks
+
+
+def _rows(fx: Fixture, batch: int, operator: int, store: str) -> Counter[str]:
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    return Counter(json.dumps(r, default=str, sort_keys=True)
+                   for b in location.read_state(batch, operator=operator, store=store)
+                   for r in b.to_pylist())
+
+
+LAYOUTS = [(v, q) for v in sorted(manifests()) for q in ("join", "multi", "dedup")]
+
+
+@pytest.mark.parametrize(("version", "query"), LAYOUTS, ids=[f"{v}-{q}" for v, q in LAYOUTS])
+def test_every_layout_reads_the_same_rows_of_every_store(
+    extracted: Callable[[str], Path], version: str, query: str
+) -> None:
+    """The same query over the same input holds the same state whatever the store's
+    layout: for each store (the join's four too) and each batch every layout can restart
+    from, the rows read from RocksDB's zips, SSTs and changelogs equal the HDFS-backed
+    provider's."""
+    providers = sorted({loc["provider"] for loc in manifests()[version]["locations"]
+                        if loc["query"] == query})
+    hdfs = fixture(extracted(version), version, query, "hdfs")
+    found = open_spark_checkpoint(str(hdfs.checkpoint)).scan()
+    stores = sorted({(s.operator, s.name) for s in found.stores})
+    compared = 0
+    for provider in providers:
+        fx = fixture(extracted(version), version, query, provider)
+        for operator, name in stores:
+            batches = set(readable_batches(hdfs, operator)) & set(readable_batches(fx, operator))
+            for batch in sorted(batches):
+                want = _rows(hdfs, batch, operator, name)
+                assert want and _rows(fx, batch, operator, name) == want, (provider, batch)
+                compared += provider != "hdfs"
+    assert compared >= 2 * len(stores) * (len(providers) - 1), compared
+
+
+@pytest.mark.parametrize("version", sorted(manifests()))
+def test_the_join_stores_agree_with_each_other_and_the_input(
+    extracted: Callable[[str], Path], version: str
+) -> None:
+    """A stream-stream join keeps, per side, how many rows each key has (keyToNumValues)
+    and the rows by (key, index) (keyWithIndexToValue): the counts equal the rows held,
+    the indexes run 0 .. n-1, and every row held is an input row."""
+    fx = fixture(extracted(version), version, "join", "hdfs")
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    batch = fx.last_batch
+    inputs = {(r["key"], r["value"], r["ts"]) for r in rows_of(files_read(fx, batch))}
+    for side, p in (("left", "l"), ("right", "r")):
+        counts = {r["field0"]: r["value"] for b in location.read_state(
+            batch, store=f"{side}-keyToNumValues") for r in b.to_pylist()}
+        held = [r for b in location.read_state(batch, store=f"{side}-keyWithIndexToValue")
+                for r in b.to_pylist()]
+        assert counts and held
+        indexes: dict[str, list[int]] = {}
+        for r in held:
+            assert r["field0"] == r[f"{p}key"]
+            assert (r[f"{p}key"], r[f"{p}value"], r[f"{p}ts"]) in inputs, r
+            assert _seconds(r[f"{p}time"]) == r[f"{p}ts"]
+            indexes.setdefault(r["field0"], []).append(r["index"])
+        assert {k: sorted(v) for k, v in indexes.items()} == {
+            k: list(range(n)) for k, n in counts.items()}
