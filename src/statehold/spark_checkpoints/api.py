@@ -13,9 +13,7 @@ as a method (the CLI's commands, for scripts and notebooks).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from statehold.cleanup.spark_policy import SPARK_GC_GRACE_SECONDS
 from statehold.format.spark_layout import DEFAULT_STORE, StoreId
@@ -34,10 +32,13 @@ from statehold.spark_checkpoints.reports import (
 )
 from statehold.spark_checkpoints.rollback import DEFAULT_GRACE_SECONDS, RollbackReport, rollback
 from statehold.spark_checkpoints.savepoint import SavepointReport, savepoint
-from statehold.spark_checkpoints.state_reader import BATCH_ROWS, read_store, store_schema
-from statehold.spark_checkpoints.state_schema import StateSchema
 from statehold.storage import open_storage
 from statehold.storage.local import LocalStorage
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from statehold.spark_checkpoints.state_schema import StateSchema
 
 
 class SparkCheckpointLocation(SparkCheckpoint):
@@ -116,6 +117,9 @@ class SparkCheckpointLocation(SparkCheckpoint):
         self, *, operator: int = 0, store: str = DEFAULT_STORE, partition: int = 0
     ) -> StateSchema:
         """A store's key and value schemas, from its ``_metadata/schema``."""
+        # imported when used: the other commands start without Arrow's and RocksDB's import
+        from statehold.spark_checkpoints.state_reader import store_schema
+
         return store_schema(self, self.scan(), StoreId(operator, partition, store))
 
     def read_state(
@@ -126,13 +130,15 @@ class SparkCheckpointLocation(SparkCheckpoint):
         store: str = DEFAULT_STORE,
         partition: int | None = None,
         schema: StateSchema | None = None,
-        batch_rows: int = BATCH_ROWS,
+        batch_rows: int = 4096,
     ) -> Iterator[pa.RecordBatch]:
         """The state of one operator's store as `batch` (default: the newest committed)
         left it, read without Spark: Arrow record batches of the key columns, then the
         value columns (the schema's metadata ``statehold.key_columns`` says how many are
         the key), one partition after another (`partition`: only that one), streamed.
         `schema`: the key and value schemas, where the location holds none."""
+        from statehold.spark_checkpoints.state_reader import read_store
+
         found = self.scan()
         if batch is None:
             batch = found.newest_committed
