@@ -287,3 +287,17 @@ def test_gc_leaves_names_with_digits_spark_never_writes(tmp_path: Path) -> None:
     report = open_spark_checkpoint(str(tmp_path)).gc(grace_seconds=0)
     assert all((tmp_path / key).read_bytes() == b"crafted" for key in crafted)
     assert report.deleted, report  # the pass did delete: the crafted names were judged
+
+
+def test_a_huge_log_offset_names_the_gap_without_listing_it() -> None:
+    """An offsets file claiming entry 10**18 of a file source's log (damaged, or crafted):
+    the missing entries are named by their first and last, never materialised (a range of
+    them took all the memory; found by test_fuzz_spark_files)."""
+    from statehold.spark_checkpoints.source_logs import source_needs
+
+    needs = source_needs(0, {0: "sources/0/0", 2: "sources/0/2"}, 10**18, 3, True)
+    assert needs.problems == [
+        f"sources/0/1: missing (a restart after batch 3 reads source 0's log from 0 to "
+        f"{10**18}; entries 1-{10**18} are gone)"]
+    assert source_needs(0, {0: "a", 2: "b"}, 2, 3, True).problems[0].endswith(
+        "entries 1 are gone)")

@@ -123,11 +123,17 @@ def source_needs(
         return needs
     base = max((b for b, k in log.items() if b <= top and k.endswith(".compact")), default=-1)
     start = max(base, 0)
-    missing = [b for b in range(start, top + 1) if b not in log]
-    if missing:
-        gap = f"{missing[0]}" + (f"-{missing[-1]}" if len(missing) > 1 else "")
+    # the first and last missing entry, found in steps bounded by the log's size: `top`
+    # comes from a file and may be huge (a range of it would be materialised)
+    first, last = start, top
+    while first <= top and first in log:
+        first += 1
+    while last >= first and last in log:
+        last -= 1
+    if first <= top:
+        gap = f"{first}" + (f"-{last}" if last > first else "")
         needs.problems.append(
-            f"{SOURCES_DIR}/{source}/{missing[0]}: missing (a restart after batch {batch} "
+            f"{SOURCES_DIR}/{source}/{first}: missing (a restart after batch {batch} "
             f"reads source {source}'s log from {start} to {top}; entries {gap} are gone)"
         )
     return needs
