@@ -319,3 +319,23 @@ def test_the_join_stores_agree_with_each_other_and_the_input(
             indexes.setdefault(r["field0"], []).append(r["index"])
         assert {k: sorted(v) for k, v in indexes.items()} == {
             k: list(range(n)) for k, n in counts.items()}
+
+
+def test_a_snapshot_zip_naming_a_path_is_refused_before_anything_is_written(
+    extracted: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """A RocksDB snapshot zip is unzipped only after every member's name is checked to be
+    a plain file name (a crafted ``../x`` would write outside the directory)."""
+    import zipfile
+
+    version = sorted(manifests())[-1]
+    fx = copy_of(extracted(version), version, "dedup", "rocksdb", tmp_path / "dedup")
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    newest = max((fx.checkpoint / "state/0/0").glob("*.zip"), key=lambda p: int(p.stem))
+    with zipfile.ZipFile(newest) as archive:
+        members = {i.filename: archive.read(i) for i in archive.infolist()}
+    with zipfile.ZipFile(newest, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+        archive.writestr("../escaped", b"x")
+    _one_line(lambda: list(location.read_state(partition=0)), "unsafe file name")
