@@ -36,7 +36,25 @@ from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import Kind, parse
 from statehold.spark_checkpoints.logs import parse_commit, parse_file_log, parse_offsets
-from statehold.spark_checkpoints.state_files import check_stream, lineage, read_zip_metadata
+from statehold.spark_checkpoints.spark_types import (
+    Array,
+    Atomic,
+    Decimal,
+    Field,
+    Map,
+    Struct,
+)
+from statehold.spark_checkpoints.state_files import (
+    check_stream,
+    decompressed,
+    lineage,
+    read_zip_metadata,
+)
+from statehold.spark_checkpoints.state_reader import arrow_batch
+from statehold.spark_checkpoints.state_records import changelog_records
+from statehold.spark_checkpoints.state_records import records as read_records
+from statehold.spark_checkpoints.state_schema import StateSchema, read_state_schema
+from statehold.spark_checkpoints.unsafe_row import decode_row
 from tests.support.fuzz import (
     FUZZ,
     JSONISH,
@@ -54,8 +72,10 @@ from tests.support.spark_checkpoint_files import (
     records,
     rocksdb_changelog_store,
     snapshot_zip,
+    utf,
     write,
 )
+from tests.support.unsafe_rows import encode_row
 
 STORE = "state/0/0"
 
@@ -111,6 +131,77 @@ def _lineage() -> bytes:
     return lineage_header([(4, "6b0c6fd4-6a8c"), (5, "0d6cbe0e-3f37")]) + b"\x00\x00\x00\x05"
 
 
+#: A key and a value schema with every kind of layout: fixed slots, variable-length
+#: values, a wide decimal, nesting, an array and a map.
+_KEY = Struct((Field("k", Atomic("string")), Field("w", Struct((
+    Field("start", Atomic("timestamp")), Field("end", Atomic("timestamp_ntz")))))))
+_VALUE = Struct(tuple(Field(f"v{i}", t) for i, t in enumerate([
+    Atomic("long"), Atomic("integer"), Atomic("boolean"), Atomic("double"), Atomic("date"),
+    Atomic("binary"), Decimal(10, 2), Decimal(30, 4), Array(Atomic("string")),
+    Map(Atomic("integer"), Array(Atomic("short"))), Atomic("void")])))
+_STATE = StateSchema(_KEY, _VALUE)
+
+
+def _key_row() -> bytes:
+    return encode_row(("k1", (1_699_999_800_000_000, 5)), _KEY)
+
+
+def _value_row() -> bytes:
+    from decimal import Decimal as D
+
+    return encode_row((7, -3, True, 0.5, 19_000, b"\x01\x02", D("1.25"), D("-12345.6789"),
+                       ["a", None, "bc"], [(1, [2, None]), (3, [])], None), _VALUE)
+
+
+def _decode_value(data: bytes) -> object:
+    """A value row decoded, then made an Arrow batch (where a value out of its Arrow
+    type's range would show)."""
+    row = decode_row(data, _VALUE, f"{STORE}/3.delta (a value)")
+    return arrow_batch([("k", None, *row)], _STATE.arrow(), "store")
+
+
+def _schema_file() -> bytes:
+    key = json.dumps({"type": "struct", "fields": [
+        {"name": "key", "type": "string", "nullable": True, "metadata": {}},
+        {"name": "a", "type": {"type": "array", "elementType": "decimal(30,2)",
+                               "containsNull": True}, "nullable": True, "metadata": {}}]})
+    value = json.dumps({"type": "struct", "fields": [
+        {"name": "count", "type": "long", "nullable": False, "metadata": {}}]})
+    return (utf("v2") + struct.pack(">i", 2) + utf(key[:40]) + utf(key[40:])
+            + struct.pack(">i", 1) + utf(value))
+
+
+def _delta() -> bytes:
+    pairs: list[tuple[bytes, bytes | None]] = [(_key_row(), _value_row()) for _ in range(8)]
+    return lz4_stream(records([*pairs, (_key_row(), None)]), block=512)
+
+
+def _decode_delta(data: bytes) -> object:
+    """How many records the stream holds, each decoded (memory: one record)."""
+    key = f"{STORE}/3.delta"
+    count = 0
+    for k, v in read_records(decompressed(iter([data]), key), key, deletes=True):
+        decode_row(k, _KEY, key)
+        if v is not None:
+            _decode_value(v)
+        count += 1
+    return count
+
+
+def _changelog_v3() -> bytes:
+    """A format-v2 changelog: its lineage header, then RocksDB's records (the state
+    encoding version byte before each row)."""
+    pairs: list[tuple[bytes, bytes | None]] = [
+        (b"\x00" + _key_row(), b"\x00" + _value_row()), (b"\x00" + _key_row(), None)]
+    return lz4_stream(records(pairs, header=lineage_header([(4, "6b0c6fd4-6a8c")])),
+                      block=256)
+
+
+def _decode_changelog(data: bytes) -> object:
+    key = f"{STORE}/5_u.changelog"
+    return sum(1 for _ in changelog_records(decompressed(iter([data]), key), key))
+
+
 @dataclass(frozen=True)
 class Decoder:
     name: str
@@ -136,6 +227,12 @@ DECODERS = [
     Decoder("lz4-stream-chunks", _stream,
             lambda d: check_stream(_chunks(d), f"{STORE}/12.changelog")),  # type: ignore[arg-type]
     Decoder("lineage", _lineage, lambda d: lineage(d, f"{STORE}/12_u.changelog")),
+    Decoder("unsafe-row-key", _key_row, lambda d: decode_row(d, _KEY, f"{STORE}/3.delta")),
+    Decoder("unsafe-row-value", _value_row, _decode_value),
+    Decoder("state-schema", _schema_file,
+            lambda d: read_state_schema(d, f"{STORE}/_metadata/schema")),
+    Decoder("delta-records", _delta, _decode_delta),
+    Decoder("changelog-records", _changelog_v3, _decode_changelog),
 ]
 
 
@@ -294,6 +391,17 @@ def _large_inputs(decoder: Decoder) -> list[tuple[str, bytes]]:
             header = b"LZ4Block" + struct.pack("<Biii", 0x2F, 16, claimed, 0)
             inputs.append((f"claims-{claimed}", header + b"\x00" * 16 + b"x" * MB))
         inputs.append(("many-blocks", lz4_stream(b"k" * MB, block=1024)))
+    if decoder.name.startswith("unsafe-row"):
+        # Every slot pointing at the whole row; arrays claiming more elements than fit.
+        pointer = struct.pack("<q", 8 << 32 | (MB - 8))
+        inputs.append(("all-pointers", b"\x00" * 8 + pointer * (MB // 8 - 1)))
+        inputs.append(("huge-counts", struct.pack("<q", 2**62) * (MB // 8)))
+    if decoder.name == "delta-records":
+        # A record claiming a 2 GB key, and a million tiny records.
+        inputs.append(("claims-2gb", lz4_stream(struct.pack(">i", 2**31 - 1) + b"k" * MB)))
+        pair = (_key_row(), _value_row())
+        inputs.append(("many-records", lz4_stream(
+            records([pair] * (MB // (len(pair[0]) + len(pair[1])))), block=1 << 16)))
     return inputs
 
 

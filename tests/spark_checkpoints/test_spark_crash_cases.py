@@ -19,7 +19,6 @@ from statehold.spark_checkpoints.relocate import relocate
 from statehold.spark_checkpoints.reports import listing, verify
 from statehold.spark_checkpoints.rollback import rollback
 from statehold.spark_checkpoints.savepoint import savepoint
-from statehold.spark_checkpoints.source_logs import first_and_last_missing
 from statehold.storage import StorageError
 from statehold.storage.local import LocalStorage
 from tests.support.spark_checkpoint_files import hdfs_store, rocksdb_changelog_store, write
@@ -354,6 +353,3 @@ def test_a_log_offset_far_past_the_log_is_reported_from_what_is_there(tmp_path: 
     assert [p.problem for p in report.problems if p.path == "sources/0/7"] == [
         "sources/0/7: missing (a restart after batch 5 reads source 0's log from 0 to "
         f"{10**15}; entries 7-{10**15} are gone)"]
-    gaps = first_and_last_missing
-    assert gaps([0, 1, 3, 4], 0, 6) == (2, 6) and gaps([], 2, 2) == (2, 2)
-    assert gaps([0, 1, 2], 0, 2) is None and gaps([1, 2], 0, 2) == (0, 0)

@@ -287,3 +287,4 @@ def test_gc_leaves_names_with_digits_spark_never_writes(tmp_path: Path) -> None:
     report = open_spark_checkpoint(str(tmp_path)).gc(grace_seconds=0)
     assert all((tmp_path / key).read_bytes() == b"crafted" for key in crafted)
     assert report.deleted, report  # the pass did delete: the crafted names were judged
+

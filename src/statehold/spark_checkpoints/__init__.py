@@ -7,6 +7,12 @@ without Spark and without changing the query.
     logs.py       the offsets, commit and file logs, parsed (newer versions refused)
     state_files.py snapshot zips' file lists, compressed streams proven whole, lineage
     stores.py     which files a version of a store needs (the one resolution)
+    spark_types.py Spark SQL's JSON data types, parsed, and their Arrow types
+    unsafe_row.py Spark's UnsafeRow (state keys and values) decoded, bounds checked
+    state_schema.py a store's ``_metadata/schema``: its key and value schemas
+    state_records.py the key/value records of HDFS-backed deltas and snapshots, changelogs
+    rocksdb_snapshot.py a RocksDB snapshot zip and its SSTs rebuilt, opened read-only
+    state_reader.py one store's rows at a batch, offline, as Arrow record batches
     scan.py       one listing, every key named and grouped
     location.py   `SparkCheckpoint`: reading a location, and what a restart at a batch needs
     savepoint.py  a new location holding exactly what a restart at a batch needs

@@ -6,15 +6,19 @@ as a method (the CLI's commands, for scripts and notebooks).
     location.savepoint("s3://bucket/savepoints/orders-before-upgrade")
     location.rollback(41, sink="s3://bucket/tables/orders")
     location.gc(dry_run=True)
+    for batch in location.read_state(operator=0):  # pyarrow RecordBatches
+        ...
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from statehold.spark_checkpoints.errors import NotASparkCheckpointError
+from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
 from statehold.spark_checkpoints.gc import SparkGcReport, gc
 from statehold.spark_checkpoints.history import SparkHistory, history
+from statehold.spark_checkpoints.layout import DEFAULT_STORE, StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint, looks_like_spark_checkpoint
 from statehold.spark_checkpoints.policy import SPARK_GC_GRACE_SECONDS
 from statehold.spark_checkpoints.relocate import BoundPath, RelocateReport, absolute_paths, relocate
@@ -30,6 +34,11 @@ from statehold.spark_checkpoints.rollback import DEFAULT_GRACE_SECONDS, Rollback
 from statehold.spark_checkpoints.savepoint import SavepointReport, savepoint
 from statehold.storage import open_storage
 from statehold.storage.local import LocalStorage
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from statehold.spark_checkpoints.state_schema import StateSchema
 
 
 class SparkCheckpointLocation(SparkCheckpoint):
@@ -102,6 +111,48 @@ class SparkCheckpointLocation(SparkCheckpoint):
             self, from_prefix, to_prefix, sink=sink, dry_run=dry_run, force=force,
             grace_seconds=grace_seconds,
         )
+
+
+    def state_schema(
+        self, *, operator: int = 0, store: str = DEFAULT_STORE, partition: int = 0
+    ) -> StateSchema:
+        """A store's key and value schemas, from its ``_metadata/schema``."""
+        # imported when used: the other commands start without Arrow's and RocksDB's import
+        from statehold.spark_checkpoints.state_reader import store_schema
+
+        return store_schema(self, self.scan(), StoreId(operator, partition, store))
+
+    def read_state(
+        self,
+        batch: int | None = None,
+        *,
+        operator: int = 0,
+        store: str = DEFAULT_STORE,
+        partition: int | None = None,
+        schema: StateSchema | None = None,
+        batch_rows: int = 4096,
+    ) -> Iterator[pa.RecordBatch]:
+        """The state of one operator's store as `batch` (default: the newest committed)
+        left it, read without Spark: Arrow record batches of the key columns, then the
+        value columns (the schema's metadata ``statehold.key_columns`` says how many are
+        the key), one partition after another (`partition`: only that one), streamed.
+        `schema`: the key and value schemas, where the location holds none."""
+        from statehold.spark_checkpoints.state_reader import read_store
+
+        found = self.scan()
+        if batch is None:
+            batch = found.newest_committed
+            if batch is None:
+                raise SparkCheckpointError(f"{self.uri}: no committed batch to read state at")
+        if partition is None:
+            stores = sorted(s for s in found.stores if (s.operator, s.name) == (operator, store))
+            if not stores:
+                raise SparkCheckpointError(
+                    f"{self.uri}: no store {store!r} of operator {operator} in the location")
+        else:
+            stores = [StoreId(operator, partition, store)]
+        for one in stores:
+            yield from read_store(self, found, one, batch, schema=schema, batch_rows=batch_rows)
 
 
 def open_spark_checkpoint(uri: str, **storage_options: Any) -> SparkCheckpointLocation:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from itertools import count
 from typing import Any
 
 from statehold.spark_checkpoints.errors import SparkCheckpointError
@@ -124,28 +123,20 @@ def source_needs(
         return needs
     base = max((b for b, k in log.items() if b <= top and k.endswith(".compact")), default=-1)
     start = max(base, 0)
-    gap = first_and_last_missing(sorted(b for b in log if start <= b <= top), start, top)
-    if gap:
-        first, last = gap
-        gone = f"{first}" + (f"-{last}" if last > first else "")
+    # the first and last missing entry, found in steps bounded by the log's size: `top`
+    # comes from a file and may be huge (a range of it would be materialised)
+    first, last = start, top
+    while first <= top and first in log:
+        first += 1
+    while last >= first and last in log:
+        last -= 1
+    if first <= top:
+        gap = f"{first}" + (f"-{last}" if last > first else "")
         needs.problems.append(
             f"{SOURCES_DIR}/{source}/{first}: missing (a restart after batch {batch} "
-            f"reads source {source}'s log from {start} to {top}; entries {gone} are gone)"
+            f"reads source {source}'s log from {start} to {top}; entries {gap} are gone)"
         )
     return needs
-
-
-def first_and_last_missing(present: list[int], start: int, top: int) -> tuple[int, int] | None:
-    """The first and the last number from `start` to `top` not in `present` (sorted, all
-    within that range), or None. Walks what is there, never the range: `top` comes from
-    an offsets file and may be any number."""
-    if len(present) == top - start + 1:
-        return None
-    first = next((want for b, want in zip(present, count(start)) if b != want),
-                 start + len(present))
-    last = next((want for b, want in zip(reversed(present), count(top, -1)) if b != want),
-                top - len(present))
-    return first, last
 
 
 def source_tops(

@@ -6,7 +6,8 @@ Spark compresses changelogs, deltas and HDFS snapshots with the store's codec (l
 default: lz4-java's block stream, ``LZ4Block`` + a header per block, and an empty block
 that ends it). A stream is whole when every block decompresses to the size its header
 says and the end block is there; a file cut short has no end block. Other codecs are
-reported as not checked. The records are never interpreted: statehold needs no row.
+reported as not checked. `decompressed` hands the blocks to the offline reader
+(`state_records`), which interprets the records.
 """
 
 from __future__ import annotations
@@ -140,6 +141,14 @@ def check_stream(chunks: Iterator[bytes], key: str, codec: str = "lz4") -> Strea
     if size and not ends:
         raise SparkCheckpointError(f"{key}: the records do not end (truncated?)")
     return StreamCheck(size, head)
+
+
+def decompressed(chunks: Iterator[bytes], key: str) -> Iterator[bytes]:
+    """An lz4 state file's stream, block by block (memory: one block); refused
+    (SparkCheckpointError) where it is damaged or ends early."""
+    reader = _Blocks(chunks, key)
+    while (block := reader.next_block()) is not None:
+        yield block
 
 
 def lineage(head: bytes, key: str) -> list[tuple[int, str]] | None:

@@ -1,0 +1,113 @@
+"""The key/value records of the HDFS-backed provider's ``.delta`` and ``.snapshot`` files
+and of RocksDB's ``.changelog`` files, read from their decompressed stream
+(`state_files.decompressed`).
+
+A changelog of checkpoint format v2 starts with a header (``v3`` and its lineage, each a
+``writeUTF``), skipped here; the typed changelogs of column families (``v2``, ``v4``) are
+refused in one line, not read yet. Each record is the key's size (a big-endian int), the
+key's UnsafeRow, the value's size and the value's UnsafeRow; in a delta or changelog a
+value size of -1 deletes the key. A key size of -1 ends the records, and nothing may
+follow it. Memory: one block and one record; a
+record claiming more than `MAX_RECORD_BYTES` is refused before it is gathered.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+
+#: Spark's rows are Java arrays (under 2 GiB); a state row near this is not a real one.
+MAX_RECORD_BYTES = 512 << 20
+_INT = struct.Struct(">i")
+
+
+def records(blocks: Iterator[bytes], key: str, *, deletes: bool) -> Iterator[
+        tuple[bytes, bytes | None]]:
+    """(key row, value row, or None for a delete) of each record, in file order.
+    `deletes`: whether a value size of -1 is allowed (deltas; not snapshots)."""
+    return _records(_Stream(blocks, key), key, deletes=deletes)
+
+
+def _records(stream: _Stream, key: str, *, deletes: bool) -> Iterator[
+        tuple[bytes, bytes | None]]:
+    count = 0
+    while True:
+        size = stream.int()
+        if size == -1:
+            break
+        row = stream.take(_checked(size, key, count, "key"))
+        value_size = stream.int()
+        if value_size == -1 and deletes:
+            yield row, None
+        else:
+            yield row, stream.take(_checked(value_size, key, count, "value"))
+        count += 1
+    if not stream.at_end():
+        raise SparkCheckpointError(f"{key}: data after the end of the records")
+
+
+def changelog_records(blocks: Iterator[bytes], key: str) -> Iterator[
+        tuple[bytes, bytes | None]]:
+    """A RocksDB changelog's records (`records` with deletes), after its header."""
+    stream = _Stream(blocks, key)
+    head = stream.peek(3)
+    if head[:3] == b"\x00\x02v":
+        version = stream.utf()
+        if version != "v3":
+            raise SparkCheckpointError(
+                f"{key}: a changelog {version[:8]!r} (column families) is not read yet")
+        stream.utf()  # the lineage (stores.resolve has read it)
+    return _records(stream, key, deletes=True)
+
+
+def _checked(size: int, key: str, index: int, what: str) -> int:
+    if not 0 <= size <= MAX_RECORD_BYTES:
+        raise SparkCheckpointError(f"{key}: record {index} has a {what} of size {size}")
+    return size
+
+
+class _Stream:
+    def __init__(self, blocks: Iterator[bytes], key: str) -> None:
+        self._blocks = blocks
+        self._buffer = bytearray()
+        self._at = 0
+        self._key = key
+
+    def _fill(self, n: int) -> bool:
+        while len(self._buffer) - self._at < n:
+            block = next(self._blocks, None)
+            if block is None:
+                return False
+            if self._at:
+                del self._buffer[: self._at]
+                self._at = 0
+            self._buffer += block
+        return True
+
+    def take(self, n: int) -> bytes:
+        if not self._fill(n):
+            raise SparkCheckpointError(f"{self._key}: the records are cut short")
+        out = bytes(self._buffer[self._at : self._at + n])
+        self._at += n
+        return out
+
+    def peek(self, n: int) -> bytes:
+        """Up to `n` next bytes, left to be read."""
+        self._fill(n)
+        return bytes(self._buffer[self._at : self._at + n])
+
+    def utf(self) -> str:
+        (length,) = struct.unpack(">H", self.take(2))
+        try:
+            return self.take(length).decode("utf-8")
+        except UnicodeDecodeError:
+            raise SparkCheckpointError(f"{self._key}: a header that is not UTF-8") from None
+
+    def int(self) -> int:
+        value: int = _INT.unpack(self.take(4))[0]
+        return value
+
+    def at_end(self) -> bool:
+        return not self._fill(1)

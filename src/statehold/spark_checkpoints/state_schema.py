@@ -1,0 +1,95 @@
+"""A state store's schema file (``state/OP/PART/[STORE/]_metadata/schema``): the key and
+value schemas Spark checks a restart against, and that the offline reader decodes rows
+with.
+
+Spark writes it with Java's DataOutputStream: the version as ``writeUTF`` (``v1``, ``v2``),
+then for v1 the key and value schemas' JSON, each one ``writeUTF``; for v2 each schema as
+a chunk count (4-byte int) and that many ``writeUTF`` chunks (a schema may be longer than
+one UTF string's 64 KiB). Version 3 (transformWithState's column families, under
+``state/OP/_stateSchema/``) is refused in one line: not read yet.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from statehold.format.signed import load_json
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.spark_types import Struct, arrow_fields, parse_struct
+
+#: A schema file is a few KiB; one larger than this is not read.
+MAX_SCHEMA_BYTES = 16 << 20
+#: The metadata key of a state batch's Arrow schema: how many leading columns are the key.
+KEY_COLUMNS = b"statehold.key_columns"
+
+
+@dataclass(frozen=True, slots=True)
+class StateSchema:
+    """A store's key and value schemas."""
+
+    key: Struct
+    value: Struct
+
+    def arrow(self) -> pa.Schema:
+        """Key columns, then value columns; the metadata says how many are the key."""
+        fields = [*arrow_fields(self.key), *arrow_fields(self.value)]
+        return pa.schema(fields, metadata={KEY_COLUMNS: str(len(self.key.fields)).encode()})
+
+
+def read_state_schema(data: bytes, where: str) -> StateSchema:
+    """The key and value schemas of a schema file's bytes; SparkCheckpointError (one line)
+    when it is not one statehold reads."""
+    if len(data) > MAX_SCHEMA_BYTES:
+        raise SparkCheckpointError(f"{where}: {len(data)} bytes, not a state schema file")
+    reader = _Reader(data, where)
+    version = reader.utf()
+    if version == "v1":
+        key, value = reader.utf(), reader.utf()
+    elif version == "v2":
+        key, value = reader.chunks(), reader.chunks()
+    elif version == "v3":
+        raise SparkCheckpointError(
+            f"{where}: state schema v3 (transformWithState's column families) is not read yet")
+    else:
+        raise SparkCheckpointError(f"{where}: not a state schema file (version {version[:20]!r})")
+    if reader.at != len(data):
+        raise SparkCheckpointError(f"{where}: {len(data) - reader.at} bytes after the schemas")
+    return StateSchema(_struct(key, f"{where} (key schema)"),
+                       _struct(value, f"{where} (value schema)"))
+
+
+def _struct(text: str, where: str) -> Struct:
+    doc = load_json(text.encode("utf-8", "surrogatepass"), where=where,
+                    error=SparkCheckpointError, max_bytes=MAX_SCHEMA_BYTES)
+    return parse_struct(doc, where)
+
+
+class _Reader:
+    """Java's DataInputStream over bytes, refusing in one line where they end early."""
+
+    def __init__(self, data: bytes, where: str) -> None:
+        self.data, self.at, self.where = data, 0, where
+
+    def _take(self, n: int) -> bytes:
+        if self.at + n > len(self.data):
+            raise SparkCheckpointError(f"{self.where}: cut short at byte {self.at}")
+        out = self.data[self.at : self.at + n]
+        self.at += n
+        return out
+
+    def utf(self) -> str:
+        (length,) = struct.unpack(">H", self._take(2))
+        try:
+            # Java's modified UTF-8 differs only for NUL and astral characters
+            return self._take(length).decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            raise SparkCheckpointError(f"{self.where}: a string that is not UTF-8") from None
+
+    def chunks(self) -> str:
+        (count,) = struct.unpack(">i", self._take(4))
+        if not 0 < count <= len(self.data) // 2:
+            raise SparkCheckpointError(f"{self.where}: {count} chunks in a schema")
+        return "".join(self.utf() for _ in range(count))
