@@ -20,19 +20,17 @@ from pathlib import Path
 import pytest
 
 from statehold.spark_checkpoints import open_spark_checkpoint
-from statehold.spark_checkpoints.gc import gc
 from statehold.spark_checkpoints.layout import Kind
 from statehold.spark_checkpoints.relocate import absolute_paths, relocate
 from statehold.spark_checkpoints.rollback import rollback
 from statehold.spark_checkpoints.savepoint import savepoint
 from statehold.spark_checkpoints.state_files import check_stream, read_zip_metadata
 from tests.support.spark_checkpoint_trees import (
+    gc_removes_only_orphans,
     listing,
     needs_of_restartable,
     newest_log,
-    plant_orphans,
     restartable_batches,
-    versions_held,
 )
 from tests.support.spark_fixtures import (
     FILES,
@@ -218,26 +216,7 @@ def test_gc_removes_planted_orphans_and_keeps_what_retained_batches_need(
 ) -> None:
     fx = copy_of(extracted(version), version, query, provider, tmp_path)
     ckpt = fx.checkpoint
-    assert not (ckpt / "commits" / "0").exists(), "batch 0 is still retained"
-    needs = needs_of_restartable(ckpt)
-    doomed, stale = plant_orphans(ckpt, provider)
-    # A stale version file needs a free version below every retained one's snapshot; a
-    # store whose retained versions all replay from an empty store (no snapshot made
-    # when Spark wrote the fixture) has none.
-    room = all(base > 1 for base in versions_held(ckpt).values())
-    assert stale or not room, f"no stale file planted: {sorted(versions_held(ckpt).items())}"
-    assert needs_of_restartable(ckpt) == needs, "a planted file made a batch restartable"
-    before = listing(ckpt)
-
-    report = gc(open_spark_checkpoint(str(ckpt)), grace_seconds=0)
-
-    gone = set(before) - set(listing(ckpt))
-    assert report.ok, report.problems
-    assert doomed <= gone, sorted(doomed - gone)
-    needed = set().union(*needs.values())
-    assert not needed & gone, sorted(needed & gone)[:5]
-    assert needs_of_restartable(ckpt) == needs
-    assert open_spark_checkpoint(str(ckpt)).verify().ok
+    gc_removes_only_orphans(ckpt, provider)
 
 
 @pytest.mark.parametrize(("version", "query", "provider"), PAIRS, ids=IDS)

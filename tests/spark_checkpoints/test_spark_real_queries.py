@@ -31,7 +31,6 @@ import pyspark
 import pytest
 
 from statehold.spark_checkpoints import open_spark_checkpoint
-from statehold.spark_checkpoints.gc import gc
 from statehold.spark_checkpoints.rollback import rollback
 from statehold.spark_checkpoints.savepoint import savepoint
 from tests.support.spark_checkpoint_queries import (
@@ -45,12 +44,10 @@ from tests.support.spark_checkpoint_queries import (
 )
 from tests.support.spark_checkpoint_trees import (
     copy_tree,
+    gc_removes_only_orphans,
     listing,
-    needs_of_restartable,
     newest_log,
-    plant_orphans,
     restartable_batches,
-    versions_held,
 )
 from tests.support.spark_fixtures import copy_of, manifests, rebind, rows
 
@@ -170,26 +167,7 @@ def test_gc_removes_planted_orphans_and_the_query_restarts_from_what_it_kept(
 ) -> None:
     run = runs(query, provider)
     ckpt = copy_tree(run.checkpoint, tmp_path / "ckpt")
-    assert not (ckpt / "commits" / "0").exists(), "batch 0 is still retained"
-    needs = needs_of_restartable(ckpt)
-    doomed, stale = plant_orphans(ckpt, provider)
-    # A stale version file needs a free version below every retained one's snapshot; a
-    # store whose retained versions all replay from an empty store (no snapshot made
-    # yet: it depends on when Spark's maintenance ran) has none.
-    room = all(base > 1 for base in versions_held(ckpt).values())
-    assert stale or not room, f"no stale file planted: {sorted(versions_held(ckpt).items())}"
-    assert needs_of_restartable(ckpt) == needs, "a planted file made a batch restartable"
-    before = listing(ckpt)
-
-    report = gc(open_spark_checkpoint(str(ckpt)), grace_seconds=0)
-
-    gone = set(before) - set(listing(ckpt))
-    assert report.ok, report.problems
-    assert doomed <= gone, sorted(doomed - gone)
-    needed = set().union(*needs.values())
-    assert not needed & gone, sorted(needed & gone)[:5]
-    assert needs_of_restartable(ckpt) == needs
-    assert open_spark_checkpoint(str(ckpt)).verify().ok
+    gc_removes_only_orphans(ckpt, provider)
     k = earliest(run, ckpt)
     rollback(open_spark_checkpoint(str(ckpt)), k, keep=str(tmp_path / "kept"), grace_seconds=0)
     assert restart(spark, run, ckpt, k, tmp_path / "out") == run.rows

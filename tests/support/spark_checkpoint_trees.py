@@ -128,3 +128,31 @@ def plant_orphans(ckpt: Path, provider: str) -> tuple[set[str], set[str]]:
             stale.unlink()  # it would make a retained version whole: gc must keep it
     rel = {str(p.relative_to(ckpt)) for p in doomed | stale_files}
     return rel, {str(p.relative_to(ckpt)) for p in stale_files}
+
+
+def gc_removes_only_orphans(ckpt: Path, provider: str) -> None:
+    """Orphans planted in every store of `ckpt` (a location whose batch 0 Spark already
+    purged), then gc with no grace: it deletes every planted file, nothing a restartable
+    batch needs, and leaves the location verified and each batch restartable as before."""
+    from statehold.spark_checkpoints.gc import gc
+
+    assert not (ckpt / "commits" / "0").exists(), "batch 0 is still retained"
+    needs = needs_of_restartable(ckpt)
+    doomed, stale = plant_orphans(ckpt, provider)
+    # A stale version file needs a free version below every retained one's snapshot; a
+    # store whose retained versions all replay from an empty store (no snapshot made
+    # yet: it depends on when Spark's maintenance ran) has none.
+    room = all(base > 1 for base in versions_held(ckpt).values())
+    assert stale or not room, f"no stale file planted: {sorted(versions_held(ckpt).items())}"
+    assert needs_of_restartable(ckpt) == needs, "a planted file made a batch restartable"
+    before = listing(ckpt)
+
+    report = gc(open_spark_checkpoint(str(ckpt)), grace_seconds=0)
+
+    gone = set(before) - set(listing(ckpt))
+    assert report.ok, report.problems
+    assert doomed <= gone, sorted(doomed - gone)
+    needed = set().union(*needs.values())
+    assert not needed & gone, sorted(needed & gone)[:5]
+    assert needs_of_restartable(ckpt) == needs
+    assert open_spark_checkpoint(str(ckpt)).verify().ok
