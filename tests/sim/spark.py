@@ -55,7 +55,7 @@ import statehold.clock
 import statehold.spark_checkpoints.rollback
 from sim.scheduler import Actor, Process, Scheduler, SimClock
 from sim.storage import InjectedFault, SimStorage
-from sim.world import Stop, Violation
+from sim.world import Stepping, Stop, Violation
 from statehold.errors import StateholdError
 from statehold.spark_checkpoints import SparkCheckpointLocation
 from statehold.storage.base import StorageError
@@ -191,7 +191,7 @@ class Loc:
     checked: int = -1
 
 
-class SparkWorld:
+class SparkWorld(Stepping):
     """The Spark world: the same scheduler, clock and simulated storage as `World`."""
 
     def __init__(self, seed: int, steps: int, *, list_lag: float = 0.0, faults: bool = True,
@@ -1269,36 +1269,6 @@ class SparkWorld:
         self.relocate_due = True  # (a no-op unless the input moved since)
 
     # -- running -------------------------------------------------------------------------
-    def grant_one(self, env: bool) -> bool:
-        self.sched.settle()
-        self.check()
-        if self.violations:
-            raise Stop
-        if env:
-            self.environment()
-            self.sched.settle()
-        runnable = self.sched.runnable()
-        if not runnable:
-            wake = self.sched.next_wake()
-            if wake is None:
-                if not env:
-                    return False
-                self.clock.advance(1.0)
-            else:
-                self.clock.t = wake
-            return True
-        actor = runnable[self.rng.randrange(len(runnable))]
-        self.sched.grant(actor)
-        self.step += 1
-        return True
-
-    def run_until_done(self, procs: list[Process], limit: int = 20000) -> None:
-        for _ in range(limit):
-            if all(p.done or p.killed for p in procs):
-                return
-            if not self.grant_one(env=False):
-                return
-
     def run(self) -> dict[str, Any]:
         previous_clock = statehold.clock.use(self.clock)
         saved_open = statehold.spark_checkpoints.rollback._open

@@ -222,7 +222,55 @@ class _Ids:
         return uuid.UUID(int=self.rng.getrandbits(128), version=4)
 
 
-class World:
+class Stepping:
+    """How a world moves: settle, check the invariants, let the environment act, then one
+    runnable actor a step (or time forward when none is). The job world and the Spark
+    world share it; each gives the attributes and the two hooks."""
+
+    sched: Scheduler
+    clock: SimClock
+    rng: random.Random
+    step: int
+    violations: list[Violation]
+
+    def check(self) -> None:
+        raise NotImplementedError
+
+    def environment(self) -> None:
+        raise NotImplementedError
+
+    def grant_one(self, env: bool) -> bool:
+        self.sched.settle()
+        self.check()
+        if self.violations:
+            raise Stop
+        if env:
+            self.environment()
+            self.sched.settle()
+        runnable = self.sched.runnable()
+        if not runnable:
+            wake = self.sched.next_wake()
+            if wake is None:
+                if not env:
+                    return False
+                self.clock.advance(1.0)
+            else:
+                self.clock.t = wake
+            return True
+        actor = runnable[self.rng.randrange(len(runnable))]
+        self.sched.grant(actor)
+        self.step += 1
+        return True
+
+    def run_until_done(self, procs: list[Process], limit: int = 20000) -> None:
+        for _ in range(limit):
+            if all(p.done or p.killed for p in procs):
+                return
+            if not self.grant_one(env=False):
+                return
+
+
+class World(Stepping):
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
@@ -1139,29 +1187,6 @@ class World:
         self.spawn(proc, proc.name, lambda: self.restorer(mode, source, key, target)(proc))
 
     # -- running -------------------------------------------------------------------------
-    def grant_one(self, env: bool) -> bool:
-        self.sched.settle()
-        self.check()
-        if self.violations:
-            raise Stop
-        if env:
-            self.environment()
-            self.sched.settle()
-        runnable = self.sched.runnable()
-        if not runnable:
-            wake = self.sched.next_wake()
-            if wake is None:
-                if not env:
-                    return False
-                self.clock.advance(1.0)
-            else:
-                self.clock.t = wake
-            return True
-        actor = runnable[self.rng.randrange(len(runnable))]
-        self.sched.grant(actor)
-        self.step += 1
-        return True
-
     def run(self) -> dict[str, Any]:
         ids = _Ids(random.Random(self.cfg.seed * 7 + 1))
         saved = (statehold.format.layout.uuid, statehold.ha.embedded.uuid,
@@ -1206,13 +1231,6 @@ class World:
         saved = getattr(owner, attr)
         setattr(owner, attr, replacement)
         return lambda: setattr(owner, attr, saved)
-
-    def run_until_done(self, procs: list[Process], limit: int = 20000) -> None:
-        for _ in range(limit):
-            if all(p.done or p.killed for p in procs):
-                return
-            if not self.grant_one(env=False):
-                return
 
     def quiesce(self) -> None:
         """Stop everything, heal every fault, let time pass, run one attempt (which
