@@ -99,6 +99,8 @@ def judge(
         return Verdict.PROTECTED
     if name.kind is Kind.TEMP:
         target = temp_subject(info.key)
+        if target is not None and target.kind is Kind.CRC and target.of is not None:
+            target = parse(target.of)  # a checksum Spark 4 writes beside the version file
         if target is not None and target.kind in VERSION_FILES and _above_newest(target, view):
             return Verdict.PROTECTED  # being written by the running batch: open for its length
     if name.kind is Kind.CRC and subject is not None and subject is not Verdict.DELETABLE:
