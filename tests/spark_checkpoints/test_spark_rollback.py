@@ -18,7 +18,7 @@ import pytest
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.rollback import rollback
 from tests.support.spark_checkpoint_trees import newest_log, restartable_batches
-from tests.support.spark_fixtures import copy_of, make_old, manifests, rebind, rows
+from tests.support.spark_fixtures import copy_of, make_old, manifests, rows, running
 
 #: A representative subset of queries x providers, to keep the Spark time modest.
 CASES = [
@@ -46,18 +46,10 @@ def _listing(root: Path) -> dict[str, int]:
 def test_rollback_then_rerun_gives_the_same_output(
     spark: Any, extracted: Callable[[str], Path], tmp_path: Path, query: str, provider: str
 ) -> None:
-    import pyspark
+    from tests.support.spark_checkpoint_queries import all_rows, run_query
 
-    from tests.support.spark_checkpoint_queries import PROVIDERS, all_rows, run_query
-
-    if provider not in PROVIDERS:
-        pytest.skip(f"PySpark {pyspark.__version__} has no checkpoint format v2")
-    version = pyspark.__version__
-    assert version in manifests(), (
-        f"no committed fixture of PySpark {version}: python -m tests.fixtures.spark.make")
-    fx = copy_of(extracted(version), version, query, provider, tmp_path)
+    fx, inputs = running(extracted, query, provider, tmp_path)
     ckpt, out = fx.checkpoint, tmp_path / "out"
-    inputs = rebind(fx, tmp_path / "in")
     files = int(fx.entry["files"])
     out.mkdir()
     for path in fx.output.glob("batch-*.json"):

@@ -18,11 +18,10 @@ from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpo
 from statehold.spark_checkpoints.savepoint import savepoint
 from tests.support.spark_checkpoint_trees import newest_log, restartable_batches
 from tests.support.spark_fixtures import (
-    Fixture,
     copy_of,
     manifests,
-    rebind,
     rows,
+    running,
 )
 
 #: A representative subset of queries x providers (every provider with the window, the
@@ -40,23 +39,6 @@ _CASES = [
 ]
 VERSIONS = sorted(manifests())
 PROVIDER = "rocksdb_changelog"
-
-
-def running(extracted: Callable[[str], Path], query: str, provider: str, tmp_path: Path
-            ) -> tuple[Fixture, Path]:
-    """The running PySpark's location of `query` on `provider`, copied and relocated to a
-    fresh copy of its input (``tmp_path/in``); skips where this PySpark lacks `provider`."""
-    import pyspark
-
-    from tests.support.spark_checkpoint_queries import PROVIDERS
-
-    if provider not in PROVIDERS:
-        pytest.skip(f"PySpark {pyspark.__version__} has no checkpoint format v2")
-    version = pyspark.__version__
-    assert version in manifests(), (
-        f"no committed fixture of PySpark {version}: python -m tests.fixtures.spark.make")
-    fx = copy_of(extracted(version), version, query, provider, tmp_path)
-    return fx, rebind(fx, tmp_path / "in")
 
 
 def copy_output(reference: Path, out: Path, upto: int) -> None:

@@ -224,3 +224,21 @@ def rebind(fx: Fixture, inputs: Path) -> Path:
     assert all(str(Path(fx.input).parent) not in b.path
                for b in absolute_paths(open_spark_checkpoint(str(fx.checkpoint))))
     return inputs
+
+
+def running(extracted: Callable[[str], Path], query: str, provider: str, tmp_path: Path
+            ) -> tuple[Fixture, Path]:
+    """The running PySpark's location of `query` on `provider`, copied and relocated to a
+    fresh copy of its input (``tmp_path/in``); skips where this PySpark lacks `provider`."""
+    import pyspark
+    import pytest
+
+    from tests.support.spark_checkpoint_queries import PROVIDERS
+
+    if provider not in PROVIDERS:
+        pytest.skip(f"PySpark {pyspark.__version__} has no checkpoint format v2")
+    version = pyspark.__version__
+    assert version in manifests(), (
+        f"no committed fixture of PySpark {version}: python -m tests.fixtures.spark.make")
+    fx = copy_of(extracted(version), version, query, provider, tmp_path)
+    return fx, rebind(fx, tmp_path / "in")
