@@ -187,7 +187,8 @@ def _decoders(location: SparkCheckpoint, found: Scan, store: StoreId, version: i
 def _read(location: SparkCheckpoint, key: str, store: StoreId, tmp: Path,
           decode: Decode) -> int:
     count = 0
-    for k, v in file_records(location, key, store, tmp, column_families=decode is None):
+    for k, v in file_records(location, key, store, tmp, column_families=decode is None,
+                             checksums=True):
         if decode is not None:
             decode(k, v)
         count += 1

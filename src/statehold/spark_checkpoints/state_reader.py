@@ -127,12 +127,14 @@ def row_decoders(schema: StateSchema, store: StoreId, version: int, provider: st
 
 
 def file_records(location: SparkCheckpoint, key: str, store: StoreId, tmp: Path, *,
-                 column_families: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
+                 column_families: bool = False, checksums: bool = False
+                 ) -> Iterator[tuple[bytes, bytes | None]]:
     """The raw (key row, value row or None for a delete) records of one state file, in
     file order, streamed: a delta or HDFS snapshot, a changelog, or a snapshot zip's
     RocksDB rebuilt under `tmp` (removed when done). `column_families`: a store of
     transformWithState's is read anyway, its RocksDB iterated and its typed changelogs
-    read to their end without their records (`verify --deep`)."""
+    read to their end without their records; `checksums`: each lz4 block's checksum
+    verified (both `verify --deep`'s)."""
     if key.endswith(".zip"):
         db = Path(tempfile.mkdtemp(prefix="db-", dir=tmp))
         try:
@@ -141,7 +143,7 @@ def file_records(location: SparkCheckpoint, key: str, store: StoreId, tmp: Path,
         finally:
             shutil.rmtree(db, ignore_errors=True)
         return
-    blocks = _blocks(location, key, tmp)
+    blocks = _blocks(location, key, tmp, checksums)
     if key.endswith(".changelog"):
         yield from changelog_records(blocks, key, typed=column_families)
     else:
@@ -162,14 +164,15 @@ def _decoder(schema: Struct, where: str, skip: int) -> Callable[[bytes], tuple[A
     return versioned
 
 
-def _blocks(location: SparkCheckpoint, key: str, tmp: Path) -> Iterator[bytes]:
+def _blocks(location: SparkCheckpoint, key: str, tmp: Path, checksums: bool = False
+            ) -> Iterator[bytes]:
     """`key`'s decompressed blocks, from a local copy read a chunk at a time."""
     local = tmp / "file"  # one at a time: a file is read to its end before the next
     try:
         location.storage.download(key, local)
     except StorageError as e:
         raise SparkCheckpointError(f"{key}: cannot be read ({e})") from None
-    yield from decompressed(_chunks(local), key)
+    yield from decompressed(_chunks(local), key, checksums=checksums)
 
 
 def _chunks(path: Path) -> Iterator[bytes]:

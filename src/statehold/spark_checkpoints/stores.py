@@ -155,9 +155,10 @@ def _missing_chain(
 ) -> list[tuple[str, Missing]]:
     """What each gap of a chain is. Deltas and, with changelog checkpointing on,
     changelogs are written at every commit, so a gap reaching the version is the version
-    missing, and one in the middle the files deleted; a RocksDB gap reaching down to the
-    base is a snapshot zip gone whose changelogs Spark had purged after writing it (with
-    changelog checkpointing off, no changelogs at all: the version's own zip)."""
+    missing, and one in the middle the files deleted. A RocksDB chain with no snapshot
+    under it whose changelogs start above version 1 lost the snapshot zip they start from
+    (Spark purges the changelogs below a snapshot it keeps); with changelog checkpointing
+    off (no changelogs at all) a gap is the version's own zip."""
     step = Kind.CHANGELOG if rocks else Kind.DELTA
     changelogs = any(k is Kind.CHANGELOG for k, _v, _u in files.versions)
     out: list[tuple[str, Missing]] = []
@@ -170,7 +171,7 @@ def _missing_chain(
             run = run[:-1]
         if not run:
             continue
-        if rocks and run[0] == base + 1:
+        if rocks and not base and run[0] == 1:
             out.append((files.key(Kind.ZIP, run[-1]), "zip-missing"))
             continue
         kind: Missing = "changelog-missing" if rocks else "delta-missing"
