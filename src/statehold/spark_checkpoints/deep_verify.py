@@ -127,10 +127,12 @@ def _check_store(location: SparkCheckpoint, found: Scan, store: StoreId, batch: 
     version = batch + 1
     try:
         files, needs = resolved(location, found, store, batch)
-    except SparkCheckpointError as e:  # a snapshot zip whose file list cannot be read
+    except SparkCheckpointError as e:  # a zip's file list, a changelog's lineage unread
         subject = _subject(str(e))
         if subject.endswith(".zip"):
             result.findings.append(_zip_finding(location, subject, str(e)))
+        elif subject.endswith(".changelog") and subject.startswith(store.prefix):
+            result.findings.append(_step_finding(subject, str(e)))
         else:
             raise
         return
@@ -231,11 +233,8 @@ def _classify(location: SparkCheckpoint, found: Scan, store: StoreId, key: str,
     """The file and kind an error reading `key` (a zip or a step) points at."""
     message = re.sub(re.escape(str(tmp)) + r"/db-[^/\s]*/", "", message)
     subject = _subject(message)
-    for suffix, word in _STEP.items():
-        if key.endswith(suffix):
-            cut = "cut short" in message or "do not end" in message
-            kind = Kind(f"{word}-{'cut-short' if cut else 'corrupt'}")
-            return Finding(key, kind, _detail(message, key))
+    if key.endswith(tuple(_STEP)):
+        return _step_finding(key, message)
     if subject != key and subject.startswith(store.prefix):  # an SST or log not read
         kind = Kind.SST_MISSING if subject not in found.files else Kind.SST_CORRUPT
         return Finding(subject, kind, f"{key} lists it: {_detail(message, subject)}")
@@ -244,8 +243,9 @@ def _classify(location: SparkCheckpoint, found: Scan, store: StoreId, key: str,
     named = _named_sst(location, store, key, message)
     if (m := _UNIQUE_ID.search(message)) and named:
         return Finding(named, Kind.SST_UNIQUE_ID, _bug(
-            Kind.SST_UNIQUE_ID, f"not the SST {key}'s MANIFEST records as table file "
-            f"{m.group(1)}, though of the same name (RocksDB: {_rocksdb(message)})"))
+            Kind.SST_UNIQUE_ID, f"its unique id is not the one {key}'s MANIFEST records for "
+            f"table file {m.group(1)}: another SST under its name (RocksDB: "
+            f"{_rocksdb(message)})"))
     if _SIZE.search(message) and named:
         return Finding(named, Kind.SST_SIZE, _bug(
             Kind.SST_SIZE, f"{found.files[named].size} bytes, not the size {key}'s MANIFEST "
@@ -253,6 +253,14 @@ def _classify(location: SparkCheckpoint, found: Scan, store: StoreId, key: str,
     if named:
         return Finding(named, Kind.SST_CORRUPT, f"{key} lists it: RocksDB: {_rocksdb(message)}")
     return Finding(key, Kind.ROCKSDB_CANNOT_OPEN, _detail(message, key))
+
+
+def _step_finding(key: str, message: str) -> Finding:
+    """A changelog, delta or HDFS snapshot that does not read to its end."""
+    word = _STEP["." + key.rsplit(".", 1)[1]]
+    cut = "cut short" in message or "do not end" in message
+    kind = Kind(f"{word}-{'cut-short' if cut else 'corrupt'}")
+    return Finding(key, kind, _detail(message, key))
 
 
 def _named_sst(location: SparkCheckpoint, store: StoreId, zip_key: str, message: str
