@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import lz4.block
 import pytest
 from typer.testing import CliRunner
 
@@ -176,6 +178,27 @@ def hdfs_snapshot_corrupted(root: Path, needs: list[Needs]) -> Damage | None:
     return None
 
 
+def hdfs_snapshot_bit_rot(root: Path, needs: list[Needs]) -> Damage | None:
+    """One bit of the snapshot's last value changed and the block compressed again under
+    its old checksum: the stream is well formed and every record decodes, so only
+    lz4-java's checksum (which Spark's load checks) can tell."""
+    for store in needs:
+        for key in store.files:
+            if key.endswith(".snapshot"):
+                data = (root / key).read_bytes()
+                token, size, raw_size, check = struct.unpack_from("<Biii", data, 8)
+                body = data[21 : 21 + size]
+                raw = bytearray(body if token & 0xF0 == 0x10 else
+                                lz4.block.decompress(body, uncompressed_size=raw_size))
+                raw[-5] ^= 0x01  # before the records' end (-1, four bytes)
+                again = lz4.block.compress(bytes(raw), store_size=False)
+                header = b"LZ4Block" + struct.pack("<Biii", 0x20 | (token & 0x0F), len(again),
+                                                   raw_size, check)
+                (root / key).write_bytes(header + again + data[21 + size :])
+                return Damage(key, "snapshot-corrupt")
+    return None
+
+
 def version_missing(root: Path, needs: list[Needs]) -> Damage | None:
     """Every file of the version the newest batch wrote, of one store, deleted: commits/N
     is there, version N+1 is not."""
@@ -209,6 +232,7 @@ CASES: list[tuple[str, Plant, str, list[str]]] = [
     ("changelog-cut-short", newest_changelog_cut_short, "rocksdb_v2", ["window", "join"]),
     ("delta-deleted", delta_deleted, "hdfs", ["window", "join", "dedup"]),
     ("hdfs-snapshot-corrupt", hdfs_snapshot_corrupted, "hdfs", ["window", "join", "dedup"]),
+    ("hdfs-snapshot-bit-rot", hdfs_snapshot_bit_rot, "hdfs", ["window", "join", "dedup"]),
     ("version-missing", version_missing, "hdfs", ["window"]),
     ("version-missing", version_missing, "rocksdb_changelog", ["window", "join"]),
     ("version-missing", version_missing, "rocksdb_v2", ["window", "join"]),
