@@ -81,8 +81,8 @@ def _options() -> Options:
     version: every table file opened at open (``max_open_files`` -1), so each SST's size
     and unique id are compared with the MANIFEST's there ("Sst file size mismatch",
     "Mismatch in unique ID on table file"; `verify_sst_unique_id_in_manifest` is on by
-    default in the RocksDB rocksdict bundles), paranoid checks on, and every block's checksum verified as
-    it is iterated (ReadOptions' default)."""
+    default in the RocksDB rocksdict bundles), paranoid checks on, and every block's
+    checksum verified as it is iterated (ReadOptions' default)."""
     options = Options(raw_mode=True)
     options.set_paranoid_checks(True)
     options.set_max_open_files(-1)
