@@ -250,8 +250,7 @@ def test_verify_deep_names_each_damage(
     damage = None
     for query in tried:
         fx = copy_of(extracted(version), version, query, provider, tmp_path / query)
-        location = open_spark_checkpoint(str(fx.checkpoint))
-        assert location.verify(deep=True).ok
+        location = open_spark_checkpoint(str(fx.checkpoint))  # whole: the test above
         damage = plant(fx.checkpoint, needs_of(location))
         if damage is not None:
             break
