@@ -339,3 +339,17 @@ def test_the_shallow_verify_loads_nothing(
     shallow = location.verify()
     assert shallow.ok and not shallow.deep and shallow.stores_loaded == 0
     assert not location.verify(deep=True).ok
+
+
+def test_records_that_do_not_decode_with_the_schema_are_named(
+    extracted: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Another query's schema file: every record reads to its end, none decodes."""
+    version = VERSIONS[-1]
+    fx = copy_of(extracted(version), version, "window", "hdfs", tmp_path / "w")
+    other = fixture(extracted(version), version, "pandas_state", "hdfs")
+    shutil.copy(other.checkpoint / "state/0/0/_metadata/schema",
+                fx.checkpoint / "state/0/0/_metadata/schema")
+    report = open_spark_checkpoint(str(fx.checkpoint)).verify(deep=True)
+    kinds = {(p.path.split("/")[2], p.kind) for p in report.problems}
+    assert kinds == {("0", "record-undecodable"), ("1", "record-undecodable")}, report.problems

@@ -63,6 +63,7 @@ class Kind(StrEnum):
     SNAPSHOT_CORRUPT = "snapshot-corrupt"
     VERSION_MISSING = "version-missing"
     SCHEMA_UNREADABLE = "schema-unreadable"
+    RECORD_UNDECODABLE = "record-undecodable"
 
 
 #: The Spark bugs whose signature a kind carries, and what each did.
@@ -119,6 +120,8 @@ def deep_check(
         raise SparkCheckpointError(f"{location.uri}: no state store of operator {operator}")
     for store in stores:
         _check_store(location, found, store, batch, result, progress)
+    # one line per file and kind (every partition reads partition 0's schema file)
+    result.findings = list(dict.fromkeys(result.findings))
     return result
 
 
@@ -233,6 +236,9 @@ def _classify(location: SparkCheckpoint, found: Scan, store: StoreId, key: str,
     """The file and kind an error reading `key` (a zip or a step) points at."""
     message = re.sub(re.escape(str(tmp)) + r"/db-[^/\s]*/", "", message)
     subject = _subject(message)
+    if message.startswith(f"{store} version"):  # a row_decoders error
+        return Finding(key, Kind.RECORD_UNDECODABLE,
+                       f"a record does not decode with the store's schema ({message})")
     if key.endswith(tuple(_STEP)):
         return _step_finding(key, message)
     if subject != key and subject.startswith(store.prefix):  # an SST or log not read
