@@ -1,9 +1,11 @@
 """Every decoder of a Spark checkpoint file, fuzzed: the offsets, commit (v1 and v2) and
 file-source logs, a RocksDB snapshot zip and the file list inside it, an lz4 stream
-(changelog, delta, HDFS snapshot: whole, and read in small chunks), a format-v2
-changelog's lineage header, and the names of a location's files. Then whole locations:
-one file of a small location replaced by a mutation, and the location read as the tools
-read it (listing, verify, du, history, the absolute paths, a dry-run gc).
+(changelog, delta, HDFS snapshot: whole, and read in small chunks; with lz4-java's block
+checksums verified, as `verify --deep` reads them), a format-v2 changelog's lineage
+header, a typed changelog read to its end, and the names of a location's files. Then
+whole locations: one file of a small location replaced by a mutation, and the location
+read as the tools read it (listing, verify, verify --deep, du, history, the absolute
+paths, a dry-run gc).
 
 The strategies are tests/format/test_fuzz_decoders.py's (tests/support/fuzz.py): arbitrary
 bytes, and mutations of a valid file (its JSON lines' values replaced by extreme ones,
@@ -202,6 +204,26 @@ def _decode_changelog(data: bytes) -> object:
     return sum(1 for _ in changelog_records(decompressed(iter([data]), key), key))
 
 
+def _decode_checksummed(data: bytes) -> object:
+    """`verify --deep`'s read of a stream: each block's lz4-java checksum verified."""
+    key = f"{STORE}/3.delta"
+    return sum(len(b) for b in decompressed(iter([data]), key, checksums=True))
+
+
+def _changelog_typed() -> bytes:
+    """A changelog of column families (v4: its lineage, typed records, a 0 ending them),
+    which `verify --deep` reads to its end without its records."""
+    lineage_json = json.dumps([{"version": 4, "checkpointUniqueId": "6b0c6fd4-6a8c"}])
+    body = utf("v4") + utf(lineage_json) + b"\x01" + struct.pack(">i", 3) + b"key" + b"\x00"
+    return lz4_stream(body, block=256)
+
+
+def _decode_typed_changelog(data: bytes) -> object:
+    key = f"{STORE}/5_u.changelog"
+    return sum(1 for _ in changelog_records(decompressed(iter([data]), key, checksums=True),
+                                            key, typed=True))
+
+
 @dataclass(frozen=True)
 class Decoder:
     name: str
@@ -233,6 +255,8 @@ DECODERS = [
             lambda d: read_state_schema(d, f"{STORE}/_metadata/schema")),
     Decoder("delta-records", _delta, _decode_delta),
     Decoder("changelog-records", _changelog_v3, _decode_changelog),
+    Decoder("lz4-checksummed", _delta, _decode_checksummed),
+    Decoder("changelog-typed", _changelog_typed, _decode_typed_changelog),
 ]
 
 
@@ -364,6 +388,10 @@ def test_a_location_with_one_file_mutated_is_read_or_refused(data: st.DataObject
             location.history()
             location.absolute_paths()
             location.gc(dry_run=True, grace_seconds=0)
+            # the deep load (RocksDB opened on the zip's files, every record read): each
+            # problem one bounded line
+            for problem in location.verify(deep=True).problems:
+                assert len(problem.problem) <= MAX_MESSAGE and "\n" not in problem.problem
         except SparkCheckpointError as e:
             message = str(e)
             assert message and len(message) <= MAX_MESSAGE and "\n" not in message, message

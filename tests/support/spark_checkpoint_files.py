@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import lz4.block
+import xxhash
 
 _END = b"LZ4Block" + struct.pack("<Biii", 0x10, 0, 0, 0)
 
@@ -23,7 +24,9 @@ def lz4_stream(payload: bytes, block: int = 32_768) -> bytes:
     for at in range(0, len(payload), block):
         raw = payload[at : at + block]
         body = lz4.block.compress(raw, store_size=False)
-        out += b"LZ4Block" + struct.pack("<Biii", 0x20 | level, len(body), len(raw), 0) + body
+        # lz4-java's checksum: XXH32 (its seed) of the block, 28 bits of it
+        check = xxhash.xxh32_intdigest(raw, seed=0x9747B28C) & 0xFFFFFFF
+        out += b"LZ4Block" + struct.pack("<Biii", 0x20 | level, len(body), len(raw), check) + body
     return bytes(out + _END)
 
 

@@ -31,12 +31,15 @@ from statehold.cli.output import (
 )
 from statehold.cli.spark_checkpoints import (
     BatchOption,
+    DeepOption,
+    OperatorOption,
     du_spark,
     inspect_spark,
     list_spark,
     spark_checkpoint_at,
     verify_spark,
 )
+from statehold.errors import StateholdError
 from statehold.job.directory import change_ha_store
 from statehold.job.locate import split_location
 
@@ -84,15 +87,23 @@ def verify_command(
     ] = False,
     ha: HaOption = None,
     batch: BatchOption = None,
+    deep: DeepOption = False,
+    operator: OperatorOption = None,
 ) -> None:
     """Every referenced file present, of the right size and checksum, inside the job
     directory. On a Spark checkpoint location: every file a restart after --batch needs
     exists and is whole (sizes match the snapshots' lists, zips and changelogs read to
-    their end, version chains unbroken, logs parse). Exits 1 and lists the problems
-    otherwise, one per line."""
+    their end, version chains unbroken, logs parse); with --deep every store version it
+    needs is also loaded (RocksDB's by RocksDB, every record decoded), each problem named
+    with its kind and the Spark bug whose signature it carries. Exits 1 and lists the
+    problems otherwise, one per line."""
     if (spark := spark_checkpoint_at(checkpoint)) is not None:
         with handle_errors(as_json):
-            return verify_spark(spark, as_json, batch)
+            return verify_spark(spark, as_json, batch, deep=deep, operator=operator)
+    if deep or operator is not None:
+        with handle_errors(as_json):
+            raise StateholdError(
+                f"{checkpoint}: --deep and --operator are for Spark checkpoint locations")
     with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
         checkpoint, ha
     ) as job:

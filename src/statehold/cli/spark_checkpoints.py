@@ -29,6 +29,26 @@ BatchOption = Annotated[
     ),
 ]
 
+DeepOption = Annotated[
+    bool,
+    typer.Option(
+        "--deep",
+        help="A Spark checkpoint location only: also load every store version the restart "
+        "needs (RocksDB's opened by RocksDB, changelogs, deltas and snapshots read to their "
+        "end, every record decoded), naming each problem's kind and the Spark bug it is the "
+        "signature of.",
+    ),
+]
+OperatorOption = Annotated[
+    int | None,
+    typer.Option(
+        "--operator",
+        min=0,
+        help="With --deep: load the stores of this stateful operator only (its number under "
+        "state/).",
+    ),
+]
+
 
 def spark_checkpoint_at(location: str) -> SparkCheckpoint | None:
     """The Spark checkpoint location at `location`; None for a statehold job directory
@@ -98,8 +118,11 @@ def inspect_spark(checkpoint: SparkCheckpoint, as_json: bool) -> None:
     )
 
 
-def verify_spark(checkpoint: SparkCheckpoint, as_json: bool, batch: int | None) -> None:
-    result = reports.verify(checkpoint, batch)
+def verify_spark(checkpoint: SparkCheckpoint, as_json: bool, batch: int | None, *,
+                 deep: bool = False, operator: int | None = None) -> None:
+    with RichProgress(not as_json) as progress:
+        result = reports.verify(checkpoint, batch, deep=deep, operator=operator,
+                                progress=progress)
     if as_json:
         emit_json(result)
     elif result.ok:
@@ -107,12 +130,19 @@ def verify_spark(checkpoint: SparkCheckpoint, as_json: bool, batch: int | None) 
             f"OK {result.uri}: a restart after batch {result.batch} has all "
             f"{result.files_checked} files it needs, {size(result.bytes_checked)}"
         )
+        if result.deep:
+            of = "" if result.operator is None else f" of operator {result.operator}"
+            say(f"OK loaded {result.stores_loaded} store versions{of}, "
+                f"{result.records_read} records read")
     else:
         for p in result.problems:
             say(f"{p.path}: {p.problem}" if not p.problem.startswith(p.path) else p.problem)
     if not as_json:
         for directory, count in result.bound_to.items():
             say(f"bound to {directory} ({count} input files named by absolute path)")
+    if not as_json:
+        for line in result.not_decoded:
+            say(f"not decoded: {line}")
     if not result.ok:
         error_line(f"verify failed: {len(result.problems)} problem(s) for batch {result.batch}")
         raise typer.Exit(1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from statehold.progress import Progress
 from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
 from statehold.spark_checkpoints.gc import SparkGcReport, gc
 from statehold.spark_checkpoints.history import SparkHistory, history
@@ -49,10 +50,20 @@ class SparkCheckpointLocation(SparkCheckpoint):
         """The batches, which a restart can start after, each store's versions."""
         return listing(self)
 
-    def verify(self, batch: int | None = None) -> SparkVerifyReport:
+    def verify(
+        self,
+        batch: int | None = None,
+        *,
+        deep: bool = False,
+        operator: int | None = None,
+        progress: Progress | None = None,
+    ) -> SparkVerifyReport:
         """Every file a restart after `batch` (default: the newest committed) needs is
-        there and whole."""
-        return verify(self, batch)
+        there and whole; `deep`: every store version it needs (of `operator` only, if
+        given) is also loaded, a RocksDB one by RocksDB, and each problem found names its
+        kind and the Spark bug whose signature it carries (`SparkProblem.kind`,
+        `.spark_bug`)."""
+        return verify(self, batch, deep=deep, operator=operator, progress=progress)
 
     def du(self) -> SparkUsage:
         return du(self)

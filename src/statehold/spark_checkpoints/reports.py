@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from statehold.progress import Progress
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import ROLLBACK_MARKER, Kind
 from statehold.spark_checkpoints.location import RestartNeeds, SparkCheckpoint
@@ -31,6 +32,11 @@ class _Result(BaseModel):
 class SparkProblem(_Result):
     path: str
     problem: str
+    #: `verify --deep`'s: what is wrong (``sst-unique-id-mismatch``, ``zip-cut-short``,
+    #: ``changelog-missing``, ...: `deep_verify.Kind`), and the Spark bug whose signature
+    #: it carries, where it carries one (``SPARK-43404``).
+    kind: str | None = None
+    spark_bug: str | None = None
 
 
 class SparkBatch(_Result):
@@ -88,6 +94,14 @@ class SparkVerifyReport(_Result):
     #: Absolute paths in the sources' logs that bind the location to its place, by
     #: directory, with a count of files under each.
     bound_to: dict[str, int]
+    #: Whether every store version was loaded (`verify --deep`), of which operator only.
+    deep: bool = False
+    operator: int | None = None
+    #: Of the deep load: store versions loaded, records read, and the stores whose
+    #: records were read to their end undecoded (no schema file), with why.
+    stores_loaded: int = 0
+    records_read: int = 0
+    not_decoded: list[str] = []
 
 
 class SparkUsage(_Result):
@@ -229,13 +243,32 @@ def default_batch(found: Scan) -> int:
     return found.newest_committed
 
 
-def verify(checkpoint: SparkCheckpoint, batch: int | None = None) -> SparkVerifyReport:
+def verify(
+    checkpoint: SparkCheckpoint,
+    batch: int | None = None,
+    *,
+    deep: bool = False,
+    operator: int | None = None,
+    progress: Progress | None = None,
+) -> SparkVerifyReport:
     """Every file a restart at `batch` (default: the newest committed) needs exists and is
     whole: sizes match the snapshots' file lists, zips and compressed streams read to
-    their end, version chains are unbroken, and the logs parse. One problem per line."""
+    their end, version chains are unbroken, and the logs parse. One problem per line.
+    `deep`: every store version (of `operator` only, if given) is also loaded, RocksDB's
+    by RocksDB, each record decoded (`deep_verify`); `progress` gets a line per store."""
     found = checkpoint.scan()
     batch = default_batch(found) if batch is None else batch
+    if operator is not None and not deep:
+        raise SparkCheckpointError("an operator is chosen for a deep verify only")
     needs = checkpoint.restart_needs(found, batch)
+    loaded = None
+    if deep:
+        # imported when used: the other commands start without Arrow's and RocksDB's import
+        from statehold.spark_checkpoints.deep_verify import deep_check
+
+        if batch not in found.commits:
+            raise SparkCheckpointError(f"batch {batch} is not committed: nothing to load")
+        loaded = deep_check(checkpoint, found, batch, operator=operator, progress=progress)
     problems = [SparkProblem(path=_subject(p), problem=p) for p in needs.problems]
     problems += location_problems(checkpoint, found)
     problems += [
@@ -257,9 +290,14 @@ def verify(checkpoint: SparkCheckpoint, batch: int | None = None) -> SparkVerify
             problems.append(
                 SparkProblem(path=key, problem=f"{info.size} bytes, the snapshot lists {size}")
             )
-        problem = None if reported else _check_content(checkpoint, found, key, codec)
+        # what the deep load read to its end is not read twice
+        again = not reported and not (loaded and key in loaded.read)
+        problem = _check_content(checkpoint, found, key, codec) if again else None
         if problem:
             problems.append(SparkProblem(path=key, problem=problem))
+    if loaded is not None:
+        problems += [SparkProblem(path=f.path, problem=f"{f.kind}: {f.problem}", kind=f.kind,
+                                  spark_bug=f.spark_bug) for f in loaded.findings]
     return SparkVerifyReport(
         uri=checkpoint.uri,
         batch=batch,
@@ -268,6 +306,11 @@ def verify(checkpoint: SparkCheckpoint, batch: int | None = None) -> SparkVerify
         bytes_checked=checked,
         problems=problems,
         bound_to=bound_paths(checkpoint, found, batch),
+        deep=deep,
+        operator=operator,
+        stores_loaded=loaded.stores if loaded else 0,
+        records_read=loaded.records if loaded else 0,
+        not_decoded=loaded.not_decoded if loaded else [],
     )
 
 

@@ -22,7 +22,7 @@ from rocksdict import AccessType, Options, Rdict
 
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import SparkCheckpoint
-from statehold.spark_checkpoints.state_files import read_zip_metadata
+from statehold.spark_checkpoints.state_files import ZipMetadata, read_zip_metadata
 from statehold.storage import StorageError
 from statehold.storage.base import UnsafePathError, check_names
 
@@ -32,12 +32,15 @@ MAX_MEMBER_BYTES = 1 << 30
 
 
 def rocksdb_rows(location: SparkCheckpoint, zip_key: str, store_prefix: str,
-                 directory: Path) -> Iterator[tuple[bytes, bytes]]:
+                 directory: Path, *, column_families: bool = False
+                 ) -> Iterator[tuple[bytes, bytes]]:
     """Each (key, value) of the RocksDB the snapshot `zip_key` holds, rebuilt under
-    `directory` (which must be empty, and is the caller's to remove)."""
+    `directory` (which must be empty, and is the caller's to remove). `column_families`:
+    a transformWithState store's rows are given as they are stored (its column family's
+    id first) rather than refused."""
     data = location.read(zip_key)
     meta = read_zip_metadata(data, zip_key)
-    if (meta.model_extra or {}).get("columnFamilyMapping"):
+    if (meta.model_extra or {}).get("columnFamilyMapping") and not column_families:
         raise SparkCheckpointError(
             f"{zip_key}: a store with column families (transformWithState) is not read yet")
     _unzip(data, zip_key, directory)
@@ -52,8 +55,7 @@ def rocksdb_rows(location: SparkCheckpoint, zip_key: str, store_prefix: str,
         except StorageError as e:
             raise SparkCheckpointError(f"{store_prefix}/{dfs}: cannot be read ({e})") from None
     try:
-        db = Rdict(str(directory), options=Options(raw_mode=True),
-                   access_type=AccessType.read_only())
+        db = Rdict(str(directory), options=_options(), access_type=AccessType.read_only())
     except Exception as e:  # rocksdict raises its own exceptions (RocksDB's status)
         raise SparkCheckpointError(f"{zip_key}: RocksDB cannot open it ({_line(e)})") from None
     try:
@@ -72,6 +74,29 @@ def rocksdb_rows(location: SparkCheckpoint, zip_key: str, store_prefix: str,
             yield key, value
     finally:
         db.close()
+
+
+def _options() -> Options:
+    """Options under which RocksDB checks what Spark's RocksDB checks when it loads a
+    version: every table file opened at open (``max_open_files`` -1), so each SST's size
+    and unique id are compared with the MANIFEST's there ("Sst file size mismatch",
+    "Mismatch in unique ID on table file"; `verify_sst_unique_id_in_manifest` is on by
+    default in the RocksDB rocksdict bundles), paranoid checks on, and every block's
+    checksum verified as it is iterated (ReadOptions' default)."""
+    options = Options(raw_mode=True)
+    options.set_paranoid_checks(True)
+    options.set_max_open_files(-1)
+    return options
+
+
+def local_names(meta: ZipMetadata) -> dict[str, str]:
+    """Each SST's and log's local name in RocksDB's directory -> its name under the store
+    (``000013.sst`` -> ``SSTs/000013-<uuid>.sst``), to name the file RocksDB complains of."""
+    out = {f.localFileName or _local(f.dfsSstFileName): f"SSTs/{f.dfsSstFileName}"
+           for f in meta.sstFiles}
+    out.update({f.localFileName or _local(f.dfsLogFileName): f"logs/{f.dfsLogFileName}"
+                for f in meta.logFiles})
+    return out
 
 
 def _local(dfs_name: str) -> str:

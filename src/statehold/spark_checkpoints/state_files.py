@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import lz4.block
+import xxhash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from statehold.format.signed import load_json
@@ -41,6 +42,9 @@ _NOT_A_ZIP = (zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, ValueError, EO
 _MAGIC = b"LZ4Block"
 _HEADER = struct.Struct("<Biii")  # token, compressed length, decompressed length, checksum
 _RAW, _LZ4 = 0x10, 0x20
+#: lz4-java's block checksum: XXH32 with this seed, masked to 28 bits (its `Checksum` view).
+_XXH32_SEED = 0x9747B28C
+_CHECKSUM_BITS = 0xFFFFFFF
 #: A block's token says its stream's block size: 2 ** (_LEVEL_BASE + its low 4 bits), at
 #: most 32 MiB (lz4-java's `LZ4BlockOutputStream`).
 _LEVEL_BASE = 10
@@ -143,10 +147,12 @@ def check_stream(chunks: Iterator[bytes], key: str, codec: str = "lz4") -> Strea
     return StreamCheck(size, head)
 
 
-def decompressed(chunks: Iterator[bytes], key: str) -> Iterator[bytes]:
+def decompressed(chunks: Iterator[bytes], key: str, *, checksums: bool = False
+                 ) -> Iterator[bytes]:
     """An lz4 state file's stream, block by block (memory: one block); refused
-    (SparkCheckpointError) where it is damaged or ends early."""
-    reader = _Blocks(chunks, key)
+    (SparkCheckpointError) where it is damaged or ends early. `checksums`: each block's
+    checksum is verified as lz4-java's reader does when Spark loads it (`verify --deep`)."""
+    reader = _Blocks(chunks, key, checksums)
     while (block := reader.next_block()) is not None:
         yield block
 
@@ -185,10 +191,11 @@ def _utf(data: bytes, at: int) -> tuple[str, int] | None:
 class _Blocks:
     """lz4-java's block stream, read from chunks of any size."""
 
-    def __init__(self, chunks: Iterator[bytes], key: str) -> None:
+    def __init__(self, chunks: Iterator[bytes], key: str, checksums: bool = False) -> None:
         self._chunks = chunks
         self._buffer = bytearray()
         self._key = key
+        self._checksums = checksums
 
     def _take(self, n: int) -> bytes | None:
         while len(self._buffer) < n:
@@ -205,7 +212,7 @@ class _Blocks:
         if header is None or header[: len(_MAGIC)] != _MAGIC:
             what = "cut short" if header is None else "not an lz4 block"
             raise SparkCheckpointError(f"{self._key}: compressed stream {what}")
-        token, compressed, decompressed, _checksum = _HEADER.unpack_from(header, len(_MAGIC))
+        token, compressed, decompressed, checksum = _HEADER.unpack_from(header, len(_MAGIC))
         if compressed < 0 or decompressed < 0:
             raise SparkCheckpointError(f"{self._key}: a negative block length")
         if decompressed > 1 << (_LEVEL_BASE + (token & 0x0F)):
@@ -220,7 +227,7 @@ class _Blocks:
             raise SparkCheckpointError(f"{self._key}: compressed stream cut short")
         method = token & 0xF0
         if method == _RAW and compressed == decompressed:
-            return body
+            return self._checked(body, checksum)
         if method != _LZ4:
             raise SparkCheckpointError(f"{self._key}: unknown block method {method:#x}")
         try:
@@ -229,7 +236,16 @@ class _Blocks:
             raise SparkCheckpointError(f"{self._key}: a block does not decompress ({e})") from None
         if len(out) != decompressed:
             raise SparkCheckpointError(f"{self._key}: a block decompresses to the wrong size")
-        return out
+        return self._checked(out, checksum)
+
+    def _checked(self, block: bytes, checksum: int) -> bytes:
+        """lz4-java's check: XXH32 of the block (its seed), of which 28 bits are kept."""
+        if self._checksums and (
+            xxhash.xxh32_intdigest(block, seed=_XXH32_SEED) & _CHECKSUM_BITS
+        ) != (checksum & 0xFFFFFFFF):
+            raise SparkCheckpointError(
+                f"{self._key}: a block fails its checksum (lz4-java: \"Stream is corrupted\")")
+        return block
 
 
 def _one_line(e: Exception) -> str:

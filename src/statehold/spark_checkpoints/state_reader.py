@@ -17,6 +17,7 @@ id from the commit log. Column families (transformWithState) are refused in one 
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,7 +34,7 @@ from statehold.spark_checkpoints.spark_types import Struct
 from statehold.spark_checkpoints.state_files import decompressed
 from statehold.spark_checkpoints.state_records import changelog_records, records
 from statehold.spark_checkpoints.state_schema import StateSchema, read_state_schema
-from statehold.spark_checkpoints.stores import resolve
+from statehold.spark_checkpoints.stores import Needs, StoreFiles, resolve
 from statehold.spark_checkpoints.unsafe_row import row_decoder
 from statehold.storage import StorageError
 
@@ -65,27 +66,13 @@ def read_store(
     batch_rows: int = BATCH_ROWS,
 ) -> Iterator[pa.RecordBatch]:
     """`store`'s rows as batch `batch` left them, `batch_rows` at a time."""
-    files = found.stores.get(store)
-    if files is None:
-        raise SparkCheckpointError(f"{store}: no files in the location")
-    codec = location.codec(found)
-    if codec != "lz4":
-        raise SparkCheckpointError(f"{store}: compressed with {codec}; only lz4 is read")
-    if batch not in found.commits:
-        raise SparkCheckpointError(f"batch {batch} is not committed in the location")
-    version = batch + 1
-    rocks = files.provider == "rocksdb"
-    uid = (unique_id(location.commit(batch), store, location.store_order(found, store.operator))
-           if rocks else None)
-    needs = resolve(files, version, location, uid)
+    files, needs = resolved(location, found, store, batch)
     if not needs.ok:
         raise SparkCheckpointError(needs.problems[0])
+    version = needs.version
     schema = schema or store_schema(location, found, store)
     arrow = schema.arrow()
-    # RocksDB's keys and values carry Spark's state encoding version (one byte, 0) first
-    skip = 1 if rocks else 0
-    decode_key = _decoder(schema.key, f"{store} version {version} (a key)", skip)
-    decode_value = _decoder(schema.value, f"{store} version {version} (a value)", skip)
+    decode_key, decode_value = row_decoders(schema, store, version, files.provider)
 
     steps = [k for k in needs.files if k.endswith((".delta", ".changelog"))]
     bases = [k for k in needs.files if k.endswith((".snapshot", ".zip"))]
@@ -93,17 +80,9 @@ def read_store(
     rows: list[tuple[Any, ...]] = []
     with tempfile.TemporaryDirectory(prefix="statehold-state-") as tmp:
         for key in steps:
-            blocks = _blocks(location, key, Path(tmp))
-            changed.update(changelog_records(blocks, key) if rocks
-                           else records(blocks, key, deletes=True))
+            changed.update(file_records(location, key, store, Path(tmp)))
         for key in bases:
-            base: Iterator[tuple[bytes, bytes | None]]
-            if rocks:
-                (Path(tmp) / "db").mkdir()
-                base = rocksdb_rows(location, key, store.prefix, Path(tmp) / "db")
-            else:
-                base = records(_blocks(location, key, Path(tmp)), key, deletes=False)
-            for k, value in base:
+            for k, value in file_records(location, key, store, Path(tmp)):
                 if k in changed or value is None:
                     continue
                 rows.append(decode_key(k) + decode_value(value))
@@ -120,6 +99,57 @@ def read_store(
         yield arrow_batch(rows, arrow, store)
 
 
+def resolved(location: SparkCheckpoint, found: Scan, store: StoreId, batch: int
+             ) -> tuple[StoreFiles, Needs]:
+    """`store`'s files and what the version committed `batch` wrote (batch + 1) needs
+    (format v2: by the commit's unique id); refused where the location's codec is not
+    lz4 or the batch is not committed."""
+    files = found.stores.get(store)
+    if files is None:
+        raise SparkCheckpointError(f"{store}: no files in the location")
+    codec = location.codec(found)
+    if codec != "lz4":
+        raise SparkCheckpointError(f"{store}: compressed with {codec}; only lz4 is read")
+    if batch not in found.commits:
+        raise SparkCheckpointError(f"batch {batch} is not committed in the location")
+    uid = (unique_id(location.commit(batch), store, location.store_order(found, store.operator))
+           if files.provider == "rocksdb" else None)
+    return files, resolve(files, batch + 1, location, uid)
+
+
+def row_decoders(schema: StateSchema, store: StoreId, version: int, provider: str
+                 ) -> tuple[Callable[[bytes], tuple[Any, ...]], Callable[[bytes], tuple[Any, ...]]]:
+    """The key's and the value's decoder; RocksDB's rows carry Spark's state encoding
+    version (one byte, 0) first."""
+    skip = 1 if provider == "rocksdb" else 0
+    return (_decoder(schema.key, f"{store} version {version} (a key)", skip),
+            _decoder(schema.value, f"{store} version {version} (a value)", skip))
+
+
+def file_records(location: SparkCheckpoint, key: str, store: StoreId, tmp: Path, *,
+                 column_families: bool = False, checksums: bool = False
+                 ) -> Iterator[tuple[bytes, bytes | None]]:
+    """The raw (key row, value row or None for a delete) records of one state file, in
+    file order, streamed: a delta or HDFS snapshot, a changelog, or a snapshot zip's
+    RocksDB rebuilt under `tmp` (removed when done). `column_families`: a store of
+    transformWithState's is read anyway, its RocksDB iterated and its typed changelogs
+    read to their end without their records; `checksums`: each lz4 block's checksum
+    verified (both `verify --deep`'s)."""
+    if key.endswith(".zip"):
+        db = Path(tempfile.mkdtemp(prefix="db-", dir=tmp))
+        try:
+            yield from rocksdb_rows(location, key, store.prefix, db,
+                                    column_families=column_families)
+        finally:
+            shutil.rmtree(db, ignore_errors=True)
+        return
+    blocks = _blocks(location, key, tmp, checksums)
+    if key.endswith(".changelog"):
+        yield from changelog_records(blocks, key, typed=column_families)
+    else:
+        yield from records(blocks, key, deletes=key.endswith(".delta"))
+
+
 def _decoder(schema: Struct, where: str, skip: int) -> Callable[[bytes], tuple[Any, ...]]:
     decode = row_decoder(schema, where)
     if not skip:
@@ -134,14 +164,15 @@ def _decoder(schema: Struct, where: str, skip: int) -> Callable[[bytes], tuple[A
     return versioned
 
 
-def _blocks(location: SparkCheckpoint, key: str, tmp: Path) -> Iterator[bytes]:
+def _blocks(location: SparkCheckpoint, key: str, tmp: Path, checksums: bool = False
+            ) -> Iterator[bytes]:
     """`key`'s decompressed blocks, from a local copy read a chunk at a time."""
-    local = tmp / "file"
+    local = tmp / "file"  # one at a time: a file is read to its end before the next
     try:
         location.storage.download(key, local)
     except StorageError as e:
         raise SparkCheckpointError(f"{key}: cannot be read ({e})") from None
-    yield from decompressed(_chunks(local), key)
+    yield from decompressed(_chunks(local), key, checksums=checksums)
 
 
 def _chunks(path: Path) -> Iterator[bytes]:

@@ -48,13 +48,18 @@ def _records(stream: _Stream, key: str, *, deletes: bool) -> Iterator[
         raise SparkCheckpointError(f"{key}: data after the end of the records")
 
 
-def changelog_records(blocks: Iterator[bytes], key: str) -> Iterator[
-        tuple[bytes, bytes | None]]:
-    """A RocksDB changelog's records (`records` with deletes), after its header."""
+def changelog_records(blocks: Iterator[bytes], key: str, *, typed: bool = False
+                      ) -> Iterator[tuple[bytes, bytes | None]]:
+    """A RocksDB changelog's records (`records` with deletes), after its header.
+    `typed`: a changelog of column families (v2, v4) is read to its end (its last byte
+    the end record, 0) and gives no records, rather than being refused."""
     stream = _Stream(blocks, key)
     head = stream.peek(3)
     if head[:3] == b"\x00\x02v":
         version = stream.utf()
+        if version in ("v2", "v4") and typed:
+            stream.drain_to_end_record(b"\x00")
+            return iter(())
         if version != "v3":
             raise SparkCheckpointError(
                 f"{key}: a changelog {version[:8]!r} (column families) is not read yet")
@@ -111,3 +116,13 @@ class _Stream:
 
     def at_end(self) -> bool:
         return not self._fill(1)
+
+    def drain_to_end_record(self, end: bytes) -> None:
+        """Read the rest (memory: one block); refused unless it ends with `end`."""
+        last = bytes(self._buffer[self._at:])[-len(end):]
+        self._buffer.clear()
+        self._at = 0
+        for block in self._blocks:
+            last = (last + block)[-len(end):]
+        if last != end:
+            raise SparkCheckpointError(f"{self._key}: the records do not end (truncated?)")

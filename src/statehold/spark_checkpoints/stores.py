@@ -27,6 +27,11 @@ from statehold.storage.base import FileInfo
 
 Provider = Literal["hdfs", "rocksdb"]
 How = Literal["snapshot", "snapshot+changelogs", "changelogs", "snapshot+deltas", "deltas"]
+#: What a missing file of a version's chain is (`Needs.missing`, `verify --deep`'s kinds):
+#: the version the batch wrote has no file at all; a changelog or delta inside the chain
+#: is gone; the snapshot zip a chain must start from is gone (changelog checkpointing off:
+#: the version's own zip; on: the zip whose changelogs Spark had already purged).
+Missing = Literal["version-missing", "changelog-missing", "delta-missing", "zip-missing"]
 
 
 class Reader(Protocol):
@@ -93,6 +98,8 @@ class Needs:
     #: Key -> expected size (None where only presence is known).
     files: dict[str, int | None] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    #: The files the version needs that are not there, each with what it is.
+    missing: list[tuple[str, Missing]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -139,7 +146,37 @@ def _chain(files: StoreFiles, version: int, snap: Kind, step: Kind, reader: Read
             f"{files.store}: version {version} needs {what}s {_ranges(missing)} "
             f"(from {start}), which are missing"
         )
+        needs.missing = _missing_chain(files, version, base, missing, rocks)
     return needs
+
+
+def _missing_chain(
+    files: StoreFiles, version: int, base: int, missing: list[int], rocks: bool
+) -> list[tuple[str, Missing]]:
+    """What each gap of a chain is. Deltas and, with changelog checkpointing on,
+    changelogs are written at every commit, so a gap reaching the version is the version
+    missing, and one in the middle the files deleted. A RocksDB chain with no snapshot
+    under it whose changelogs start above version 1 lost the snapshot zip they start from
+    (Spark purges the changelogs below a snapshot it keeps); with changelog checkpointing
+    off (no changelogs at all) a gap is the version's own zip."""
+    step = Kind.CHANGELOG if rocks else Kind.DELTA
+    changelogs = any(k is Kind.CHANGELOG for k, _v, _u in files.versions)
+    out: list[tuple[str, Missing]] = []
+    for run in _runs(missing):
+        if rocks and not changelogs:
+            out.append((files.key(Kind.ZIP, run[-1]), "zip-missing"))
+            continue
+        if run[-1] == version:
+            out.append((files.key(step, version), "version-missing"))
+            run = run[:-1]
+        if not run:
+            continue
+        if rocks and not base and run[0] == 1:
+            out.append((files.key(Kind.ZIP, run[-1]), "zip-missing"))
+            continue
+        kind: Missing = "changelog-missing" if rocks else "delta-missing"
+        out += [(files.key(step, v), kind) for v in run]
+    return out
 
 
 def _resolve_v2(files: StoreFiles, version: int, unique_id: str, reader: Reader) -> Needs:
@@ -154,6 +191,7 @@ def _resolve_v2(files: StoreFiles, version: int, unique_id: str, reader: Reader)
             f"{files.store}: version {version} (id {unique_id}) has neither a snapshot nor a "
             "changelog"
         )
+        needs.missing.append((own, "version-missing"))
         return needs
     chain = reader.lineage(own) or []
     based = [(v, u) for v, u in chain if files.has(Kind.ZIP, v, u)]
@@ -165,6 +203,9 @@ def _resolve_v2(files: StoreFiles, version: int, unique_id: str, reader: Reader)
         needs.problems.append(
             f"{files.store}: version {version}'s lineage has no snapshot that is still held"
         )
+        if chain:  # the lineage starts after the snapshot it was rebuilt from
+            first = chain[0][0] - 1
+            needs.missing.append((files.key(Kind.ZIP, first), "zip-missing"))
     for v, u in [*[(v, u) for v, u in chain if v > base], (version, unique_id)]:
         if files.has(Kind.CHANGELOG, v, u):
             needs.files[files.key(Kind.CHANGELOG, v, u)] = files.versions[
@@ -174,6 +215,7 @@ def _resolve_v2(files: StoreFiles, version: int, unique_id: str, reader: Reader)
             needs.problems.append(
                 f"{files.store}: version {version} needs changelog {v} (id {u}), which is missing"
             )
+            needs.missing.append((files.key(Kind.CHANGELOG, v, u), "changelog-missing"))
     return needs
 
 
@@ -187,16 +229,18 @@ def _add_snapshot(needs: Needs, files: StoreFiles, key: str, reader: Reader) -> 
 
 def _ranges(versions: Iterable[int]) -> str:
     """``3-5, 8`` for [3, 4, 5, 8]."""
-    out: list[str] = []
-    run: list[int] = []
+    return ", ".join(_run(run) for run in _runs(versions))
+
+
+def _runs(versions: Iterable[int]) -> list[list[int]]:
+    """[[3, 4, 5], [8]] for [3, 4, 5, 8]."""
+    out: list[list[int]] = []
     for v in sorted(versions):
-        if run and v != run[-1] + 1:
-            out.append(_run(run))
-            run = []
-        run.append(v)
-    if run:
-        out.append(_run(run))
-    return ", ".join(out)
+        if out and v == out[-1][-1] + 1:
+            out[-1].append(v)
+        else:
+            out.append([v])
+    return out
 
 
 def _run(run: list[int]) -> str:
