@@ -33,7 +33,7 @@ from statehold.spark_checkpoints.spark_types import Struct
 from statehold.spark_checkpoints.state_files import decompressed
 from statehold.spark_checkpoints.state_records import changelog_records, records
 from statehold.spark_checkpoints.state_schema import StateSchema, read_state_schema
-from statehold.spark_checkpoints.stores import resolve
+from statehold.spark_checkpoints.stores import StoreFiles, resolve
 from statehold.spark_checkpoints.unsafe_row import row_decoder
 from statehold.storage import StorageError
 
@@ -65,9 +65,37 @@ def read_store(
     batch_rows: int = BATCH_ROWS,
 ) -> Iterator[pa.RecordBatch]:
     """`store`'s rows as batch `batch` left them, `batch_rows` at a time."""
+    schema = schema or store_schema(location, found, store)
+    arrow = schema.arrow()
+    version = batch + 1
+    rocks = _files(found, store).provider == "rocksdb"
+    # RocksDB's keys and values carry Spark's state encoding version (one byte, 0) first
+    skip = 1 if rocks else 0
+    decode_key = _decoder(schema.key, f"{store} version {version} (a key)", skip)
+    decode_value = _decoder(schema.value, f"{store} version {version} (a value)", skip)
+    rows: list[tuple[Any, ...]] = []
+    for k, value in store_records(location, found, store, batch):
+        rows.append(decode_key(k) + decode_value(value))
+        if len(rows) >= batch_rows:
+            yield arrow_batch(rows, arrow, store)
+            rows = []
+    if rows:
+        yield arrow_batch(rows, arrow, store)
+
+
+def _files(found: Scan, store: StoreId) -> StoreFiles:
     files = found.stores.get(store)
     if files is None:
         raise SparkCheckpointError(f"{store}: no files in the location")
+    return files
+
+
+def store_records(
+    location: SparkCheckpoint, found: Scan, store: StoreId, batch: int
+) -> Iterator[tuple[bytes, bytes]]:
+    """`store`'s (key, value) records as batch `batch` left them, each once, in their
+    stored bytes (RocksDB's with their encoding version byte), not decoded."""
+    files = _files(found, store)
     codec = location.codec(found)
     if codec != "lz4":
         raise SparkCheckpointError(f"{store}: compressed with {codec}; only lz4 is read")
@@ -80,17 +108,10 @@ def read_store(
     needs = resolve(files, version, location, uid)
     if not needs.ok:
         raise SparkCheckpointError(needs.problems[0])
-    schema = schema or store_schema(location, found, store)
-    arrow = schema.arrow()
-    # RocksDB's keys and values carry Spark's state encoding version (one byte, 0) first
-    skip = 1 if rocks else 0
-    decode_key = _decoder(schema.key, f"{store} version {version} (a key)", skip)
-    decode_value = _decoder(schema.value, f"{store} version {version} (a value)", skip)
 
     steps = [k for k in needs.files if k.endswith((".delta", ".changelog"))]
     bases = [k for k in needs.files if k.endswith((".snapshot", ".zip"))]
     changed: dict[bytes, bytes | None] = {}
-    rows: list[tuple[Any, ...]] = []
     with tempfile.TemporaryDirectory(prefix="statehold-state-") as tmp:
         for key in steps:
             blocks = _blocks(location, key, Path(tmp))
@@ -106,18 +127,10 @@ def read_store(
             for k, value in base:
                 if k in changed or value is None:
                     continue
-                rows.append(decode_key(k) + decode_value(value))
-                if len(rows) >= batch_rows:
-                    yield arrow_batch(rows, arrow, store)
-                    rows = []
+                yield k, value
     for k, value in changed.items():
         if value is not None:
-            rows.append(decode_key(k) + decode_value(value))
-            if len(rows) >= batch_rows:
-                yield arrow_batch(rows, arrow, store)
-                rows = []
-    if rows:
-        yield arrow_batch(rows, arrow, store)
+            yield k, value
 
 
 def _decoder(schema: Struct, where: str, skip: int) -> Callable[[bytes], tuple[Any, ...]]:
