@@ -79,6 +79,8 @@ _CODEC = "spark.sql.streaming.stateStore.compression.codec"
 #: Operators whose state key is exactly what their shuffle hashes.
 _WHOLE_KEY = {"stateStoreSave", "dedupe", "dedupeWithinWatermark", "flatMapGroupsWithState",
               "applyInPandasWithState"}
+#: An operator without metadata whose one store's key is what its shuffle hashes.
+_ONE_STORE = "aggregation, dropDuplicates or flatMapGroupsWithState"
 _SESSION = "sessionWindowStateStoreSaveExec"
 _JOIN = "symmetricHashJoin"
 _JOIN_STORES = {f"{side}-{kind}" for side in ("left", "right")
@@ -272,7 +274,7 @@ def _recognised(names: list[str], keys: dict[str, Struct]) -> str:
         fields = keys[DEFAULT_STORE].fields
         if fields and fields[-1].name == "sessionStartTime":
             return _SESSION
-        return "stateStoreSave"  # or dedupe, flatMapGroupsWithState: the same rule
+        return _ONE_STORE
     return f"an operator with stores {', '.join(names)}"
 
 
@@ -283,7 +285,7 @@ def _partitioning(op: int, name: str, store: str, key: Struct, prefix: Any) -> t
     if not fields or all(_void(f.type) for f in fields):
         raise SparkCheckpointError(f"{where}: a key without values (a global limit?) "
                                    "is not partitioned by hash")
-    if name in _WHOLE_KEY and store == DEFAULT_STORE:
+    if (name in _WHOLE_KEY or name == _ONE_STORE) and store == DEFAULT_STORE:
         return tuple(range(len(fields)))
     if name == _SESSION and store == DEFAULT_STORE:
         count = prefix if isinstance(prefix, int) and prefix > 0 else len(fields) - 1
