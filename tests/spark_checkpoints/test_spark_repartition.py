@@ -1,7 +1,8 @@
 """Repartition on the committed fixtures, without Spark: every HDFS-backed location of
 every supported PySpark, from its 2 partitions to 5 and to 1. DEST read offline holds the
 source's rows (the same multiset per operator and store), each in the partition Spark's
-hash rule gives its partitioning columns (the operator's own: named here per query),
+hash rule gives its partitioning columns (the operator's own: named here per query; the
+same rule puts every source key where Spark put it),
 DEST's offsets and operator metadata say M and DEST verifies; the source's listing (sizes
 and mtimes) does not change. Refusals (a full DEST, RocksDB, an unknown operator, a
 location whose shuffle may hash fewer columns) write nothing, and a repartition cut short
@@ -103,6 +104,13 @@ def test_repartition_keeps_every_row_in_the_partition_sparks_hash_gives_it(
                                                  report.batch):
                     values = decode_row(key, schema.key, "k")
                     assert partition_of([values[i] for i in at], types, partitions) == p
+            # Spark's own placement of the source's keys is the oracle of the rule (the
+            # hash and the columns): each sits where the rule with 2 partitions puts it
+            for p in range(2):
+                for key, _value in store_records(source, source.scan(),
+                                                 StoreId(op, p, store), report.batch):
+                    values = decode_row(key, schema.key, "k")
+                    assert partition_of([values[i] for i in at], types, 2) == p
 
 
 def test_refusals_write_nothing(extracted: Callable[[str], Path], tmp_path: Path) -> None:
