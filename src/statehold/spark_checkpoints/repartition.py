@@ -168,8 +168,8 @@ def repartition(
                if sid.partition == 0 and files_of.schema is not None}
     rewritten = set(offsets) | set(metadata)
     for key in sorted(files):
-        name = parse(key)
-        subject = parse(name.of) if name.kind is Kind.CRC and name.of else name
+        parsed = parse(key)
+        subject = parse(parsed.of) if parsed.kind is Kind.CRC and parsed.of else parsed
         if key in commit_files or subject.key in rewritten:
             continue
         if subject.store is not None and subject.key not in schemas:
@@ -182,13 +182,13 @@ def repartition(
         _write(out, key, data, written, crc=crc_of(key) in found.files)
 
     reports = []
-    for op, (name, known_from, stores) in sorted(plans.items()):
+    for op, (op_name, known_from, stores) in sorted(plans.items()):
         store_reports = []
         for store in stores:
             report = _repartition_store(checkpoint, found, out, op, store, n, partitions,
                                         written, with_crc, progress)
             store_reports.append(report)
-        reports.append(OperatorPlan(operator=op, name=name, known_from=known_from,
+        reports.append(OperatorPlan(operator=op, name=op_name, known_from=known_from,
                                     stores=store_reports))
     for key in commit_files:
         _copy(checkpoint, out, key)
