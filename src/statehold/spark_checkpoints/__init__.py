@@ -1,6 +1,6 @@
 """Spark's own checkpoint locations, owned: read, verify, measure, savepoint, roll back,
-relocate, repartition and garbage-collect the ``checkpointLocation`` of any Structured Streaming query,
-without Spark and without changing the query.
+relocate, repartition and garbage-collect the ``checkpointLocation`` of any Structured
+Streaming query, without Spark and without changing the query.
 
     layout.py     what each key of a location is (`parse`), from its name alone
     errors.py     the error family's members for checkpoint locations
