@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from decimal import Context
 from decimal import Decimal as D
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from statehold.spark_checkpoints.unsafe_row import decode_row
 from statehold.spark_checkpoints.unsafe_row_writer import UnencodableValue, encode_row
 from tests.support.spark_fixtures import fixture, manifests
 
+_EXACT = Context(prec=80)
 _INTS = {"byte": 8, "short": 16, "integer": 32, "date": 32, "long": 64, "timestamp": 64,
          "timestamp_ntz": 64}
 
@@ -107,7 +109,9 @@ def _values(t: SparkType, nullable: bool = True) -> st.SearchStrategy[Any]:
             inner = st.binary(max_size=20)
     elif isinstance(t, Decimal):
         top = 10**t.precision - 1
-        inner = st.integers(-top, top).map(lambda n: D(n).scaleb(-t.scale))
+        # exact: the default context's 28 digits would round a 36-digit value up past
+        # its precision
+        inner = st.integers(-top, top).map(lambda n: D(n).scaleb(-t.scale, _EXACT))
     elif isinstance(t, Struct):
         inner = st.tuples(*[_values(f.type) for f in t.fields])
     elif isinstance(t, Array):
