@@ -1539,7 +1539,7 @@ PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]], dict[s
         "a savepoint copies source log entries only up to the batch number",
         ("savepoint-source-log", "verify-missed"),
         [("statehold.spark_checkpoints.savepoint", "restart_files", _savepoint_to_batch_number),
-         ("statehold.spark_checkpoints.savepoint", "_verify", _no_verify)],
+         ("statehold.spark_checkpoints.savepoint", "verify_copy", _no_verify)],
         {"crash_rate": 0.01},
     ),
     "rollback-logs-first": (

@@ -1,7 +1,7 @@
 """The commands on a Spark checkpoint location (a Structured Streaming query's
 ``checkpointLocation``): each shared command (list, inspect, verify, du, gc, history)
 hands its argument here when it names one (`spark_checkpoint_at`), and savepoint,
-rollback and relocate start here."""
+rollback, relocate and repartition start here."""
 
 from __future__ import annotations
 
@@ -441,7 +441,53 @@ def relocate_command(
     emit(result, as_json, render)
 
 
+def repartition_command(
+    location: CheckpointLocationArg,
+    target: Annotated[
+        str,
+        typer.Argument(help="An empty or absent destination (path, file://, s3://, ...).",
+                       show_default=False),
+    ],
+    partitions: Annotated[
+        int,
+        typer.Option("--partitions", min=1, help="The shuffle partitions the query "
+                     "restarts with on the destination.", show_default=False),
+    ],
+    batch: Annotated[
+        int | None,
+        typer.Option("--batch", min=0, help="The batch to restart after (default: the "
+                     "newest committed one a restart can start after)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write a new checkpoint location at DEST whose batch restarts with --partitions
+    shuffle partitions (the number Spark fixes at a query's first run): every state key
+    moved to the partition Spark's hash sends its rows to, the offsets and operator
+    metadata rewritten to match. HDFS-backed state; RocksDB is refused. The source is
+    never modified; DEST's commit is written last and DEST is verified before the
+    command returns. A query started with checkpointLocation=DEST continues from the next
+    batch with the new partitions."""
+    from statehold.spark_checkpoints.repartition import repartition
+
+    with handle_errors(as_json), RichProgress(not as_json) as progress:
+        checkpoint = _require(location, "repartition", as_json)
+        result = repartition(checkpoint, target, partitions=partitions, batch=batch,
+                             progress=progress)
+
+    def render() -> None:
+        say(f"batch {result.batch} repartitioned from {result.partitions_before} to "
+            f"{result.partitions} partitions: {result.dest} ({result.files} files, "
+            f"{size(result.bytes)})" + (", verified" if result.verified else ""))
+        for op in result.operators:
+            for store in op.stores:
+                say(f"operator {op.operator} ({op.name}) store {store.store}: {store.rows} "
+                    f"rows by ({', '.join(store.partitioning)})")
+
+    emit(result, as_json, render)
+
+
 def register(app: typer.Typer) -> None:
     app.command("savepoint")(savepoint_command)
     app.command("rollback")(rollback_command)
     app.command("relocate")(relocate_command)
+    app.command("repartition")(repartition_command)

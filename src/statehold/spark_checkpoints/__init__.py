@@ -1,6 +1,6 @@
 """Spark's own checkpoint locations, owned: read, verify, measure, savepoint, roll back,
-relocate and garbage-collect the ``checkpointLocation`` of any Structured Streaming query,
-without Spark and without changing the query.
+relocate, repartition and garbage-collect the ``checkpointLocation`` of any Structured
+Streaming query, without Spark and without changing the query.
 
     layout.py     what each key of a location is (`parse`), from its name alone
     errors.py     the error family's members for checkpoint locations
@@ -13,6 +13,10 @@ without Spark and without changing the query.
     state_records.py the key/value records of HDFS-backed deltas and snapshots, changelogs
     rocksdb_snapshot.py a RocksDB snapshot zip and its SSTs rebuilt, opened read-only
     state_reader.py one store's rows at a batch, offline, as Arrow record batches
+    unsafe_row_writer.py Spark's UnsafeRow written, byte for byte as Spark writes it
+    state_writer.py HDFS-backed snapshots written (records, lz4-java's block stream)
+    spark_hash.py Spark SQL's Murmur3 hash and HashPartitioning's partition of a key
+    repartition.py a new location whose state is in M partitions (HDFS-backed)
     scan.py       one listing, every key named and grouped
     location.py   `SparkCheckpoint`: reading a location, and what a restart at a batch needs
     savepoint.py  a new location holding exactly what a restart at a batch needs

@@ -39,6 +39,7 @@ from statehold.storage.local import LocalStorage
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from statehold.spark_checkpoints.repartition import RepartitionReport
     from statehold.spark_checkpoints.state_schema import StateSchema
 
 
@@ -123,6 +124,18 @@ class SparkCheckpointLocation(SparkCheckpoint):
             grace_seconds=grace_seconds,
         )
 
+    def repartition(
+        self, dest: str, *, partitions: int, batch: int | None = None, **dest_options: Any
+    ) -> RepartitionReport:
+        """A new checkpoint location at `dest` (empty or absent) whose `batch` (default:
+        the newest restartable) restarts with `partitions` shuffle partitions: every key
+        moved to the partition Spark's hash sends it to. HDFS-backed state only; the source
+        is only read. `dest_options`: the destination's storage options."""
+        # imported when used, as the state reader (Arrow, RocksDB) it needs
+        from statehold.spark_checkpoints.repartition import repartition
+
+        return repartition(self, dest, partitions=partitions, batch=batch,
+                           dest_options=dest_options or None)
 
     def state_schema(
         self, *, operator: int = 0, store: str = DEFAULT_STORE, partition: int = 0

@@ -141,20 +141,20 @@ def savepoint(
     commit, so a savepoint cut short is never a location a query would start from as if
     it were whole. The copy is then verified: every file present with its size, and
     `restart_needs` of the batch whole on `dest`. The source is never modified."""
-    out = _open(dest, dest_options)
+    out = open_destination(dest, dest_options)
     found = checkpoint.scan()
     refuse_unfinished(checkpoint.storage, found, "take a savepoint")
     needs = needs_at(checkpoint, found, batch)
     files = restart_files(checkpoint, found, needs)
-    _check_destination(checkpoint, out)
+    check_destination(checkpoint, out)
     report = _copy(checkpoint, out, files, needs.batch, progress or NoProgress())
-    _verify(out, files, needs.batch)
+    verify_copy(out, files, needs.batch)
     return report.model_copy(
         update={"source_bytes": sum(i.size for i in found.files.values()), "verified": True}
     )
 
 
-def _open(dest: str | Storage, options: Mapping[str, Any] | None) -> Storage:
+def open_destination(dest: str | Storage, options: Mapping[str, Any] | None) -> Storage:
     if isinstance(dest, Storage):
         return dest
     try:
@@ -163,7 +163,7 @@ def _open(dest: str | Storage, options: Mapping[str, Any] | None) -> Storage:
         raise SparkCheckpointError(f"{dest}: cannot open ({e})") from None
 
 
-def _check_destination(checkpoint: SparkCheckpoint, out: Storage) -> None:
+def check_destination(checkpoint: SparkCheckpoint, out: Storage) -> None:
     problem = destination_problem(checkpoint.uri, out)
     if problem:
         raise SparkCheckpointError(f"{out.uri}: {problem}")
@@ -219,7 +219,7 @@ def _is_link(source: Storage, out: Storage, key: str) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _verify(out: Storage, files: dict[str, int], batch: int) -> None:
+def verify_copy(out: Storage, files: dict[str, int], batch: int) -> None:
     """Every file copied is there with its size, and a restart at `batch` on `out` has
     everything it needs."""
     copy = SparkCheckpoint(out)

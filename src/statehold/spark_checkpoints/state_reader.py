@@ -69,15 +69,38 @@ def read_store(
     files, needs = resolved(location, found, store, batch)
     if not needs.ok:
         raise SparkCheckpointError(needs.problems[0])
-    version = needs.version
     schema = schema or store_schema(location, found, store)
     arrow = schema.arrow()
-    decode_key, decode_value = row_decoders(schema, store, version, files.provider)
+    decode_key, decode_value = row_decoders(schema, store, needs.version, files.provider)
+    rows: list[tuple[Any, ...]] = []
+    for k, value in _merged_records(location, store, needs):
+        rows.append(decode_key(k) + decode_value(value))
+        if len(rows) >= batch_rows:
+            yield arrow_batch(rows, arrow, store)
+            rows = []
+    if rows:
+        yield arrow_batch(rows, arrow, store)
 
+
+def store_records(
+    location: SparkCheckpoint, found: Scan, store: StoreId, batch: int
+) -> Iterator[tuple[bytes, bytes]]:
+    """`store`'s (key, value) records as batch `batch` left them, each once, in their
+    stored bytes (RocksDB's with their encoding version byte), not decoded."""
+    _files, needs = resolved(location, found, store, batch)
+    if not needs.ok:
+        raise SparkCheckpointError(needs.problems[0])
+    yield from _merged_records(location, store, needs)
+
+
+def _merged_records(location: SparkCheckpoint, store: StoreId, needs: Needs
+                    ) -> Iterator[tuple[bytes, bytes]]:
+    """The deltas or changelogs after the base snapshot read first into a map of the keys
+    they touch (newest wins, None for a delete); then the snapshot streamed, each record
+    not in that map emitted as it is read; then the map's surviving records."""
     steps = [k for k in needs.files if k.endswith((".delta", ".changelog"))]
     bases = [k for k in needs.files if k.endswith((".snapshot", ".zip"))]
     changed: dict[bytes, bytes | None] = {}
-    rows: list[tuple[Any, ...]] = []
     with tempfile.TemporaryDirectory(prefix="statehold-state-") as tmp:
         for key in steps:
             changed.update(file_records(location, key, store, Path(tmp)))
@@ -85,18 +108,10 @@ def read_store(
             for k, value in file_records(location, key, store, Path(tmp)):
                 if k in changed or value is None:
                     continue
-                rows.append(decode_key(k) + decode_value(value))
-                if len(rows) >= batch_rows:
-                    yield arrow_batch(rows, arrow, store)
-                    rows = []
-    for k, value in changed.items():
-        if value is not None:
-            rows.append(decode_key(k) + decode_value(value))
-            if len(rows) >= batch_rows:
-                yield arrow_batch(rows, arrow, store)
-                rows = []
-    if rows:
-        yield arrow_batch(rows, arrow, store)
+                yield k, value
+    for k, changed_value in changed.items():
+        if changed_value is not None:
+            yield k, changed_value
 
 
 def resolved(location: SparkCheckpoint, found: Scan, store: StoreId, batch: int

@@ -1,0 +1,428 @@
+"""Repartition a Spark checkpoint location's state: a new location whose batch N restarts
+with M shuffle partitions (`spark.sql.shuffle.partitions` is fixed at a query's first run
+and recorded in its offsets; Spark has no way to change it).
+
+Every key goes where the restarted query's shuffle sends its rows: partition
+``pmod(murmur3(partitioning columns, seed 42), M)`` (`spark_hash`), the partitioning
+columns being the operator's own, found from its state key schema:
+
+- an aggregation (``stateStoreSave``; a window's key holds the window struct),
+  ``dropDuplicates`` (``dedupe``, ``dedupeWithinWatermark``), ``flatMapGroupsWithState`` and
+  ``applyInPandasWithState``: the whole key, in order;
+- a session window (``sessionWindowStateStoreSaveExec``): the key less its session start,
+  the operator metadata's ``numColsPrefixKey`` columns;
+- a stream-stream join (``symmetricHashJoin``): the join keys, i.e. ``keyToNumValues``'s
+  whole key and ``keyWithIndexToValue``'s without its trailing ``index``.
+
+Without operator metadata (Spark 3.5 writes none) the operator is recognised by its
+stores: the four join stores, a session window's key ending in ``sessionStartTime``, any
+other single ``default`` store as the whole key. Refused in one line, with nothing
+written: a global limit or an operator not listed, a location recorded with
+``useStrictDistribution=false`` (its shuffle may have used fewer columns), RocksDB state
+(not written yet), a codec other than lz4, checkpoint format v2 ids.
+
+DEST holds what `savepoint` copies for a restart at N, except: the offsets' recorded
+shuffle partitions and the operator metadata's ``numPartitions`` rewritten to M, each
+store's schema file in partition 0 only, and every store's state as one ``N+1.snapshot``
+per new partition (an empty one where no key goes), its records copied byte for byte.
+``commits/N`` is written last, then DEST is verified; an interrupted repartition leaves
+no commit, so no location a query would restart from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from statehold.format.signed import load_json
+from statehold.progress import NoProgress, Progress
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.layout import (
+    COMMITS_DIR,
+    DEFAULT_STORE,
+    OFFSETS_DIR,
+    Kind,
+    StoreId,
+    crc_of,
+    is_decimal,
+    parse,
+    version_file,
+)
+from statehold.spark_checkpoints.location import MAX_PARTITIONS, SparkCheckpoint
+from statehold.spark_checkpoints.relocate import hadoop_crc
+from statehold.spark_checkpoints.rollback_marker import refuse_unfinished
+from statehold.spark_checkpoints.savepoint import (
+    check_destination,
+    needs_at,
+    open_destination,
+    restart_files,
+    verify_copy,
+)
+from statehold.spark_checkpoints.scan import Scan
+from statehold.spark_checkpoints.spark_hash import partition_of
+from statehold.spark_checkpoints.spark_types import Atomic, SparkType, Struct
+from statehold.spark_checkpoints.state_reader import store_records, store_schema
+from statehold.spark_checkpoints.state_writer import SnapshotWriter
+from statehold.spark_checkpoints.unsafe_row import row_decoder
+from statehold.storage import Storage, StorageError
+
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+_STRICT = "spark.sql.streaming.statefulOperator.useStrictDistribution"
+_CODEC = "spark.sql.streaming.stateStore.compression.codec"
+#: Operators whose state key is exactly what their shuffle hashes.
+_WHOLE_KEY = {"stateStoreSave", "dedupe", "dedupeWithinWatermark", "flatMapGroupsWithState",
+              "applyInPandasWithState"}
+#: An operator without metadata whose one store's key is what its shuffle hashes.
+_ONE_STORE = "aggregation, dropDuplicates or flatMapGroupsWithState"
+_SESSION = "sessionWindowStateStoreSaveExec"
+_JOIN = "symmetricHashJoin"
+_JOIN_STORES = {f"{side}-{kind}" for side in ("left", "right")
+                for kind in ("keyToNumValues", "keyWithIndexToValue")}
+_CHUNK = 1 << 20
+
+
+class StorePlan(BaseModel):
+    """How one store of an operator is repartitioned, and what it held."""
+
+    store: str
+    #: The key columns hashed (names in the state key schema; nested ones whole).
+    partitioning: list[str]
+    rows: int = 0
+    #: Rows per new partition.
+    per_partition: list[int] = []
+
+
+class OperatorPlan(BaseModel):
+    operator: int
+    #: Spark's name of the operator (its metadata's), or what its stores say it is.
+    name: str
+    #: Where the name came from: ``metadata`` or ``stores`` (no operator metadata).
+    known_from: str
+    stores: list[StorePlan]
+
+
+class RepartitionReport(BaseModel):
+    """What a repartition wrote, and from what."""
+
+    source: str
+    dest: str
+    #: The batch a query started on `dest` has completed (it continues with batch + 1).
+    batch: int
+    partitions_before: int
+    partitions: int
+    operators: list[OperatorPlan]
+    files: int
+    bytes: int
+    verified: bool
+
+
+@dataclass(frozen=True)
+class _Store:
+    name: str
+    schema: Struct
+    columns: tuple[int, ...]
+    source: list[StoreId]
+
+
+def repartition(
+    checkpoint: SparkCheckpoint,
+    dest: str | Storage,
+    *,
+    partitions: int,
+    batch: int | None = None,
+    progress: Progress | None = None,
+    dest_options: Mapping[str, Any] | None = None,
+) -> RepartitionReport:
+    """Write at `dest` (empty or absent) a location whose batch `batch` (default: the
+    newest restartable) restarts with `partitions` shuffle partitions. Everything that
+    can be refused is refused before the first write; the source is only read."""
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise SparkCheckpointError(f"--partitions must be 1 to {MAX_PARTITIONS}, not {partitions}")
+    progress = progress or NoProgress()
+    out = open_destination(dest, dest_options)
+    found = checkpoint.scan()
+    refuse_unfinished(checkpoint.storage, found, "repartition")
+    needs = needs_at(checkpoint, found, batch)
+    n = needs.batch
+    files = restart_files(checkpoint, found, needs)
+    offsets = {k: _offsets_text(checkpoint, k, partitions) for k in files
+               if parse(k).kind is Kind.OFFSETS}
+    before = _recorded_partitions(checkpoint, f"{OFFSETS_DIR}/{n}")
+    _refuse_unsupported(checkpoint, found, n)
+    plans = {op: _plan(checkpoint, found, op, n) for op in found.operators}
+    metadata = {k: _operator_metadata_text(checkpoint, k, partitions) for k in files
+                if parse(k).kind is Kind.OPERATOR_METADATA}
+    check_destination(checkpoint, out)
+
+    written: dict[str, int] = {}
+    last = f"{COMMITS_DIR}/{n}"
+    commit_files = [k for k in (crc_of(last), f"{last}.crc", last) if k in files]
+    schemas = {files_of.schema.key for sid, files_of in found.stores.items()
+               if sid.partition == 0 and files_of.schema is not None}
+    rewritten = set(offsets) | set(metadata)
+    for key in sorted(files):
+        parsed = parse(key)
+        subject = parse(parsed.of) if parsed.kind is Kind.CRC and parsed.of else parsed
+        if key in commit_files or subject.key in rewritten:
+            continue
+        if subject.store is not None and subject.key not in schemas:
+            continue  # state: written below
+        _copy(checkpoint, out, key)
+        written[key] = files[key]
+    with_crc = any(parse(k).kind is Kind.CRC for k in found.files if k.startswith("state/"))
+    for key, text in {**offsets, **metadata}.items():
+        data = text.encode("utf-8")
+        _write(out, key, data, written, crc=crc_of(key) in found.files)
+
+    reports = []
+    for op, (op_name, known_from, stores) in sorted(plans.items()):
+        store_reports = []
+        for store in stores:
+            report = _repartition_store(checkpoint, found, out, op, store, n, partitions,
+                                        written, with_crc, progress)
+            store_reports.append(report)
+        reports.append(OperatorPlan(operator=op, name=op_name, known_from=known_from,
+                                    stores=store_reports))
+    for key in commit_files:
+        _copy(checkpoint, out, key)
+        written[key] = files[key]
+    verify_copy(out, written, n)
+    return RepartitionReport(
+        source=checkpoint.uri, dest=out.uri, batch=n, partitions_before=before,
+        partitions=partitions, operators=reports, files=len(written),
+        bytes=sum(written.values()), verified=True,
+    )
+
+
+# -- refusals and plans -------------------------------------------------------------------
+def _refuse_unsupported(checkpoint: SparkCheckpoint, found: Scan, batch: int) -> None:
+    conf = checkpoint.offsets(batch).metadata.conf
+    codec = conf.get(_CODEC, "lz4")
+    if codec != "lz4":
+        raise SparkCheckpointError(f"state compressed with {codec}: only lz4 is repartitioned")
+    if conf.get(_STRICT, "true").lower() == "false":
+        raise SparkCheckpointError(
+            f"the offsets record {_STRICT}=false: the query's shuffle may hash fewer "
+            "columns than its state key, so where a key goes cannot be derived")
+    rocks = sorted({s.operator for s, f in found.stores.items() if f.provider == "rocksdb"})
+    if rocks:
+        raise SparkCheckpointError(
+            f"operator {rocks[0]} keeps its state in RocksDB: only the HDFS-backed "
+            "provider's state is repartitioned yet")
+    commit = checkpoint.commit(batch)
+    if commit.stateUniqueIds:
+        raise SparkCheckpointError(
+            "the commit log holds state unique ids (checkpoint format v2): not "
+            "repartitioned yet")
+
+
+def _operator_doc(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
+                  ) -> dict[str, Any] | None:
+    """The operator's newest metadata written by `batch` or before (v2, else v1)."""
+    v2 = sorted(
+        (int(k.rsplit("/", 1)[1]), k) for k in found.operator_files
+        if k.startswith(f"state/{op}/_metadata/v2/") and is_decimal(k.rsplit("/", 1)[1])
+    )
+    candidates = [k for b, k in reversed(v2) if b <= batch]
+    v1 = f"state/{op}/_metadata/metadata"
+    if v1 in found.files:
+        candidates.append(v1)
+    for key in candidates:
+        body = checkpoint.read(key).partition(b"\n")[2]
+        doc = load_json(body, where=key, error=SparkCheckpointError)
+        if isinstance(doc, dict):
+            return doc
+    return None
+
+
+def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
+          ) -> tuple[str, str, list[_Store]]:
+    """The operator's name, where it came from, and each store's partitioning columns."""
+    doc = _operator_doc(checkpoint, found, op, batch)
+    info = (doc.get("operatorInfo") or {}) if doc else {}
+    stores_info = {str(s.get("storeName", DEFAULT_STORE)): s
+                   for s in ((doc or {}).get("stateStoreInfo") or []) if isinstance(s, dict)}
+    ids = sorted(s for s in checkpoint.expected_stores(found) if s.operator == op)
+    names = sorted({s.name for s in ids})
+    schemas = {n: store_schema(checkpoint, found, StoreId(op, 0, n)) for n in names}
+    name = info.get("operatorName") if isinstance(info, dict) else None
+    known_from = "metadata"
+    if not isinstance(name, str):
+        known_from = "stores"
+        name = _recognised(names, {n: s.key for n, s in schemas.items()})
+    stores = []
+    for store in names:
+        key = schemas[store].key
+        prefix = stores_info.get(store, {}).get("numColsPrefixKey", 0)
+        columns = _partitioning(op, name, store, key, prefix)
+        stores.append(_Store(store, key, columns, [s for s in ids if s.name == store]))
+    return name, known_from, stores
+
+
+def _recognised(names: list[str], keys: dict[str, Struct]) -> str:
+    """What an operator without metadata is, from its stores."""
+    if set(names) == _JOIN_STORES:
+        return _JOIN
+    if names == [DEFAULT_STORE]:
+        fields = keys[DEFAULT_STORE].fields
+        if fields and fields[-1].name == "sessionStartTime":
+            return _SESSION
+        return _ONE_STORE
+    return f"an operator with stores {', '.join(names)}"
+
+
+def _partitioning(op: int, name: str, store: str, key: Struct, prefix: Any) -> tuple[int, ...]:
+    """The indices of the key columns the operator's shuffle hashes."""
+    fields = key.fields
+    where = f"operator {op} ({name}) store {store}"
+    if not fields or all(_void(f.type) for f in fields):
+        raise SparkCheckpointError(f"{where}: a key without values (a global limit?) "
+                                   "is not partitioned by hash")
+    if (name in _WHOLE_KEY or name == _ONE_STORE) and store == DEFAULT_STORE:
+        return tuple(range(len(fields)))
+    if name == _SESSION and store == DEFAULT_STORE:
+        count = prefix if isinstance(prefix, int) and prefix > 0 else len(fields) - 1
+        if not 0 < count < len(fields) or fields[-1].name != "sessionStartTime":
+            raise SparkCheckpointError(f"{where}: a session window key {_names(key)} whose "
+                                       "grouping columns cannot be told")
+        return tuple(range(count))
+    if name == _JOIN and store in _JOIN_STORES:
+        if store.endswith("keyToNumValues"):
+            return tuple(range(len(fields)))
+        last = fields[-1]
+        if len(fields) < 2 or last.name != "index" or last.type != Atomic("long"):
+            raise SparkCheckpointError(f"{where}: a key {_names(key)} without its index")
+        return tuple(range(len(fields) - 1))
+    raise SparkCheckpointError(
+        f"{where}: not an operator whose partitioning statehold knows; nothing written")
+
+
+def _void(t: SparkType) -> bool:
+    return isinstance(t, Atomic) and t.name == "void"
+
+
+def _names(key: Struct) -> str:
+    return "(" + ", ".join(f.name for f in key.fields) + ")"
+
+
+# -- rewritten logs -----------------------------------------------------------------------
+def _recorded_partitions(checkpoint: SparkCheckpoint, key: str) -> int:
+    value = checkpoint.offsets(int(key.rsplit("/", 1)[1])).metadata.conf.get(SHUFFLE_PARTITIONS)
+    if value is None or not is_decimal(value):
+        raise SparkCheckpointError(f"{key}: no {SHUFFLE_PARTITIONS} recorded")
+    return int(value)
+
+
+def _offsets_text(checkpoint: SparkCheckpoint, key: str, partitions: int) -> str:
+    """``offsets/B`` with its recorded shuffle partitions set to `partitions`, every other
+    byte as it was."""
+    text = checkpoint.read(key).decode("utf-8")
+    head, sep, rest = text.partition("\n")
+    meta, sep2, tail = rest.partition("\n")
+    pattern = re.compile(rf'("{re.escape(SHUFFLE_PARTITIONS)}"\s*:\s*")(\d+)(")')
+    new_meta, count = pattern.subn(lambda m: f"{m[1]}{partitions}{m[3]}", meta)
+    if count != 1:
+        raise SparkCheckpointError(f"{key}: no {SHUFFLE_PARTITIONS} recorded in its metadata")
+    doc = json.loads(new_meta)
+    if doc.get("conf", {}).get(SHUFFLE_PARTITIONS) != str(partitions):
+        raise SparkCheckpointError(f"{key}: {SHUFFLE_PARTITIONS} is not where it is expected")
+    return head + sep + new_meta + sep2 + tail
+
+
+def _operator_metadata_text(checkpoint: SparkCheckpoint, key: str, partitions: int) -> str:
+    """An operator metadata file with each store's ``numPartitions`` set to `partitions`."""
+    text = checkpoint.read(key).decode("utf-8")
+    version, sep, body = text.partition("\n")
+    doc = load_json(body.encode("utf-8"), where=key, error=SparkCheckpointError)
+    infos = doc.get("stateStoreInfo") if isinstance(doc, dict) else None
+    if not isinstance(infos, list):
+        raise SparkCheckpointError(f"{key}: no stateStoreInfo in it")
+    for info in infos:
+        if isinstance(info, dict) and "numPartitions" in info:
+            info["numPartitions"] = partitions
+    return version + sep + json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+# -- writing ------------------------------------------------------------------------------
+def _copy(checkpoint: SparkCheckpoint, out: Storage, key: str) -> None:
+    try:
+        checkpoint.storage.copy(key, key, target=out)
+    except StorageError as e:
+        raise SparkCheckpointError(f"copying {key} to {out.uri} failed ({e})") from None
+
+
+def _write(out: Storage, key: str, data: bytes, written: dict[str, int], *, crc: bool) -> None:
+    try:
+        out.write(key, data)
+        written[key] = len(data)
+        if crc:
+            check = hadoop_crc(data)
+            out.write(crc_of(key), check)
+            written[crc_of(key)] = len(check)
+    except StorageError as e:
+        raise SparkCheckpointError(f"writing {key} to {out.uri} failed ({e})") from None
+
+
+def _upload(out: Storage, local: Path, key: str, written: dict[str, int], *, crc: bool) -> None:
+    try:
+        out.upload(local, key)
+        written[key] = local.stat().st_size
+        if crc:
+            check = _file_crc(local)
+            out.write(crc_of(key), check)
+            written[crc_of(key)] = len(check)
+    except (StorageError, OSError) as e:
+        raise SparkCheckpointError(f"writing {key} to {out.uri} failed ({e})") from None
+
+
+def _file_crc(path: Path) -> bytes:
+    """`relocate.hadoop_crc` of a file, read a chunk at a time."""
+    sums = []
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            sums.append(hadoop_crc(chunk)[8:])  # chunk is a multiple of 512 bytes
+    return hadoop_crc(b"")[:8] + b"".join(sums)
+
+
+def _repartition_store(
+    checkpoint: SparkCheckpoint, found: Scan, out: Storage, op: int, store: _Store,
+    batch: int, partitions: int, written: dict[str, int], with_crc: bool, progress: Progress,
+) -> StorePlan:
+    """Route every record of the store's partitions to its new partition's snapshot."""
+    types = [store.schema.fields[i].type for i in store.columns]
+    decode = row_decoder(store.schema, f"operator {op} store {store.name} (a key)")
+    counts = [0] * partitions
+    progress.start(f"operator {op} store {store.name}", len(store.source), "partitions")
+    with tempfile.TemporaryDirectory(prefix="statehold-repartition-") as tmp:
+        paths = [Path(tmp) / f"{p}.snapshot" for p in range(partitions)]
+        handles = [p.open("wb") for p in paths]
+        try:
+            writers = [SnapshotWriter(h) for h in handles]
+            for sid in store.source:
+                for key, value in store_records(checkpoint, found, sid, batch):
+                    values = decode(key)
+                    target = partition_of([values[i] for i in store.columns], types, partitions)
+                    writers[target].add(key, value)
+                    counts[target] += 1
+                progress.advance(1)
+            for w in writers:
+                w.close()
+        finally:
+            for h in handles:
+                h.close()
+        for p, path in enumerate(paths):
+            sid = StoreId(op, p, store.name)
+            _upload(out, path, version_file(sid, batch + 1, "snapshot"), written, crc=with_crc)
+    return StorePlan(store=store.name, partitioning=[store.schema.fields[i].name
+                                                     for i in store.columns],
+                     rows=sum(counts), per_partition=counts)
+
+
+__all__ = ["RepartitionReport", "repartition"]

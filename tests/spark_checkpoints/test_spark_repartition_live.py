@@ -1,0 +1,142 @@
+"""Repartition against Spark itself: statehold's Murmur3 (spark_hash) equals Spark's
+``pmod(hash(...), M)`` on many typed values in one query; and a join's HDFS-backed
+location, repartitioned from 2 to 5 partitions at an early batch and restarted by Spark
+with the rest of its input, writes the rows of the run that never stopped (a key put in
+the wrong partition loses its matches, so the output would differ). The Spark-free
+checks of every fixture are in test_spark_repartition.py."""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Callable
+from decimal import Decimal as D
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statehold.spark_checkpoints import open_spark_checkpoint
+from statehold.spark_checkpoints.spark_hash import partition_of, spark_hash
+from statehold.spark_checkpoints.spark_types import (
+    Array,
+    Atomic,
+    Decimal,
+    Field,
+    SparkType,
+    Struct,
+)
+from tests.spark_checkpoints.test_spark_savepoint import copy_output
+from tests.support.spark_checkpoint_trees import restartable_batches
+from tests.support.spark_fixtures import rows, running
+
+pytestmark = pytest.mark.spark
+
+_UTC = datetime.UTC
+#: (column, Spark SQL type, statehold type, values): nulls, extremes, -0.0 and NaN,
+#: non-ASCII and empty strings, strings whose length is not a multiple of 4, decimals
+#: stored as a long and as bytes (negative too), dates and timestamps before 1970.
+_COLUMNS: list[tuple[str, str, SparkType, list[Any]]] = [
+    ("b", "boolean", Atomic("boolean"), [True, False, None]),
+    ("y", "tinyint", Atomic("byte"), [-128, 127, 0]),
+    ("h", "smallint", Atomic("short"), [-32768, 32767, -1]),
+    ("i", "int", Atomic("integer"), [0, -1, 2**31 - 1, -(2**31), 42, None]),
+    ("l", "bigint", Atomic("long"), [0, -1, 2**63 - 1, -(2**63), 1_700_000_000_000]),
+    ("f", "float", Atomic("float"), [0.0, -0.0, 1.5, -3.25, math.nan, math.inf]),
+    ("d", "double", Atomic("double"), [0.0, -0.0, 1e300, -2.5, math.nan, -math.inf]),
+    ("s", "string", Atomic("string"),
+     ["", "a", "ab", "abc", "abcd", "abcde", "héllo", "日本語テキスト", "k0", "🙂x", None]),
+    ("bin", "binary", Atomic("binary"), [b"", b"\x00", b"\xff\xfe\xfd", b"12345"]),
+    ("ds", "decimal(10,2)", Decimal(10, 2), [D("0.00"), D("-12345678.90"), D("3.14")]),
+    ("db", "decimal(38,6)", Decimal(38, 6),
+     [D("0.000000"), D("-1.000000"), D("12345678901234567890123456789012.123456"),
+      D("-0.000128"), D("170141183460469231731687303.715884")]),
+    ("dt", "date", Atomic("date"),
+     [datetime.date(2024, 2, 29), datetime.date(1960, 1, 1), datetime.date(1970, 1, 1)]),
+    ("ts", "timestamp", Atomic("timestamp"),
+     [datetime.datetime(2023, 11, 14, 22, 13, 20, tzinfo=_UTC),
+      datetime.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=_UTC)]),
+]
+_STRUCT = Struct((Field("start", Atomic("timestamp")), Field("key", Atomic("string"))))
+_ARRAY = Array(Atomic("integer"))
+PARTITIONS = (1, 5, 200)
+
+
+def _rows(count: int) -> list[tuple[Any, ...]]:
+    """`count` rows mixing every column's values (each value of each column at least once)."""
+    out = []
+    for r in range(count):
+        row = [values[(r * (k + 3) + k) % len(values)] for k, (*_x, values) in enumerate(_COLUMNS)]
+        out.append(tuple(row))
+    return out
+
+
+def _ours(row: Any, name: str, t: SparkType) -> Any:
+    """A column's value as statehold's decoder gives it: dates in days and timestamps in
+    microseconds (Spark's own, selected beside the column: Python's would be local times)."""
+    if t in (Atomic("date"), Atomic("timestamp")):
+        return row[f"{name}_raw"]
+    return row[name]
+
+
+def test_murmur3_and_pmod_equal_sparks(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    rows_ = _rows(60)
+    schema = ", ".join(f"{name} {sql}" for name, sql, _t, _v in _COLUMNS)
+    df = spark.createDataFrame(rows_, schema)
+    names = [c[0] for c in _COLUMNS]
+    df = df.withColumn("st", F.struct(F.col("ts").alias("start"), F.col("s").alias("key")))
+    df = df.withColumn("arr", F.array(F.col("i"), F.lit(7), F.lit(None).cast("int")))
+    hashed = [F.hash(F.col(n)).alias(f"h_{n}") for n in [*names, "st", "arr"]]
+    together = [F.pmod(F.hash(*[F.col(n) for n in [*names, "st"]]), F.lit(m)).alias(f"p{m}")
+                for m in PARTITIONS]
+    raw = [F.unix_date("dt").alias("dt_raw"), F.unix_micros("ts").alias("ts_raw"),
+           F.unix_micros("st.start").alias("st_raw")]
+    got = df.select(*names, "st", "arr", *raw, *hashed, *together,
+                    F.hash(F.col("st"), F.col("i")).alias("h_st_i")).collect()
+
+    types = [t for _n, _s, t, _v in _COLUMNS]
+    assert len(got) == len(rows_)
+    for row in got:
+        values = [_ours(row, n, t) for n, t in zip(names, types, strict=True)]
+        st = (row["st_raw"], row["st"]["key"])
+        arr = list(row["arr"])
+        for n, t, v in zip(names, types, values, strict=True):
+            assert spark_hash([v], [t]) == row[f"h_{n}"], (n, v)
+        assert spark_hash([st], [_STRUCT]) == row["h_st"]
+        assert spark_hash([arr], [_ARRAY]) == row["h_arr"]
+        # a struct hashes as its fields in order (a window key's struct, then the key)
+        assert spark_hash([st, values[3]], [_STRUCT, Atomic("integer")]) == row["h_st_i"]
+        for m in PARTITIONS:
+            assert partition_of([*values, st], [*types, _STRUCT], m) == row[f"p{m}"]
+
+
+def test_a_join_repartitioned_2_to_5_restarts_with_the_uninterrupted_output(
+    spark: Any, extracted: Callable[[str], Path], tmp_path: Path
+) -> None:
+    from tests.support.spark_checkpoint_queries import all_rows, run_query
+
+    fx, inputs = running(extracted, "join", "hdfs", tmp_path)
+    reference = rows(fx)
+    k = restartable_batches(fx.checkpoint)[0]
+    files = int(fx.entry["files"])
+    assert k < files - 1, "no input left after the oldest restartable batch"
+    source = open_spark_checkpoint(str(fx.checkpoint))
+
+    report = source.repartition(str(tmp_path / "five"), partitions=5, batch=k)
+
+    assert (report.batch, report.partitions_before, report.partitions) == (k, 2, 5)
+    stores = report.operators[0].stores
+    assert [s.partitioning for s in stores] == [["field0"]] * 4
+    # the keys spread over the new partitions (2 -> 5 moves some of them)
+    assert sum(1 for c in stores[0].per_partition if c) >= 3
+    copy_output(fx.output, tmp_path / "out", k)
+    last = run_query(spark, "join", "hdfs", str(tmp_path / "five"), inputs, tmp_path / "out",
+                     files - 1)
+    assert all_rows(tmp_path / "out") == reference
+    # Spark ran the new batches with 5 partitions: each wrote its state to all five
+    state = tmp_path / "five" / "state" / "0"
+    assert sorted(p.name for p in state.iterdir() if p.name.isdigit()) == list("01234")
+    assert all((state / str(p) / "left-keyToNumValues" / f"{last + 1}.delta").exists()
+               for p in range(5))
