@@ -28,6 +28,7 @@ from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import Kind
 from statehold.spark_checkpoints.location import unique_id
 from statehold.spark_checkpoints.stores import resolve
+from tests.support.spark_checkpoint_files import big_hdfs_store
 from tests.support.spark_checkpoint_queries import STEP, input_rows
 from tests.support.spark_fixtures import Fixture, copy_of, fixture, manifests
 
@@ -218,37 +219,16 @@ def test_a_damaged_or_missing_sst_is_refused_in_one_line(
     _one_line(lambda: list(location.read_state(partition=0)), "cannot be read")
 
 
-def _big_store(root: Path, rows: int) -> Path:
-    """A location whose batch 0 left one HDFS-backed snapshot of `rows` keys (string key,
-    long count), written the way Spark lays the rows out."""
-    from statehold.spark_checkpoints.spark_types import Atomic, Field, Struct
-    from tests.support.spark_checkpoint_files import logs, lz4_stream, records, utf, write
-    from tests.support.unsafe_rows import encode_row
-
-    key_schema = Struct((Field("key", Atomic("string")),))
-    value_schema = Struct((Field("count", Atomic("long")),))
-    logs(root, range(1))
-    pairs: list[tuple[bytes, bytes | None]] = [
-        (encode_row((f"key-{i:09d}",), key_schema), encode_row((i,), value_schema))
-        for i in range(rows)]
-    write(root, "state/0/0/1.snapshot", lz4_stream(records(pairs)))
-    schema = {"type": "struct", "fields": [{"name": "key", "type": "string"}]}
-    value = {"type": "struct", "fields": [{"name": "count", "type": "long"}]}
-    write(root, "state/0/0/_metadata/schema",
-          utf("v1") + utf(json.dumps(schema)) + utf(json.dumps(value)))
-    return root
-
-
 def test_memory_does_not_grow_with_the_state(tmp_path: Path) -> None:
     """Reading a snapshot ten times larger takes about the same peak: one block, one
     record batch (the rows are counted, not kept)."""
     import tracemalloc
 
     peaks = {}
-    warm = open_spark_checkpoint(str(_big_store(tmp_path / "warm", 10)))
+    warm = open_spark_checkpoint(str(big_hdfs_store(tmp_path / "warm", 10)))
     assert sum(b.num_rows for b in warm.read_state(0)) == 10  # imports done before tracing
     for rows in (4_000, 40_000):
-        location = open_spark_checkpoint(str(_big_store(tmp_path / str(rows), rows)))
+        location = open_spark_checkpoint(str(big_hdfs_store(tmp_path / str(rows), rows)))
         tracemalloc.start()
         try:
             seen = sum(b.num_rows for b in location.read_state(0, batch_rows=1000))

@@ -141,3 +141,23 @@ def hdfs_store(root: Path, prefix: str, versions: range, snapshots: set[int]) ->
         write(root, f"{prefix}/{v}.delta", lz4_stream(records([(b"k%d" % v, b"v")])))
         if v in snapshots:
             write(root, f"{prefix}/{v}.snapshot", lz4_stream(records([(b"k", b"v")])))
+
+
+def big_hdfs_store(root: Path, rows: int) -> Path:
+    """A location whose batch 0 left one HDFS-backed snapshot of `rows` keys (string key,
+    long count) in store ``state/0/0``, written the way Spark lays the rows out."""
+    from statehold.spark_checkpoints.spark_types import Atomic, Field, Struct
+    from tests.support.unsafe_rows import encode_row
+
+    key_schema = Struct((Field("key", Atomic("string")),))
+    value_schema = Struct((Field("count", Atomic("long")),))
+    logs(root, range(1))
+    pairs: list[tuple[bytes, bytes | None]] = [
+        (encode_row((f"key-{i:09d}",), key_schema), encode_row((i,), value_schema))
+        for i in range(rows)]
+    write(root, "state/0/0/1.snapshot", lz4_stream(records(pairs)))
+    schema = {"type": "struct", "fields": [{"name": "key", "type": "string"}]}
+    value = {"type": "struct", "fields": [{"name": "count", "type": "long"}]}
+    write(root, "state/0/0/_metadata/schema",
+          utf("v1") + utf(json.dumps(schema)) + utf(json.dumps(value)))
+    return root

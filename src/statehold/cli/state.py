@@ -5,22 +5,41 @@ into a temporary local RocksDB and written out. One row per key: ``key`` plus on
 per state name. ``jsonl``: the values as JSON (``{"key": "a", "count": 3, "last": [1]}``);
 ``parquet``: one string column per state holding the value's JSON text (state values have
 no fixed type). One file per key-group range: ``part-<first>-<last>.<ext>``.
+
+On a Spark checkpoint location (told apart as every command does:
+`spark_checkpoints.spark_checkpoint_at`), one store of one operator as a batch left it
+(`SparkCheckpointLocation.read_state`): the key's columns, then the value's, typed as the
+store's schema says (``--schema FILE`` where the location holds none it can read). One
+file per state partition, ``part-<partition>.<ext>``, written as the record batches come
+(a parquet row group, or JSON lines, per batch), so memory does not grow with the state.
 """
 
 from __future__ import annotations
 
+import base64
+import datetime
+import decimal
 import json
+import math
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import typer
 from pydantic import BaseModel
 
-from statehold.cli.common import CheckpointArg, HaOption, JsonOption, emit, fail, handle_errors
+from statehold.cli.common import HaOption, JsonOption, emit, fail, handle_errors
 from statehold.cli.output import RichProgress, say
+from statehold.cli.spark_checkpoints import spark_checkpoint_at
+from statehold.spark_checkpoints.errors import SparkCheckpointError, StateSchemaUnreadable
 from statehold.tools.listing import NoProgress, Progress
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from statehold.spark_checkpoints.api import SparkCheckpointLocation
+    from statehold.spark_checkpoints.state_schema import StateSchema
 
 _ROWS_PER_GROUP = 50_000
 _T = TypeVar("_T")
@@ -37,6 +56,23 @@ class StateDump(BaseModel):
     format: str
     out: str
     columns: list[str]
+    rows: int
+    files: list[str]
+
+
+class SparkStateDump(BaseModel):
+    """What ``statehold state`` wrote of a Spark checkpoint location's store."""
+
+    kind: Literal["spark-checkpoint"] = "spark-checkpoint"
+    checkpoint: str
+    batch: int
+    operator: int
+    store: str
+    format: str
+    out: str
+    #: the key's columns, then the value's; `key_columns` of them are the key
+    columns: list[str]
+    key_columns: int
     rows: int
     files: list[str]
 
@@ -95,6 +131,142 @@ def dump_state(
     )
 
 
+def _empty_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SparkCheckpointError(f"{out}: exists and is not an empty directory")
+
+
+def _one_of(names: Iterable[Any], given: Any, what: str, option: str, where: str) -> Any:
+    """`given`, or the only one of `names` when not given; refused in one line when
+    `given` is not one of them or there are several to choose from."""
+    found = sorted(set(names))
+    listed = ", ".join(str(n) for n in found) or "none"
+    if given is None:
+        if len(found) == 1:
+            return found[0]
+        raise SparkCheckpointError(f"{where}: {what}s {listed}; choose one with {option}")
+    if given not in found:
+        raise SparkCheckpointError(f"{where}: no {what} {given} ({what}s: {listed})")
+    return given
+
+
+def dump_spark_state(
+    location: SparkCheckpointLocation,
+    out: Path,
+    fmt: Format,
+    *,
+    batch: int | None = None,
+    operator: int | None = None,
+    store: str | None = None,
+    schema: StateSchema | None = None,
+    progress: Progress | None = None,
+) -> SparkStateDump:
+    """Write one store of `location` as `batch` (default: the newest committed) left it
+    to `out` (created; must be empty if it exists), one file per partition. `operator`
+    and `store` may be left out where the location has one. Everything is checked (the
+    batch, the operator and store, the schema) before `out` is made."""
+    progress = progress or NoProgress()
+    _empty_out(out)
+    found = location.scan()
+    uri = location.uri
+    if batch is None:
+        batch = found.newest_committed
+        if batch is None:
+            raise SparkCheckpointError(f"{uri}: no committed batch to read state at")
+    if batch not in found.commits:
+        raise SparkCheckpointError(f"{uri}: batch {batch} is not committed in the location")
+    operator = _one_of((s.operator for s in found.stores), operator, "operator",
+                       "--operator", uri)
+    store = _one_of((s.name for s in found.stores if s.operator == operator), store,
+                    "store", "--store", f"{uri} operator {operator}")
+    partitions = sorted(s.partition for s in found.stores
+                        if (s.operator, s.name) == (operator, store))
+    schema = schema or location.state_schema(operator=operator, store=store)
+    arrow = schema.arrow()
+    repeated = sorted({n for n in arrow.names if arrow.names.count(n) > 1})
+    if repeated:
+        raise SparkCheckpointError(
+            f"{uri} operator {operator} store {store}: the key and the value both have a "
+            f"column {repeated[0]!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[str] = []
+    rows = 0
+    progress.start(f"writing {uri} operator {operator} {store}", None, "rows")
+    for partition in partitions:
+        path = out / f"part-{partition:05d}.{fmt.value}"
+        batches = location.read_state(batch, operator=operator, store=store,
+                                      partition=partition, schema=schema)
+        written = (_write_jsonl(path, batches, progress) if fmt is Format.jsonl
+                   else _write_batches(path, batches, arrow, progress))
+        rows += written
+        files.append(path.name)
+    return SparkStateDump(
+        checkpoint=uri, batch=batch, operator=operator, store=store, format=fmt.value,
+        out=str(out), columns=arrow.names, key_columns=len(schema.key.fields), rows=rows,
+        files=files,
+    )
+
+
+def _write_batches(path: Path, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
+                   progress: Progress) -> int:
+    """Each record batch a row group of its own, as it comes."""
+    import pyarrow.parquet as pq
+
+    n = 0
+    with pq.ParquetWriter(path, schema) as writer:
+        for b in batches:
+            writer.write_batch(b)
+            n += b.num_rows
+            progress.advance(b.num_rows)
+    return n
+
+
+def _write_jsonl(path: Path, batches: Iterable[pa.RecordBatch], progress: Progress) -> int:
+    """One JSON object per row (column: value), a record batch at a time."""
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for b in batches:
+            fields = list(b.schema)
+            for row in zip(*(c.to_pylist() for c in b.columns), strict=True):
+                f.write(_json({fl.name: _plain(v, fl.type)
+                               for fl, v in zip(fields, row, strict=True)}) + "\n")
+            n += b.num_rows
+            progress.advance(b.num_rows)
+    return n
+
+
+def _plain(value: Any, t: pa.DataType) -> Any:
+    """An Arrow value as JSON data, as `statehold.state.values` shows typed state: structs
+    as objects, maps as objects (a key that is not text, a number or a boolean as its
+    JSON), timestamps and dates as ISO text, decimals as their exact text, binary as
+    base64, a float that JSON has no number for as Spark's ``to_json`` writes it."""
+    import pyarrow as pa
+
+    if value is None:
+        return None
+    if pa.types.is_struct(t):
+        return {f.name: _plain(value.get(f.name), f.type) for f in t}
+    if pa.types.is_map(t):
+        return {_map_key(_plain(k, t.key_type)): _plain(v, t.item_type) for k, v in value}
+    if pa.types.is_list(t):
+        return [_plain(v, t.value_type) for v in value]
+    if isinstance(value, datetime.datetime | datetime.date):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def _map_key(key: Any) -> Any:
+    if isinstance(key, str | int | float | bool) or key is None:
+        return key
+    return _json(key)
+
+
 def _counted(items: Iterable[_T], progress: Progress, every: int = 1000) -> Iterator[_T]:
     """`items`, telling `progress` of every `every` of them (and of the rest at the end)."""
     n = 0
@@ -141,22 +313,90 @@ def _write_parquet(path: Path, items: Any, names: list[str]) -> int:
     return n
 
 
+def read_schema_file(path: Path) -> StateSchema:
+    """``--schema FILE``: the key and value schemas as JSON (Spark's StructType form)."""
+    from statehold.spark_checkpoints.state_schema import MAX_SCHEMA_BYTES, parse_state_schema_json
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SCHEMA_BYTES + 1)
+    except OSError as e:
+        raise SparkCheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
+    return parse_state_schema_json(data, str(path))
+
+
+_SCHEMA_HINT = ('with --schema FILE (JSON: {"key": <StructType JSON>, "value": '
+                '<StructType JSON>})')
+
+
 def state_command(
-    checkpoint: CheckpointArg,
+    checkpoint: Annotated[str, typer.Argument(
+        help="A statehold checkpoint (chk-N, savepoints/NAME, or a job directory: its "
+        "newest retained checkpoint), or a Spark checkpoint location (a query's "
+        "checkpointLocation). Plain path, file:// or s3://bucket/prefix.")],
     out: Annotated[Path, typer.Option("--out", help="Output directory (created; empty).")],
     fmt: Annotated[Format, typer.Option("--format", help="parquet or jsonl.")] = Format.parquet,
     operator: Annotated[
-        str | None, typer.Option("--operator", help="Operator to read (if several).")
+        str | None, typer.Option(
+            "--operator", help="Operator to read (if several): its name in a job directory, "
+            "its number in a Spark checkpoint location.")
     ] = None,
+    batch: Annotated[int | None, typer.Option(
+        "--batch", min=0, help="A Spark checkpoint location only: the state as this "
+        "committed batch left it (default: the newest committed).")] = None,
+    store: Annotated[str | None, typer.Option(
+        "--store", help="A Spark checkpoint location only: the store's name (if the "
+        "operator has several, e.g. a stream-stream join's left-keyToNumValues).")] = None,
+    schema: Annotated[Path | None, typer.Option(
+        "--schema", help="A Spark checkpoint location only: the key and value schemas, where "
+        'the location holds none it can read: a JSON file {"key": ..., "value": ...}, each '
+        "Spark's StructType JSON (StructType.json()).")] = None,
     as_json: JsonOption = False,
     ha: HaOption = None,
 ) -> None:
-    """Write the keyed state of a checkpoint, one row per key (key + one column per state)."""
+    """Write the keyed state of a checkpoint, one row per key. A job directory's: key + one
+    column per state. A Spark checkpoint location's: one store of one operator as a
+    committed batch left it, the key's columns then the value's, one file per partition."""
     with handle_errors(as_json), RichProgress(not as_json) as progress:
-        try:
-            result = dump_state(checkpoint, out, fmt, operator, ha=ha, progress=progress)
-        except OSError as e:
-            fail(f"{out}: {e}", as_json=as_json)
+        spark = spark_checkpoint_at(checkpoint)
+        if spark is not None:
+            from statehold.spark_checkpoints.api import SparkCheckpointLocation
+
+            if operator is not None and not operator.isdecimal():
+                fail(f"--operator {operator}: a Spark checkpoint location's operators are "
+                     "numbers", as_json=as_json)
+            try:
+                given = read_schema_file(schema) if schema is not None else None
+                spark_result = dump_spark_state(
+                    SparkCheckpointLocation(spark.storage), out, fmt, batch=batch,
+                    operator=None if operator is None else int(operator), store=store,
+                    schema=given, progress=progress)
+            except StateSchemaUnreadable as e:
+                fail(f"{e} {_SCHEMA_HINT}", as_json=as_json)
+            except OSError as e:
+                fail(f"{out}: {e}", as_json=as_json)
+        else:
+            given_spark = [o for o, v in (("--batch", batch), ("--store", store),
+                                          ("--schema", schema)) if v is not None]
+            if given_spark:
+                fail(f"{checkpoint}: not a Spark checkpoint location, which "
+                     f"{', '.join(given_spark)} apply to only", as_json=as_json)
+            try:
+                result = dump_state(checkpoint, out, fmt, operator, ha=ha, progress=progress)
+            except OSError as e:
+                fail(f"{out}: {e}", as_json=as_json)
+
+    if spark is not None:
+        def render_spark() -> None:
+            say(
+                f"{spark_result.checkpoint} (operator {spark_result.operator}, "
+                f"{spark_result.store}, batch {spark_result.batch}): {spark_result.rows} "
+                f"rows, columns {', '.join(spark_result.columns)} -> {spark_result.out} "
+                f"({len(spark_result.files)} {spark_result.format} files)"
+            )
+
+        emit(spark_result, as_json, render_spark)
+        return
 
     def render() -> None:
         say(

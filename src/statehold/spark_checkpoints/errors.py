@@ -13,3 +13,8 @@ class SparkCheckpointError(StateholdError):
 class NotASparkCheckpointError(SparkCheckpointError):
     """The location holds no Spark checkpoint (no ``metadata``, ``offsets/`` or
     ``commits/``)."""
+
+
+class StateSchemaUnreadable(SparkCheckpointError):
+    """A store's key and value schemas cannot be read from the location (no schema file,
+    or one statehold cannot read): the caller can give them instead."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.errors import SparkCheckpointError, StateSchemaUnreadable
 from statehold.spark_checkpoints.layout import StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint, unique_id
 from statehold.spark_checkpoints.rocksdb_snapshot import rocksdb_rows
@@ -45,15 +45,20 @@ _CHUNK = 1 << 20
 
 def store_schema(location: SparkCheckpoint, found: Scan, store: StoreId) -> StateSchema:
     """The key and value schemas of `store`'s operator and store name; Spark writes them
-    once, in partition 0's ``_metadata/schema``. Refused in one line when there is none
-    (give one: `read_store`'s `schema`) or it cannot be read."""
+    once, in partition 0's ``_metadata/schema``. StateSchemaUnreadable (one line) when
+    there is none or it cannot be read: the caller gives one (`read_store`'s `schema`)."""
     first = StoreId(store.operator, 0, store.name)
     files = found.stores.get(first)
     if files is None or files.schema is None:
-        raise SparkCheckpointError(
+        raise StateSchemaUnreadable(
             f"{store}: no state schema file ({first.prefix}/_metadata/schema); give the "
             "key and value schemas to read it")
-    return read_state_schema(location.read(files.schema.key), files.schema.key)
+    try:
+        return read_state_schema(location.read(files.schema.key), files.schema.key)
+    except StateSchemaUnreadable:
+        raise
+    except SparkCheckpointError as e:
+        raise StateSchemaUnreadable(f"{e}; give the key and value schemas to read it") from None
 
 
 def read_store(

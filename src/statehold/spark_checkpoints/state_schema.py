@@ -7,6 +7,10 @@ then for v1 the key and value schemas' JSON, each one ``writeUTF``; for v2 each 
 a chunk count (4-byte int) and that many ``writeUTF`` chunks (a schema may be longer than
 one UTF string's 64 KiB). Version 3 (transformWithState's column families, under
 ``state/OP/_stateSchema/``) is refused in one line: not read yet.
+
+Where a location holds no schema a reader can use, the caller gives one as JSON
+(`parse_state_schema_json`): ``{"key": <StructType JSON>, "value": <StructType JSON>}``,
+each in Spark's own form (``StructType.json()``, what the schema file holds).
 """
 
 from __future__ import annotations
@@ -59,6 +63,18 @@ def read_state_schema(data: bytes, where: str) -> StateSchema:
         raise SparkCheckpointError(f"{where}: {len(data) - reader.at} bytes after the schemas")
     return StateSchema(_struct(key, f"{where} (key schema)"),
                        _struct(value, f"{where} (value schema)"))
+
+
+def parse_state_schema_json(data: bytes, where: str) -> StateSchema:
+    """The key and value schemas of a JSON document ``{"key": ..., "value": ...}`` (each
+    Spark's StructType JSON); SparkCheckpointError (one line) when it is not one."""
+    doc = load_json(data, where=where, error=SparkCheckpointError, max_bytes=MAX_SCHEMA_BYTES)
+    if not isinstance(doc, dict) or set(doc) != {"key", "value"}:
+        raise SparkCheckpointError(
+            f"{where}: not a state schema (a JSON object with \"key\" and \"value\", each "
+            "a Spark StructType)")
+    return StateSchema(parse_struct(doc["key"], f"{where} (key schema)"),
+                       parse_struct(doc["value"], f"{where} (value schema)"))
 
 
 def _struct(text: str, where: str) -> Struct:
