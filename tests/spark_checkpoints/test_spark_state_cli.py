@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tracemalloc
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from statehold.cli.app import app
 from statehold.spark_checkpoints import open_spark_checkpoint
 from tests.support.spark_checkpoint_files import big_hdfs_store
 from tests.support.spark_fixtures import Fixture, copy_of, fixture, manifests
+from tests.support.traced_peak import traced_peaks
 
 runner = CliRunner()
 VERSION = sorted(manifests())[-1]
@@ -183,19 +183,12 @@ def test_written_a_record_batch_at_a_time(tmp_path: Path) -> None:
     doc = run_json(str(root), "--out", str(tmp_path / "pq"))
     meta = pq.ParquetFile(tmp_path / "pq" / "part-00000.parquet").metadata
     assert (doc["rows"], meta.num_rows, meta.num_row_groups) == (10_000, 10_000, 3)
-    peaks = {}
-    assert run(str(big_hdfs_store(tmp_path / "warm", 10)), "--out", str(tmp_path / "w"),
-               "--format", "jsonl").exit_code == 0
+    stores = {rows: str(big_hdfs_store(tmp_path / str(rows), rows)) for rows in (10, 4_000, 40_000)}
+    small, big = traced_peaks(
+        "tests.support.traced_peak:state_command_jsonl", [stores[10], str(tmp_path / "w")],
+        *([stores[rows], str(tmp_path / f"j{rows}")] for rows in (4_000, 40_000)))
+    peaks = {4_000: small, 40_000: big}
     for rows in (4_000, 40_000):
-        location = big_hdfs_store(tmp_path / str(rows), rows)
-        tracemalloc.start()
-        try:
-            result = run(str(location), "--out", str(tmp_path / f"j{rows}"), "--format",
-                         "jsonl")
-            peaks[rows] = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-        assert result.exit_code == 0, result.stderr
         assert len((tmp_path / f"j{rows}" / "part-00000.jsonl").read_text().splitlines()) \
             == rows
     assert peaks[40_000] < 1.5 * peaks[4_000] + (1 << 20), peaks

@@ -31,6 +31,7 @@ from statehold.spark_checkpoints.stores import resolve
 from tests.support.spark_checkpoint_files import big_hdfs_store
 from tests.support.spark_checkpoint_queries import STEP, input_rows
 from tests.support.spark_fixtures import Fixture, copy_of, fixture, manifests
+from tests.support.traced_peak import traced_peaks
 
 #: Spark's watermark delay of the queries (10 minutes), in ms.
 DELAY_MS = 600_000
@@ -222,20 +223,10 @@ def test_a_damaged_or_missing_sst_is_refused_in_one_line(
 def test_memory_does_not_grow_with_the_state(tmp_path: Path) -> None:
     """Reading a snapshot ten times larger takes about the same peak: one block, one
     record batch (the rows are counted, not kept)."""
-    import tracemalloc
-
-    peaks = {}
-    warm = open_spark_checkpoint(str(big_hdfs_store(tmp_path / "warm", 10)))
-    assert sum(b.num_rows for b in warm.read_state(0)) == 10  # imports done before tracing
-    for rows in (4_000, 40_000):
-        location = open_spark_checkpoint(str(big_hdfs_store(tmp_path / str(rows), rows)))
-        tracemalloc.start()
-        try:
-            seen = sum(b.num_rows for b in location.read_state(0, batch_rows=1000))
-            peaks[rows] = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-        assert seen == rows
+    stores = {rows: str(big_hdfs_store(tmp_path / str(rows), rows)) for rows in (10, 4_000, 40_000)}
+    small, big = traced_peaks("tests.support.traced_peak:read_state_rows", [stores[10], 10],
+                              [stores[4_000], 4_000], [stores[40_000], 40_000])
+    peaks = {4_000: small, 40_000: big}
     assert peaks[40_000] < 1.5 * peaks[4_000] + (1 << 20), peaks
 
 

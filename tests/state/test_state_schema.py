@@ -152,6 +152,8 @@ def _map_pair(items: list[tuple[tuple[Any, Any], tuple[Any, Any]]]) -> tuple[Any
     for (k_in, k_out), (v_in, v_out) in items:
         if isinstance(k_out, float) and math.isnan(k_out):
             continue  # NaN keys never look themselves up
+        if k_out in read:
+            continue  # two keys equal once stored (0.0 and 6.7e-149 as FLOAT): one map key
         stored[k_in], read[k_out] = v_in, v_out
     return stored, read
 
