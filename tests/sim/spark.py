@@ -189,6 +189,11 @@ class Loc:
     retired: bool = False
     mut: int = 0
     checked: int = -1
+    #: A rollback's keep location: the record of the location it was made from, as it
+    #: stood when that rollback's run began (a rerun reports the first run's savepoint,
+    #: of the timeline before; the location may have run on since).
+    made_from: tuple[dict[int, frozenset[int]], dict[int, frozenset[int]], bool, bool] | None = (
+        None)
 
 
 class SparkWorld(Stepping):
@@ -309,6 +314,9 @@ class SparkWorld(Stepping):
         per_call = kind != "delete" or method == "delete_prefix"
         if self.faults and per_call and self.rng.random() < self.rates[kind]:
             self.log("  -> transient failure")
+            # (the process knows which read failed: a refusal naming it is explained)
+            actor.process.data.setdefault("failed_keys", set()).add(
+                keys[0][len(storage.root):])
             raise InjectedFault(f"{method} {keys[0]}: transient failure (simulated)")
 
     def forget(self, full: str) -> None:
@@ -1008,7 +1016,14 @@ class SparkWorld(Stepping):
                     self.rollback(proc, loc, api, arg)
                 except StateholdError as e:
                     refused = str(e).startswith(("cannot roll back", "the query looks alive"))
-                    if (str(e).startswith("cannot roll back") and arg == self.marked(loc)
+                    failed = self.refused_on_failed_read(proc, str(e))
+                    if failed:
+                        # a rerun refused because a file it must read could not be read
+                        # (the storage failed right then): it deleted nothing, the mark
+                        # stays and names it, and a later run finishes it (the quiet
+                        # phase runs it again on healed storage and judges that run)
+                        self.count("rollback-refused-on-read")
+                    elif (str(e).startswith("cannot roll back") and arg == self.marked(loc)
                             and "interrupted" not in str(e) and not self.ran_on(loc)):
                         self.violate("rollback-stuck", f"{loc.name}: the mark of the rollback "
                                      f"to batch {arg} asks for it to be run again, which is "
@@ -1042,6 +1057,13 @@ class SparkWorld(Stepping):
 
         return run
 
+    @staticmethod
+    def refused_on_failed_read(proc: Process, message: str) -> bool:
+        """Whether a refusal names a file whose read the simulation failed in this very
+        process (`before_op`): the refusal is the storage's, not the location's."""
+        return any(f"{key}: cannot be read" in message
+                   for key in proc.data.get("failed_keys", ()))
+
     def ran_on(self, loc: Loc) -> bool:
         """Whether the query committed a batch above the mark's target after the mark was
         written (the model's own objects): the mark is then left behind, and any rollback
@@ -1068,11 +1090,15 @@ class SparkWorld(Stepping):
         except (ValueError, KeyError, TypeError):
             return None
 
-    def made_savepoint(self, src: Loc, dest: Loc, batch: int) -> None:
+    def made_savepoint(self, src: Loc, dest: Loc, batch: int, *, as_it_was: bool = False) -> None:
+        """`as_it_was`: `src`'s record when `dest` was made (`Loc.made_from`), not now."""
+        record = dest.made_from if as_it_was else None
+        committed, entries, damaged, stale = record or (
+            src.committed, src.entries, src.damaged, src.stale_rollback)
         dest.batch = batch
-        dest.damaged, dest.stale_rollback = src.damaged, src.stale_rollback
-        dest.committed = {b: f for b, f in src.committed.items() if b <= batch}
-        dest.entries = dict(src.entries)
+        dest.damaged, dest.stale_rollback = damaged, stale
+        dest.committed = {b: f for b, f in committed.items() if b <= batch}
+        dest.entries = dict(entries)
         dest.checked = -1
         self.savepoints.append(dest)
         self.log(f"savepoint {dest.name} of batch {batch} made")
@@ -1098,9 +1124,14 @@ class SparkWorld(Stepping):
         if not force:
             self.clock.sleep(130.0)  # the person waits until it no longer looks alive
         keep = self.new_loc(self.name("keep-"))
+        keep.made_from = (dict(loc.committed), dict(loc.entries), loc.damaged,
+                          loc.stale_rollback)
         report = api.rollback(target, keep=f"sim://{keep.name}", force=force)
         if report.kept is not None and report.kept_batch is not None:
-            self.made_savepoint(loc, keep, report.kept_batch)
+            # the savepoint the first run of this rollback kept (a rerun's `keep` is unused)
+            kept = self.locs.get(report.kept.removeprefix("sim://").rstrip("/") + "/")
+            if kept is not None and kept not in self.savepoints and not kept.retired:
+                self.made_savepoint(loc, kept, report.kept_batch, as_it_was=True)
         loc.committed = {b: f for b, f in loc.committed.items() if b <= target}
         loc.rolling_back = None
         loc.rollback_deleted = False
