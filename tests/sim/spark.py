@@ -204,7 +204,8 @@ class SparkWorld(Stepping):
                  tolerate: frozenset[str] = frozenset(), move_rate: float = 0.15,
                  pause_rate: float = 0.002, operate_rate: float = 0.003,
                  snapshot_every: int = SNAPSHOT_EVERY, retain: int = RETAIN,
-                 crash_rate: float = 0.002, rollback_crash: float = 0.08) -> None:
+                 crash_rate: float = 0.002, rollback_crash: float = 0.08,
+                 gc_race: float = 0.0) -> None:
         self.seed, self.steps = seed, steps
         self.rng = random.Random(seed)
         self.ids = random.Random(seed * 7 + 3)
@@ -227,6 +228,9 @@ class SparkWorld(Stepping):
         self.crash_rate = crash_rate
         #: The chance that a rollback's process dies right after each of its deletes.
         self.rollback_crash = rollback_crash
+        #: The share of the people's operations that are the race gc's re-check is for
+        #: (`gc_beside_rerun`); 0 in the soak of record, whose runs it would change.
+        self.gc_race = gc_race
         self.provider = provider or PROVIDERS[seed % len(PROVIDERS)]
         self.rates = {"list": 0.004, "read": 0.003, "write": 0.004, "delete": 0.01}
         self.step = 0
@@ -251,6 +255,8 @@ class SparkWorld(Stepping):
         #: Where the input directory is (relocate moves it, then the location follows).
         self.input_prefix = INPUTS[0]
         self.relocate_due = False
+        #: The query is started again as soon as a rollback is done (`gc_beside_rerun`).
+        self.restart_due = False
         #: A person's operation that needs the query stopped, to run (again).
         self.pending: tuple[str, Any] | None = None
         self.quiet = False
@@ -308,6 +314,12 @@ class SparkWorld(Stepping):
         if actor.process.data.get("slow"):
             # a gc over a large location: minutes between its listing and its deletes
             self.clock.sleep(self.rng.uniform(0, 10))
+        if actor.process.data.get("judging") and (method == "delete" or (
+                method == "stat" and keys[0].endswith("/_statehold_rollback"))):
+            # a gc over 100,000s of files: minutes between its listing and judging and its
+            # first batch of deletes (its re-check first: the mark's stat)
+            actor.process.data["judging"] = False
+            self.clock.sleep(self.rng.uniform(60, 600))
         self.sched.point(f"{method} {keys[0]}")
         self.clock.advance(self.rng.expovariate(1 / 0.005))
         self.log(f"{self.actor_name()} {method} {' '.join(keys[:3])}")
@@ -579,8 +591,11 @@ class SparkWorld(Stepping):
             self.check_batch(loc, idx, newest, must=True)
             return
         # batches after an unfinished rollback's target (its mark says which, if the
-        # model's person lost track) are being removed: not checked
-        target = loc.rolling_back if loc.rolling_back is not None else self.marked(loc)
+        # model's person lost track; the lower of the two when a later rollback to
+        # another batch was begun, and refused, while the mark was there) are being
+        # removed: not checked
+        targets = [t for t in (loc.rolling_back, self.marked(loc)) if t is not None]
+        target = min(targets, default=None)
         for b in commits:
             if target is not None and b > target:
                 continue
@@ -1120,7 +1135,7 @@ class SparkWorld(Stepping):
     def rollback(self, proc: Process, loc: Loc, api: SparkCheckpointLocation,
                  target: int) -> None:
         loc.rolling_back = target
-        force = self.rng.random() < 0.5
+        force = proc.data.get("force") or self.rng.random() < 0.5
         if not force:
             self.clock.sleep(130.0)  # the person waits until it no longer looks alive
         keep = self.new_loc(self.name("keep-"))
@@ -1138,6 +1153,8 @@ class SparkWorld(Stepping):
         self.pending = None
         loc.checked = -1
         self.log(f"{proc.name}: rolled back to batch {target}")
+        if proc.data.get("restart"):
+            self.restart_due = True  # (started by the environment, at its next step)
 
     def _open(self, uri: str, options: Any) -> SimStorage:
         name = uri.removeprefix("sim://").rstrip("/")
@@ -1171,6 +1188,11 @@ class SparkWorld(Stepping):
         running = [p for p in self.alive("query")]
         persons = [p for p in self.alive() if p.kind not in SPARK_KINDS]
         exclusive = [p for p in persons if p.data.get("exclusive")]
+        if self.restart_due:
+            self.restart_due = False
+            if not running and not exclusive and not self.relocate_due:
+                self.start_query()
+                return
         if persons and rng.random() < self.pause_rate:
             p = rng.choice(persons)
             span = rng.uniform(1, 300)
@@ -1222,8 +1244,11 @@ class SparkWorld(Stepping):
         elif r < 0.0605:
             self.damage()
         elif r < 0.0605 + self.operate_rate and not exclusive and self.pending is None:
-            choice = rng.random()
             batches = self.committed_batches()
+            if self.gc_race and len(batches) > 2 and rng.random() < self.gc_race:
+                self.gc_beside_rerun(batches)
+                return
+            choice = rng.random()
             if choice < 0.55 and len(batches) > 2:
                 # (the oldest retained batch cannot be restarted from: Spark purged the
                 # offsets before it)
@@ -1252,7 +1277,32 @@ class SparkWorld(Stepping):
             self.clock.advance(rng.uniform(600, 5000))
             self.count("idle")
 
+    def gc_beside_rerun(self, batches: list[int]) -> None:
+        """The race gc's re-check is for: the query stopped, a gc without grace lists the
+        location and judges it for minutes (a large one); meanwhile a rollback beside it
+        deletes what the later batches wrote and the query, started again once it is
+        done, reruns them, writing some of the files the gc judged deletable (a delta
+        under a snapshot the rollback deleted) anew: then the gc deletes."""
+        self.log("ENV gc beside a rollback and the query's rerun")
+        self.count("gc-race")
+        self.stop_query()
+        self.clock.advance(self.rng.uniform(100, 4000))
+        gc = self.spawn_process("gc", self.person("gc", 0.0))
+        gc.data["judging"] = gc.data["race"] = True
+        # a batch below the newest snapshot (or zip): its rerun writes that version's
+        # delta or changelog anew, which the gc's listing judged superseded
+        snaps = [v for (_p, v, _u, ext) in self.index(self.live)["state"]
+                 if ext in ("snapshot", "zip")]
+        below = [b for b in batches[1:-1] if any(b + 1 < v <= batches[-1] + 1 for v in snaps)]
+        marked = self.marked(self.live)  # (an unfinished one is finished first)
+        self._exclusive("rollback", marked if marked is not None else self.rng.choice(
+            below or batches[1:-1]))
+        rollback = self.alive("rollback")[-1]
+        rollback.data["force"] = rollback.data["restart"] = rollback.data["race"] = True
+
     def idle(self) -> bool:
+        if any(p.data.get("race") for p in self.alive()):
+            return False  # (`gc_beside_rerun`: its timing is the gc's judging, not a lull)
         return all(a.state == "parked" and a.what.startswith("sleep")
                    for a in self.sched.actors if a.process.kind in SPARK_KINDS
                    and not a.process.killed and a.state != "done")
@@ -1585,14 +1635,15 @@ PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]], dict[s
         "verify does not check the file source log's chain",
         ("verify-missed",),
         [("statehold.spark_checkpoints.api", "verify", _verify_without_source_chain)],
-        {},
+        {"crash_rate": 0.01},  # (more savepoints and kept ones to damage: found sooner)
     ),
     "gc-without-recheck": (
         "gc without its re-check of liveness after listing",
         ("restart-broken",),
         [("statehold.spark_checkpoints.gc", "_check_commits", _no_recheck),
          ("statehold.spark_checkpoints.gc", "_unchanged", _unchanged_unchecked)],
-        {"provider": "hdfs", "pause_rate": 0.02, "operate_rate": 0.01, "snapshot_every": 10},
+        {"provider": "hdfs", "gc_race": 1.0, "operate_rate": 0.005, "snapshot_every": 2,
+         "retain": 5, "rollback_crash": 0.0},
     ),
     "v2-lineage-ignored": (
         "gc ignores the format-v2 unique ids commits/N records",
