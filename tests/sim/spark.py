@@ -22,7 +22,8 @@ Beside it, a person runs the real `statehold.spark_checkpoints` code: gc (with t
 grace beside the query, with none on a stopped one), savepoint, verify (of savepoints,
 some damaged on purpose), rollback (interrupted by a crash at any of its deletes, then run
 again, or not noticed and the query restarted), relocate of the input, and a restart of
-the query from a savepoint.
+the query from a savepoint; with `gc_race`, the race gc's re-check is for (a gc judging
+for minutes while a rollback and the query's rerun rewrite a file it judged deletable).
 
 The invariant is the model's, never statehold's: from what its own Spark steps wrote (the
 bytes of every file it wrote are registered with their meaning), the model reads what a
