@@ -5,6 +5,7 @@
                              [--ha embedded|zookeeper] [--zk-lag SEC] [--restores N]
                              [--grown] [--plant NAME] [--jobs N]
                              [--world checkpoint|spark] [--provider P] [--tolerate KINDS]
+                             [--gc-race SHARE]
 
 Runs seeds S, S+1, ... S+N-1 (default S=0), each for M scheduler steps (one storage
 operation of one actor per step), then a quiet phase (heal, reconcile, gc) and the final
@@ -14,7 +15,9 @@ checks. On a violation it prints the failing seed, the violation and a minimal t
 ``--world spark`` runs the second world instead (`sim.spark`): a Structured Streaming
 query as Spark writes its checkpoint location, beside statehold's Spark-location code;
 ``--provider`` pins its state store (hdfs, rocksdb, rocksdb-v2; by default the seed picks),
-``--tolerate`` notes the named violation kinds without failing the seed.
+``--tolerate`` notes the named violation kinds without failing the seed, ``--gc-race``
+makes that share of the people's operations the race gc's re-check is for (a gc judging
+for minutes while a rollback and the query's rerun rewrite what it judged).
 """
 
 from __future__ import annotations
@@ -52,10 +55,13 @@ def _run_one(
 def _run(seed: int, steps: int, options: dict[str, Any], grown_options: bool) -> Any:
     if options.get("world") == "spark":
         spark = {k: options[k] for k in ("list_lag", "faults", "plant", "provider", "tolerate")}
+        if options.get("gc_race"):
+            spark["gc_race"] = options["gc_race"]
         if spark["plant"]:
             spark = {**SPARK_PLANTS[spark["plant"]][3], **spark}
         return run_spark_seed(seed, steps, **spark)
-    options = {k: v for k, v in options.items() if k not in ("world", "provider", "tolerate")}
+    options = {k: v for k, v in options.items()
+               if k not in ("world", "provider", "tolerate", "gc_race")}
     return run_seed(seed, steps, **({**options, **grown(seed)} if grown_options else options))
 
 
@@ -88,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="--world spark: the state store (default: the seed picks)")
     p.add_argument("--tolerate", default="",
                    help="--world spark: violation kinds (comma-separated) noted, not failed")
+    p.add_argument("--gc-race", type=float, default=0.0,
+                   help="--world spark: the share of the people's operations that are a gc "
+                        "judging for minutes beside a rollback and the query's rerun")
     p.add_argument("--jobs", type=int, default=1,
                    help="run seeds in this many processes (results printed in seed order)")
     args = p.parse_args(argv)
@@ -103,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "world": args.world,
         "provider": args.provider,
         "tolerate": frozenset(k for k in args.tolerate.split(",") if k),
+        "gc_race": args.gc_race,
     }
     if (args.plant in SPARK_PLANTS) != (args.world == "spark") and args.plant:
         p.error(f"--plant {args.plant} belongs to the other --world")
@@ -172,6 +182,8 @@ def _flags(args: argparse.Namespace) -> str:
             out += f" --provider {args.provider}"
         if args.tolerate:
             out += f" --tolerate {args.tolerate}"
+        if args.gc_race:
+            out += f" --gc-race {args.gc_race}"
     elif args.grown:
         out += " --grown"
     else:

@@ -22,7 +22,8 @@ Beside it, a person runs the real `statehold.spark_checkpoints` code: gc (with t
 grace beside the query, with none on a stopped one), savepoint, verify (of savepoints,
 some damaged on purpose), rollback (interrupted by a crash at any of its deletes, then run
 again, or not noticed and the query restarted), relocate of the input, and a restart of
-the query from a savepoint.
+the query from a savepoint; with `gc_race`, the race gc's re-check is for (a gc judging
+for minutes while a rollback and the query's rerun rewrite a file it judged deletable).
 
 The invariant is the model's, never statehold's: from what its own Spark steps wrote (the
 bytes of every file it wrote are registered with their meaning), the model reads what a
@@ -189,6 +190,11 @@ class Loc:
     retired: bool = False
     mut: int = 0
     checked: int = -1
+    #: A rollback's keep location: the record of the location it was made from, as it
+    #: stood when that rollback's run began (a rerun reports the first run's savepoint,
+    #: of the timeline before; the location may have run on since).
+    made_from: tuple[dict[int, frozenset[int]], dict[int, frozenset[int]], bool, bool] | None = (
+        None)
 
 
 class SparkWorld(Stepping):
@@ -199,7 +205,8 @@ class SparkWorld(Stepping):
                  tolerate: frozenset[str] = frozenset(), move_rate: float = 0.15,
                  pause_rate: float = 0.002, operate_rate: float = 0.003,
                  snapshot_every: int = SNAPSHOT_EVERY, retain: int = RETAIN,
-                 crash_rate: float = 0.002, rollback_crash: float = 0.08) -> None:
+                 crash_rate: float = 0.002, rollback_crash: float = 0.08,
+                 gc_race: float = 0.0) -> None:
         self.seed, self.steps = seed, steps
         self.rng = random.Random(seed)
         self.ids = random.Random(seed * 7 + 3)
@@ -222,6 +229,9 @@ class SparkWorld(Stepping):
         self.crash_rate = crash_rate
         #: The chance that a rollback's process dies right after each of its deletes.
         self.rollback_crash = rollback_crash
+        #: The share of the people's operations that are the race gc's re-check is for
+        #: (`gc_beside_rerun`); 0 in the soak of record, whose runs it would change.
+        self.gc_race = gc_race
         self.provider = provider or PROVIDERS[seed % len(PROVIDERS)]
         self.rates = {"list": 0.004, "read": 0.003, "write": 0.004, "delete": 0.01}
         self.step = 0
@@ -246,6 +256,8 @@ class SparkWorld(Stepping):
         #: Where the input directory is (relocate moves it, then the location follows).
         self.input_prefix = INPUTS[0]
         self.relocate_due = False
+        #: The query is started again as soon as a rollback is done (`gc_beside_rerun`).
+        self.restart_due = False
         #: A person's operation that needs the query stopped, to run (again).
         self.pending: tuple[str, Any] | None = None
         self.quiet = False
@@ -303,12 +315,21 @@ class SparkWorld(Stepping):
         if actor.process.data.get("slow"):
             # a gc over a large location: minutes between its listing and its deletes
             self.clock.sleep(self.rng.uniform(0, 10))
+        if actor.process.data.get("judging") and (method == "delete" or (
+                method == "stat" and keys[0].endswith("/_statehold_rollback"))):
+            # a gc over 100,000s of files: minutes between its listing and judging and its
+            # first batch of deletes (its re-check first: the mark's stat)
+            actor.process.data["judging"] = False
+            self.clock.sleep(self.rng.uniform(60, 600))
         self.sched.point(f"{method} {keys[0]}")
         self.clock.advance(self.rng.expovariate(1 / 0.005))
         self.log(f"{self.actor_name()} {method} {' '.join(keys[:3])}")
         per_call = kind != "delete" or method == "delete_prefix"
         if self.faults and per_call and self.rng.random() < self.rates[kind]:
             self.log("  -> transient failure")
+            # (the process knows which read failed: a refusal naming it is explained)
+            actor.process.data.setdefault("failed_keys", set()).add(
+                keys[0][len(storage.root):])
             raise InjectedFault(f"{method} {keys[0]}: transient failure (simulated)")
 
     def forget(self, full: str) -> None:
@@ -571,8 +592,11 @@ class SparkWorld(Stepping):
             self.check_batch(loc, idx, newest, must=True)
             return
         # batches after an unfinished rollback's target (its mark says which, if the
-        # model's person lost track) are being removed: not checked
-        target = loc.rolling_back if loc.rolling_back is not None else self.marked(loc)
+        # model's person lost track; the lower of the two when a later rollback to
+        # another batch was begun, and refused, while the mark was there) are being
+        # removed: not checked
+        targets = [t for t in (loc.rolling_back, self.marked(loc)) if t is not None]
+        target = min(targets, default=None)
         for b in commits:
             if target is not None and b > target:
                 continue
@@ -1008,7 +1032,14 @@ class SparkWorld(Stepping):
                     self.rollback(proc, loc, api, arg)
                 except StateholdError as e:
                     refused = str(e).startswith(("cannot roll back", "the query looks alive"))
-                    if (str(e).startswith("cannot roll back") and arg == self.marked(loc)
+                    failed = self.refused_on_failed_read(proc, str(e))
+                    if failed:
+                        # a rerun refused because a file it must read could not be read
+                        # (the storage failed right then): it deleted nothing, the mark
+                        # stays and names it, and a later run finishes it (the quiet
+                        # phase runs it again on healed storage and judges that run)
+                        self.count("rollback-refused-on-read")
+                    elif (str(e).startswith("cannot roll back") and arg == self.marked(loc)
                             and "interrupted" not in str(e) and not self.ran_on(loc)):
                         self.violate("rollback-stuck", f"{loc.name}: the mark of the rollback "
                                      f"to batch {arg} asks for it to be run again, which is "
@@ -1042,6 +1073,13 @@ class SparkWorld(Stepping):
 
         return run
 
+    @staticmethod
+    def refused_on_failed_read(proc: Process, message: str) -> bool:
+        """Whether a refusal names a file whose read the simulation failed in this very
+        process (`before_op`): the refusal is the storage's, not the location's."""
+        return any(f"{key}: cannot be read" in message
+                   for key in proc.data.get("failed_keys", ()))
+
     def ran_on(self, loc: Loc) -> bool:
         """Whether the query committed a batch above the mark's target after the mark was
         written (the model's own objects): the mark is then left behind, and any rollback
@@ -1068,11 +1106,15 @@ class SparkWorld(Stepping):
         except (ValueError, KeyError, TypeError):
             return None
 
-    def made_savepoint(self, src: Loc, dest: Loc, batch: int) -> None:
+    def made_savepoint(self, src: Loc, dest: Loc, batch: int, *, as_it_was: bool = False) -> None:
+        """`as_it_was`: `src`'s record when `dest` was made (`Loc.made_from`), not now."""
+        record = dest.made_from if as_it_was else None
+        committed, entries, damaged, stale = record or (
+            src.committed, src.entries, src.damaged, src.stale_rollback)
         dest.batch = batch
-        dest.damaged, dest.stale_rollback = src.damaged, src.stale_rollback
-        dest.committed = {b: f for b, f in src.committed.items() if b <= batch}
-        dest.entries = dict(src.entries)
+        dest.damaged, dest.stale_rollback = damaged, stale
+        dest.committed = {b: f for b, f in committed.items() if b <= batch}
+        dest.entries = dict(entries)
         dest.checked = -1
         self.savepoints.append(dest)
         self.log(f"savepoint {dest.name} of batch {batch} made")
@@ -1094,19 +1136,26 @@ class SparkWorld(Stepping):
     def rollback(self, proc: Process, loc: Loc, api: SparkCheckpointLocation,
                  target: int) -> None:
         loc.rolling_back = target
-        force = self.rng.random() < 0.5
+        force = proc.data.get("force") or self.rng.random() < 0.5
         if not force:
             self.clock.sleep(130.0)  # the person waits until it no longer looks alive
         keep = self.new_loc(self.name("keep-"))
+        keep.made_from = (dict(loc.committed), dict(loc.entries), loc.damaged,
+                          loc.stale_rollback)
         report = api.rollback(target, keep=f"sim://{keep.name}", force=force)
         if report.kept is not None and report.kept_batch is not None:
-            self.made_savepoint(loc, keep, report.kept_batch)
+            # the savepoint the first run of this rollback kept (a rerun's `keep` is unused)
+            kept = self.locs.get(report.kept.removeprefix("sim://").rstrip("/") + "/")
+            if kept is not None and kept not in self.savepoints and not kept.retired:
+                self.made_savepoint(loc, kept, report.kept_batch, as_it_was=True)
         loc.committed = {b: f for b, f in loc.committed.items() if b <= target}
         loc.rolling_back = None
         loc.rollback_deleted = False
         self.pending = None
         loc.checked = -1
         self.log(f"{proc.name}: rolled back to batch {target}")
+        if proc.data.get("restart"):
+            self.restart_due = True  # (started by the environment, at its next step)
 
     def _open(self, uri: str, options: Any) -> SimStorage:
         name = uri.removeprefix("sim://").rstrip("/")
@@ -1140,6 +1189,11 @@ class SparkWorld(Stepping):
         running = [p for p in self.alive("query")]
         persons = [p for p in self.alive() if p.kind not in SPARK_KINDS]
         exclusive = [p for p in persons if p.data.get("exclusive")]
+        if self.restart_due:
+            self.restart_due = False
+            if not running and not exclusive and not self.relocate_due:
+                self.start_query()
+                return
         if persons and rng.random() < self.pause_rate:
             p = rng.choice(persons)
             span = rng.uniform(1, 300)
@@ -1191,8 +1245,11 @@ class SparkWorld(Stepping):
         elif r < 0.0605:
             self.damage()
         elif r < 0.0605 + self.operate_rate and not exclusive and self.pending is None:
-            choice = rng.random()
             batches = self.committed_batches()
+            if self.gc_race and len(batches) > 2 and rng.random() < self.gc_race:
+                self.gc_beside_rerun(batches)
+                return
+            choice = rng.random()
             if choice < 0.55 and len(batches) > 2:
                 # (the oldest retained batch cannot be restarted from: Spark purged the
                 # offsets before it)
@@ -1221,7 +1278,32 @@ class SparkWorld(Stepping):
             self.clock.advance(rng.uniform(600, 5000))
             self.count("idle")
 
+    def gc_beside_rerun(self, batches: list[int]) -> None:
+        """The race gc's re-check is for: the query stopped, a gc without grace lists the
+        location and judges it for minutes (a large one); meanwhile a rollback beside it
+        deletes what the later batches wrote and the query, started again once it is
+        done, reruns them, writing some of the files the gc judged deletable (a delta
+        under a snapshot the rollback deleted) anew: then the gc deletes."""
+        self.log("ENV gc beside a rollback and the query's rerun")
+        self.count("gc-race")
+        self.stop_query()
+        self.clock.advance(self.rng.uniform(100, 4000))
+        gc = self.spawn_process("gc", self.person("gc", 0.0))
+        gc.data["judging"] = gc.data["race"] = True
+        # a batch below the newest snapshot (or zip): its rerun writes that version's
+        # delta or changelog anew, which the gc's listing judged superseded
+        snaps = [v for (_p, v, _u, ext) in self.index(self.live)["state"]
+                 if ext in ("snapshot", "zip")]
+        below = [b for b in batches[1:-1] if any(b + 1 < v <= batches[-1] + 1 for v in snaps)]
+        marked = self.marked(self.live)  # (an unfinished one is finished first)
+        self._exclusive("rollback", marked if marked is not None else self.rng.choice(
+            below or batches[1:-1]))
+        rollback = self.alive("rollback")[-1]
+        rollback.data["force"] = rollback.data["restart"] = rollback.data["race"] = True
+
     def idle(self) -> bool:
+        if any(p.data.get("race") for p in self.alive()):
+            return False  # (`gc_beside_rerun`: its timing is the gc's judging, not a lull)
         return all(a.state == "parked" and a.what.startswith("sleep")
                    for a in self.sched.actors if a.process.kind in SPARK_KINDS
                    and not a.process.killed and a.state != "done")
@@ -1554,14 +1636,15 @@ PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]], dict[s
         "verify does not check the file source log's chain",
         ("verify-missed",),
         [("statehold.spark_checkpoints.api", "verify", _verify_without_source_chain)],
-        {},
+        {"crash_rate": 0.01},  # (more savepoints and kept ones to damage: found sooner)
     ),
     "gc-without-recheck": (
         "gc without its re-check of liveness after listing",
         ("restart-broken",),
         [("statehold.spark_checkpoints.gc", "_check_commits", _no_recheck),
          ("statehold.spark_checkpoints.gc", "_unchanged", _unchanged_unchecked)],
-        {"provider": "hdfs", "pause_rate": 0.02, "operate_rate": 0.01, "snapshot_every": 10},
+        {"provider": "hdfs", "gc_race": 1.0, "operate_rate": 0.005, "snapshot_every": 2,
+         "retain": 5, "rollback_crash": 0.0},
     ),
     "v2-lineage-ignored": (
         "gc ignores the format-v2 unique ids commits/N records",

@@ -224,6 +224,52 @@ def test_a_rollback_stopped_at_any_delete_is_seen_refused_around_and_finished(
         assert verify(open_spark_checkpoint(str(kept))).batch == 7
 
 
+class _UnreadableOnce(LocalStorage):
+    """A local disk whose reads of `key` fail (a 503 from the store, right then)."""
+
+    def __init__(self, root: str, key: str) -> None:
+        super().__init__(root)
+        self.key = key
+
+    def read(self, key: str) -> bytes:
+        if key == self.key:
+            raise StorageError("503 Service Unavailable")
+        return super().read(key)
+
+
+@pytest.mark.parametrize("unreadable", ["offsets/3", f"{STORE}/2.zip"])
+def test_a_rerun_refused_on_a_failed_read_deletes_nothing_and_is_finished_later(
+    tmp_path: Path, unreadable: str
+) -> None:
+    """The simulation's `rollback-stuck` seeds 400108-400223: the rerun of a rollback cut
+    short is refused when a file it must read to plan cannot be read at that moment. That
+    is the rollback being careful, not stuck: it deletes nothing, the mark stays and names
+    the rollback, and the next run, once the storage answers, finishes it."""
+    template = _rocksdb_location(tmp_path / "template")
+    whole = copy_tree(template, tmp_path / "whole")
+    rollback(open_spark_checkpoint(str(whole)), 3, keep=str(tmp_path / "whole-kept"))
+    root = copy_tree(template, tmp_path / "ckpt")
+    cut = open_spark_checkpoint(str(root))
+    cut.storage = _Breaking(str(root), 2)
+    with pytest.raises(SparkCheckpointError, match="stopped at"):
+        rollback(cut, 3, keep=str(tmp_path / "kept"))
+    before = tree(root)
+    assert ROLLBACK_MARKER in before
+
+    failing = open_spark_checkpoint(str(root))
+    failing.storage = _UnreadableOnce(str(root), unreadable)
+    with pytest.raises(SparkCheckpointError, match=f"cannot roll back to batch 3: {unreadable}: "
+                       "cannot be read .*503"):
+        rollback(failing, 3)
+
+    assert tree(root) == before  # nothing deleted, the mark still there
+    assert listing(open_spark_checkpoint(str(root))).interrupted_rollback == 3
+    again = rollback(open_spark_checkpoint(str(root)), 3)
+    assert again.finished_interrupted and again.kept == f"file://{tmp_path}/kept"
+    assert tree(root).keys() == tree(whole).keys()
+    assert verify(open_spark_checkpoint(str(root))).ok
+
+
 def test_a_newer_or_broken_mark_is_refused_not_guessed(tmp_path: Path) -> None:
     root = _rocksdb_location(tmp_path / "ckpt")
     before = tree(root)

@@ -93,6 +93,37 @@ def test_format_v2_follows_the_commit_log_ids_and_the_lineage(tmp_path: Path) ->
     }
 
 
+def test_format_v2_version_1_is_held_from_an_empty_store(tmp_path: Path) -> None:
+    """Spark 4.3 writes version 1's changelog with an empty lineage (so do the committed
+    fixtures): it is held, from an empty store. statehold took it for a version whose
+    lineage had lost its snapshot, so gc called batch 0's state "no longer held (Spark's
+    own maintenance deleted it)" and deleted ``1_<id>.changelog`` while batch 0 was
+    retained, once a zip at version 2 left no later version needing it (found by the
+    simulation's Spark world, `--gc-race` on format v2)."""
+    from statehold.spark_checkpoints.gc import gc
+    from tests.support.spark_checkpoint_files import commit_file
+    from tests.support.spark_checkpoint_trees import backdate
+
+    logs(tmp_path, range(3))
+    ids = {v: f"id{v}" for v in range(1, 4)}
+    for v, chain in ((1, []), (2, [(1, ids[1])]), (3, [(2, ids[2])])):
+        body = lz4_stream(records([(b"k%d" % v, b"v")], lineage_header(chain)))
+        write(tmp_path, f"{STORE}/{v}_{ids[v]}.changelog", body)
+    write(tmp_path, f"{STORE}/2_{ids[2]}.zip", snapshot_zip({}))
+    for b in range(3):
+        write(tmp_path, f"commits/{b}", commit_file(b, {"0": [[ids[b + 1]]]}))
+    backdate(tmp_path, 7200)
+    checkpoint = open_spark_checkpoint(str(tmp_path))
+
+    needs = checkpoint.restart_needs(checkpoint.scan(), 0)
+    assert needs.ok, needs.problems
+    assert set(needs.stores[0].files) == {f"{STORE}/1_id1.changelog"}
+    report = gc(checkpoint, grace_seconds=0)
+    assert (tmp_path / STORE / "1_id1.changelog").exists(), report.deleted_keys
+    assert not report.notes
+    assert verify(open_spark_checkpoint(str(tmp_path)), 0).ok
+
+
 def test_verify_passes_a_whole_checkpoint_and_names_its_input_directories(tmp_path: Path) -> None:
     changelog_checkpoint(tmp_path)
     report = verify(open_spark_checkpoint(str(tmp_path)))

@@ -199,7 +199,8 @@ def _resolve_v2(files: StoreFiles, version: int, unique_id: str, reader: Reader)
     needs = Needs(files.store, version, "snapshot+changelogs" if base else "changelogs", base)
     if base:
         _add_snapshot(needs, files, files.key(Kind.ZIP, base, base_id), reader)
-    elif not chain or chain[0][0] > 1:
+    elif (chain[0][0] if chain else version) > 1:
+        # (version 1's lineage is empty, as Spark writes it: it starts from an empty store)
         needs.problems.append(
             f"{files.store}: version {version}'s lineage has no snapshot that is still held"
         )
