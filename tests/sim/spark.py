@@ -1582,8 +1582,8 @@ def _logs_before_state(real: Callable[..., Any]) -> Callable[..., Any]:
 def _verify_without_source_chain(real: Callable[..., Any]) -> Callable[..., Any]:
     """(c) verify does not check the file source log's chain (entries missing from it)."""
 
-    def verify(checkpoint: Any, batch: int | None = None) -> Any:
-        report = real(checkpoint, batch)
+    def verify(checkpoint: Any, batch: int | None = None, **options: Any) -> Any:
+        report = real(checkpoint, batch, **options)
         problems = [p for p in report.problems if not p.path.startswith("sources/")]
         return report.model_copy(update={"problems": problems, "ok": not problems})
 
