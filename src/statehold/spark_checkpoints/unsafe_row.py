@@ -37,14 +37,15 @@ from statehold.spark_checkpoints.spark_types import (
     Struct,
 )
 
-_FORMATS = {
+#: Each fixed-width type's 8-byte slot layout (little-endian), shared with the writer.
+SLOT_FORMATS = {
     "boolean": struct.Struct("<?"), "byte": struct.Struct("<b"), "short": struct.Struct("<h"),
     "integer": struct.Struct("<i"), "float": struct.Struct("<f"), "date": struct.Struct("<i"),
     "long": struct.Struct("<q"), "double": struct.Struct("<d"),
     "timestamp": struct.Struct("<q"), "timestamp_ntz": struct.Struct("<q"),
 }
-_LONG = struct.Struct("<q")
-_WIDE = decimal.Context(prec=80)
+LONG = struct.Struct("<q")
+WIDE_DECIMALS = decimal.Context(prec=80)
 
 
 class BadRow(SparkCheckpointError):
@@ -88,14 +89,14 @@ def _value(data: bytes, base: int, size: int, fixed: int, at: int, t: SparkType,
     """The value of type `t` whose slot (or element) is at `at`, in the region
     [`base`, `base` + `size`) whose variable-length part starts `fixed` bytes in."""
     if isinstance(t, Atomic):
-        fmt = _FORMATS.get(t.name)
+        fmt = SLOT_FORMATS.get(t.name)
         if fmt is not None:
             return fmt.unpack_from(data, at)[0]
         if t.name == "void":
             return None
     elif isinstance(t, Decimal) and t.compact:
-        return _decimal(_LONG.unpack_from(data, at)[0], t, where)
-    (pointer,) = _LONG.unpack_from(data, at)
+        return _decimal(LONG.unpack_from(data, at)[0], t, where)
+    (pointer,) = LONG.unpack_from(data, at)
     offset, length = (pointer >> 32) & 0xFFFFFFFF, pointer & 0xFFFFFFFF
     if offset < fixed or offset + length > size:
         raise BadRow(
@@ -121,7 +122,7 @@ def _decimal(unscaled: int, t: Decimal, where: str) -> decimal.Decimal:
     if abs(unscaled) >= 10**t.precision:
         raise BadRow(f"{where}: {unscaled} has more than the {t.precision} digits of its "
                      "decimal")
-    return decimal.Decimal(unscaled).scaleb(-t.scale, _WIDE)
+    return decimal.Decimal(unscaled).scaleb(-t.scale, WIDE_DECIMALS)
 
 
 def _width(t: SparkType) -> int:
@@ -133,7 +134,7 @@ def _width(t: SparkType) -> int:
 def _array(data: bytes, start: int, size: int, element: SparkType, where: str) -> list[Any]:
     if size < 8:
         raise BadRow(f"{where}: an array of {size} bytes has no element count")
-    (n,) = _LONG.unpack_from(data, start)
+    (n,) = LONG.unpack_from(data, start)
     width = _width(element)
     # an element takes at least `width` bytes (plus a bit): a count the region cannot
     # hold is refused before anything is built for it
@@ -156,7 +157,7 @@ def _array(data: bytes, start: int, size: int, element: SparkType, where: str) -
 def _map(data: bytes, start: int, size: int, t: Map, where: str) -> list[tuple[Any, Any]]:
     if size < 8:
         raise BadRow(f"{where}: a map of {size} bytes has no key array size")
-    (keys_size,) = _LONG.unpack_from(data, start)
+    (keys_size,) = LONG.unpack_from(data, start)
     if not 0 <= keys_size <= size - 8:
         raise BadRow(f"{where}: a map of {size} bytes claims a {keys_size}-byte key array")
     keys = _array(data, start + 8, keys_size, t.key, where)

@@ -32,15 +32,8 @@ from statehold.spark_checkpoints.spark_types import (
     SparkType,
     Struct,
 )
+from statehold.spark_checkpoints.unsafe_row import LONG, SLOT_FORMATS, WIDE_DECIMALS
 
-_FORMATS = {
-    "boolean": struct.Struct("<?"), "byte": struct.Struct("<b"), "short": struct.Struct("<h"),
-    "integer": struct.Struct("<i"), "float": struct.Struct("<f"), "date": struct.Struct("<i"),
-    "long": struct.Struct("<q"), "double": struct.Struct("<d"),
-    "timestamp": struct.Struct("<q"), "timestamp_ntz": struct.Struct("<q"),
-}
-_LONG = struct.Struct("<q")
-_WIDE = decimal.Context(prec=80)
 #: The bytes a row reserves for a decimal of more than 18 digits (Spark's, 38 digits at
 #: most, fit 16).
 _BIG_DECIMAL_BYTES = 16
@@ -78,7 +71,7 @@ def _row(out: bytearray, values: Any, schema: Struct, where: str) -> None:
         if value is None:
             nulls |= 1 << i
             if isinstance(t, Decimal) and not t.compact:
-                _LONG.pack_into(out, slot, (len(out) - start) << 32)
+                LONG.pack_into(out, slot, (len(out) - start) << 32)
                 out += bytes(_BIG_DECIMAL_BYTES)
             continue
         try:
@@ -95,14 +88,14 @@ def _row(out: bytearray, values: Any, schema: Struct, where: str) -> None:
             size = len(data)
         else:
             size = _variable(out, value, t, f"{where}.{f.name}")
-        _LONG.pack_into(out, slot, (at - start) << 32 | size)
+        LONG.pack_into(out, slot, (at - start) << 32 | size)
     out[start : start + 8 * words] = nulls.to_bytes(8 * words, "little")
 
 
 def _unscaled(value: Any, t: Decimal, where: str) -> int:
     try:
-        unscaled = int(decimal.Decimal(value).scaleb(t.scale, _WIDE).to_integral_exact(
-            context=_WIDE))
+        unscaled = int(decimal.Decimal(value).scaleb(t.scale, WIDE_DECIMALS).to_integral_exact(
+            context=WIDE_DECIMALS))
     except (decimal.InvalidOperation, TypeError, ValueError) as e:
         raise UnencodableValue(f"{where}: {value!r} is not a decimal ({e})") from None
     if abs(unscaled) >= 10**t.precision:
@@ -118,13 +111,13 @@ def _decimal_bytes(value: Any, t: Decimal, where: str) -> bytes:
 def _fixed(value: Any, t: SparkType) -> bytes | None:
     """A value kept in its slot or element (its bytes), or None for a variable one."""
     if isinstance(t, Atomic):
-        fmt = _FORMATS.get(t.name)
+        fmt = SLOT_FORMATS.get(t.name)
         if fmt is not None:
             return fmt.pack(value)
         if t.name == "void":
             return b""
     elif isinstance(t, Decimal) and t.compact:
-        return _LONG.pack(_unscaled(value, t, "a decimal"))
+        return LONG.pack(_unscaled(value, t, "a decimal"))
     return None
 
 
@@ -151,7 +144,7 @@ def _variable(out: bytearray, value: Any, t: SparkType, where: str) -> int:
         entries = list(value)
         out += bytes(8)
         _array(out, [k for k, _v in entries], t.key, where)
-        _LONG.pack_into(out, start, len(out) - start - 8)
+        LONG.pack_into(out, start, len(out) - start - 8)
         _array(out, [v for _k, v in entries], t.value, where)
     else:
         raise UnencodableValue(f"{where}: no layout for {t}")
@@ -164,7 +157,7 @@ def _array(out: bytearray, values: list[Any], element: SparkType, where: str) ->
     start = len(out)
     words = (n + 63) // 64
     header = 8 + 8 * words
-    out += _LONG.pack(n) + bytes(8 * words + _pad(n * width))
+    out += LONG.pack(n) + bytes(8 * words + _pad(n * width))
     nulls = 0
     for i, value in enumerate(values):
         at = start + header + width * i
@@ -185,5 +178,5 @@ def _array(out: bytearray, values: list[Any], element: SparkType, where: str) ->
             size = len(data)
         else:
             size = _variable(out, value, element, f"{where}[{i}]")
-        _LONG.pack_into(out, at, (offset - start) << 32 | size)
+        LONG.pack_into(out, at, (offset - start) << 32 | size)
     out[start + 8 : start + header] = nulls.to_bytes(8 * words, "little")
