@@ -165,6 +165,10 @@ def dump_spark_state(
     to `out` (created; must be empty if it exists), one file per partition. `operator`
     and `store` may be left out where the location has one. Everything is checked (the
     batch, the operator and store, the schema) before `out` is made."""
+    # imported when used: the other commands start without Arrow's and RocksDB's import
+    from statehold.spark_checkpoints.layout import StoreId
+    from statehold.spark_checkpoints.state_reader import read_store
+
     progress = progress or NoProgress()
     _empty_out(out)
     found = location.scan()
@@ -194,8 +198,9 @@ def dump_spark_state(
     progress.start(f"writing {uri} operator {operator} {store}", None, "rows")
     for partition in partitions:
         path = out / f"part-{partition:05d}.{fmt.value}"
-        batches = location.read_state(batch, operator=operator, store=store,
-                                      partition=partition, schema=schema)
+        # the listing taken above, not one more per partition (read_state lists anew)
+        batches = read_store(location, found, StoreId(operator, partition, store), batch,
+                             schema=schema)
         written = (_write_jsonl(path, batches, progress) if fmt is Format.jsonl
                    else _write_batches(path, batches, arrow, progress))
         rows += written
