@@ -20,7 +20,7 @@ from tests.support.faultproxy import FaultProxy
 from tests.support.infra.object_stores import azurite_server, azurite_tls_server, gcs_server
 from tests.support.kafka import kafka_broker
 from tests.support.s3 import S3Server
-from tests.support.spark_session import spark
+from tests.support.spark_session import spark, use_c1_in_subprocess_drivers
 from tests.support.storages import StorageFactory, storage_factory_for
 from tests.support.zk import ZooKeeperServer, zk_server
 
@@ -34,6 +34,8 @@ __all__ = ["azurite_server", "azurite_tls_server", "gcs_server", "kafka_broker",
 # turn a slow example into a failure (Hypothesis' default deadline is 200 ms per example).
 settings.register_profile("statehold", deadline=None)
 settings.load_profile("statehold")
+
+use_c1_in_subprocess_drivers()
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,9 @@ def test_vs_spark_runs_and_both_systems_hold_the_right_state(tmp_path: Path) -> 
         "1g",
         "--plot",
         str(tmp_path / "charts"),
+        # the warm-up path once, not its default 15 batches per system: nothing is timed
+        "--warm-batches",
+        "1",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
