@@ -20,7 +20,7 @@ from tests.support.faultproxy import FaultProxy
 from tests.support.infra.object_stores import azurite_server, azurite_tls_server, gcs_server
 from tests.support.kafka import kafka_broker
 from tests.support.s3 import S3Server
-from tests.support.spark_session import spark, use_c1_in_subprocess_drivers
+from tests.support.spark_session import spark, use_c1_in_subprocess_jvms
 from tests.support.storages import StorageFactory, storage_factory_for
 from tests.support.zk import ZooKeeperServer, zk_server
 
@@ -35,7 +35,7 @@ __all__ = ["azurite_server", "azurite_tls_server", "gcs_server", "kafka_broker",
 settings.register_profile("statehold", deadline=None)
 settings.load_profile("statehold")
 
-use_c1_in_subprocess_drivers()
+use_c1_in_subprocess_jvms()
 
 
 @pytest.fixture(scope="session")
@@ -159,3 +159,4 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             print(line, flush=True)
 
     provision.provision(needed_components(session.items), say)
+

@@ -7,9 +7,13 @@ The session is small on purpose (local[2], few shuffle partitions, no UI) to kee
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -48,19 +52,30 @@ def make_session(conf: Mapping[str, str] | None = None) -> SparkSession:
 
 
 #: The JVM flags of every driver a test starts in a subprocess (the example, the crash and
-#: kill drivers, the benchmark's smoke run), set by tests/conftest.py. Such a driver runs a
-#: few batches and exits, and most of its CPU is the JIT compiling Spark: C1 alone halves
-#: that (measured 47 s against 55 s for the example's four batches beside a suite run).
-#: The shared session runs for the whole suite and is started without them: C2's code is
-#: faster for its hundreds of queries (C1 only made its tests 17% slower).
-SUBPROCESS_DRIVER_OPTS = "-XX:TieredStopAtLevel=1"
+#: kill drivers, the benchmark's smoke run) and of every executor JVM (``local-cluster``,
+#: the standalone cluster), set by tests/conftest.py. Such a JVM runs a few batches and
+#: exits, and most of its CPU is the JIT compiling Spark: with C1 alone and the serial
+#: collector the example's four batches took 39-41 s of CPU instead of 63 (31 s of wall
+#: time instead of 37, three runs each, 2026-11-29). The suite runs on two workers, so
+#: CPU is what its time is made of. The shared session runs for the whole suite and is
+#: started without them: C2's code is faster for its hundreds of queries (C1 only made
+#: its tests 17% slower).
+SUBPROCESS_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
-def use_c1_in_subprocess_drivers() -> None:
-    """``SPARK_SUBMIT_OPTS`` (read by spark-submit, so only drivers: not the executors of
-    ``local-cluster``, not the servers) for every subprocess started from now on, unless
-    the caller's environment sets its own."""
-    os.environ.setdefault("SPARK_SUBMIT_OPTS", SUBPROCESS_DRIVER_OPTS)
+def use_c1_in_subprocess_jvms() -> None:
+    """``SPARK_SUBMIT_OPTS`` (read by spark-submit: drivers, not servers) and a
+    ``spark-defaults.conf`` with ``spark.executor.extraJavaOptions`` (``SPARK_CONF_DIR``)
+    for every Spark started from now on, unless the caller's environment sets its own. A
+    test's own ``spark.executor.extraJavaOptions`` still wins over the default."""
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", SUBPROCESS_JVM_OPTS)
+    if "SPARK_CONF_DIR" not in os.environ:
+        conf = Path(tempfile.mkdtemp(prefix="statehold-spark-conf-"))
+        atexit.register(shutil.rmtree, conf, ignore_errors=True)
+        (conf / "spark-defaults.conf").write_text(
+            f"spark.executor.extraJavaOptions {SUBPROCESS_JVM_OPTS}\n"
+        )
+        os.environ["SPARK_CONF_DIR"] = str(conf)
 
 
 @pytest.fixture(scope="session")
@@ -68,14 +83,14 @@ def spark() -> Iterator[SparkSession]:
     from tests.support.infra import provision
 
     provision.require("java")  # skips, naming the install command, where it is missing
-    ours = os.environ.get("SPARK_SUBMIT_OPTS") == SUBPROCESS_DRIVER_OPTS
+    ours = os.environ.get("SPARK_SUBMIT_OPTS") == SUBPROCESS_JVM_OPTS
     if ours:  # the shared session's JVM keeps C2 (above)
         del os.environ["SPARK_SUBMIT_OPTS"]
     try:
         session = make_session()
     finally:
         if ours:
-            os.environ["SPARK_SUBMIT_OPTS"] = SUBPROCESS_DRIVER_OPTS
+            os.environ["SPARK_SUBMIT_OPTS"] = SUBPROCESS_JVM_OPTS
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
