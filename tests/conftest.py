@@ -159,4 +159,3 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             print(line, flush=True)
 
     provision.provision(needed_components(session.items), say)
-
