@@ -20,7 +20,7 @@ from tests.support.faultproxy import FaultProxy
 from tests.support.infra.object_stores import azurite_server, azurite_tls_server, gcs_server
 from tests.support.kafka import kafka_broker
 from tests.support.s3 import S3Server
-from tests.support.spark_session import spark, use_c1_in_subprocess_jvms
+from tests.support.spark_session import spark, use_subprocess_jvm_opts
 from tests.support.storages import StorageFactory, storage_factory_for
 from tests.support.zk import ZooKeeperServer, zk_server
 
@@ -35,7 +35,7 @@ __all__ = ["azurite_server", "azurite_tls_server", "gcs_server", "kafka_broker",
 settings.register_profile("statehold", deadline=None)
 settings.load_profile("statehold")
 
-use_c1_in_subprocess_jvms()
+use_subprocess_jvm_opts()
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +103,7 @@ def storage(storage_factory: StorageFactory) -> Storage:
 # -- provisioning (tests/support/infra/provision.py) -----------------------------------------------
 #: Fixture names, and what the tests that use them need installed.
 FIXTURE_NEEDS = {
-    "spark": ("java",),
+    "spark": ("java", "spark-classes"),
     "connect_server": ("java",),
     "zk_server": ("zookeeper",),
     "azurite_server": ("azurite",),
@@ -159,3 +159,4 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             print(line, flush=True)
 
     provision.provision(needed_components(session.items), say)
+    use_subprocess_jvm_opts()  # with the class archive, if provisioning just made it

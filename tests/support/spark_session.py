@@ -7,13 +7,9 @@ The session is small on purpose (local[2], few shuffle partitions, no UI) to kee
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -51,31 +47,27 @@ def make_session(conf: Mapping[str, str] | None = None) -> SparkSession:
     return builder.getOrCreate()
 
 
-#: The JVM flags of every driver a test starts in a subprocess (the example, the crash and
-#: kill drivers, the benchmark's smoke run) and of every executor JVM (``local-cluster``,
-#: the standalone cluster), set by tests/conftest.py. Such a JVM runs a few batches and
-#: exits, and most of its CPU is the JIT compiling Spark: with C1 alone and the serial
-#: collector the example's four batches took 39-41 s of CPU instead of 63 (31 s of wall
-#: time instead of 37, three runs each, 2026-11-29). The suite runs on two workers, so
-#: CPU is what its time is made of. The shared session runs for the whole suite and is
-#: started without them: C2's code is faster for its hundreds of queries (C1 only made
-#: its tests 17% slower).
-SUBPROCESS_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: The value ``use_subprocess_jvm_opts`` last gave ``SPARK_SUBMIT_OPTS`` (None: the caller's
+#: own environment set it, and it is left alone).
+_OURS: list[str] = []
 
 
-def use_c1_in_subprocess_jvms() -> None:
-    """``SPARK_SUBMIT_OPTS`` (read by spark-submit: drivers, not servers) and a
-    ``spark-defaults.conf`` with ``spark.executor.extraJavaOptions`` (``SPARK_CONF_DIR``)
-    for every Spark started from now on, unless the caller's environment sets its own. A
-    test's own ``spark.executor.extraJavaOptions`` still wins over the default."""
-    os.environ.setdefault("SPARK_SUBMIT_OPTS", SUBPROCESS_JVM_OPTS)
-    if "SPARK_CONF_DIR" not in os.environ:
-        conf = Path(tempfile.mkdtemp(prefix="statehold-spark-conf-"))
-        atexit.register(shutil.rmtree, conf, ignore_errors=True)
-        (conf / "spark-defaults.conf").write_text(
-            f"spark.executor.extraJavaOptions {SUBPROCESS_JVM_OPTS}\n"
-        )
-        os.environ["SPARK_CONF_DIR"] = str(conf)
+def use_subprocess_jvm_opts() -> None:
+    """The flags of tests/support/infra/class_archive.py for every Spark started from now
+    on, unless the caller's environment sets ``SPARK_SUBMIT_OPTS`` itself: for the drivers
+    (``SPARK_SUBMIT_OPTS`` is read by spark-submit, not by servers), and for their
+    executors through the drivers' ``spark.executor.extraJavaOptions`` (a system property
+    there, so a test's own setting wins). Called at start-up and again once provisioning
+    has made the class archive."""
+    from tests.support.infra.class_archive import jvm_opts
+
+    current = os.environ.get("SPARK_SUBMIT_OPTS")
+    if current is not None and current not in _OURS:
+        return
+    opts = jvm_opts()
+    value = f"{opts} -Dspark.executor.extraJavaOptions='{opts}'"
+    os.environ["SPARK_SUBMIT_OPTS"] = value
+    _OURS.append(value)
 
 
 @pytest.fixture(scope="session")
@@ -83,14 +75,14 @@ def spark() -> Iterator[SparkSession]:
     from tests.support.infra import provision
 
     provision.require("java")  # skips, naming the install command, where it is missing
-    ours = os.environ.get("SPARK_SUBMIT_OPTS") == SUBPROCESS_JVM_OPTS
-    if ours:  # the shared session's JVM keeps C2 (above)
+    ours = os.environ.get("SPARK_SUBMIT_OPTS")
+    if ours in _OURS:  # the shared session's JVM keeps C2 (class_archive.py says why)
         del os.environ["SPARK_SUBMIT_OPTS"]
     try:
         session = make_session()
     finally:
-        if ours:
-            os.environ["SPARK_SUBMIT_OPTS"] = SUBPROCESS_JVM_OPTS
+        if ours in _OURS:
+            os.environ["SPARK_SUBMIT_OPTS"] = ours
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -1,7 +1,8 @@
 """Install or find what the tests need, so that ``python3 -m pytest -q`` works on a fresh
 Debian machine: a Java runtime (Spark, ZooKeeper, Kafka), Maven (to fetch ZooKeeper's and
 Kafka's jars from Maven Central, see tests/support/infra/jvm.py), Node.js with npm and Azurite
-(npm, into a cache folder), and Chromium (the web view's test).
+(npm, into a cache folder), Chromium (the web view's test), and an archive of Spark's classes
+that the Spark JVMs the tests start map instead of loading them (class_archive.py).
 
     python -m tests.support.infra.provision [COMPONENT ...]     # everything by default (CI)
 
@@ -26,6 +27,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.infra import class_archive
 
 CACHE_ENV = "STATEHOLD_CACHE"
 #: Pinned so the cache folder's name says what is in it.
@@ -231,6 +234,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "spark-kafka": ("java", "maven"),
     "hadoop-aws": ("java", "maven"),
     "hadoop-azure": ("java", "maven"),
+    "spark-classes": ("java",),  # class_archive.py: made last, by running the example
 }
 ALL = tuple(NEEDS)
 
@@ -258,6 +262,8 @@ def present(name: str) -> bool:
         return _has_command(APT[name].command)
     if name == "azurite":
         return azurite_blob_command().exists()
+    if name == "spark-classes":
+        return class_archive.present()
     if not _have_jvm_module():
         return name == "zookeeper" and DEBIAN_ZOOKEEPER_JAR.exists()
     from tests.support.infra import jvm
@@ -290,6 +296,8 @@ def provision(names: Iterable[str], say: Say = print) -> dict[str, str]:
                 why = install_azurite(say)
             elif name == "zookeeper":
                 why = install_zookeeper(say)
+            elif name == "spark-classes":
+                why = class_archive.make(say)
             else:
                 why = fetch_jars(name, say)
             if why is not None:
