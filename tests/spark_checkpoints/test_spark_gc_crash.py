@@ -317,9 +317,10 @@ def killed_and_restarted(
 
 @pytest.mark.spark
 @pytest.mark.crash
-#: Guards against a hang, never a measure: the first of these tests also runs the shared
-#: fixture (a reference run, two driver JVMs of three queries each, gc passes), which took
-#: over 600 s on a 2-core machine shared with other jobs when it ran per provider.
+# A guard against a hang, never a measure: the first of these tests also runs the shared
+# fixture (a reference run, two driver JVMs of three queries each, gc passes). One
+# provider's run with the reference passed 600 s on a 2-core machine loaded by other jobs
+# (2026-11-29), when each provider had drivers of its own.
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("provider", CASES)
 def test_gc_in_a_loop_beside_a_query_killed_and_restarted(

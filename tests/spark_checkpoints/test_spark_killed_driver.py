@@ -29,11 +29,9 @@ from statehold.spark_checkpoints.rollback import rollback
 from statehold.spark_checkpoints.savepoint import savepoint
 from tests.support.spark_checkpoint_queries import (
     SPARK_4,
-    QueryRun,
     driver_cmd,
     driver_env,
     read_output,
-    run_queries,
     run_query,
     write_inputs,
 )
@@ -110,10 +108,9 @@ def test_a_driver_killed_between_a_source_log_and_its_offsets(spark, tmp_path: P
     saved = savepoint(open_spark_checkpoint(str(ckpt)), str(tmp_path / "sp"))
     assert saved.batch == 3 and _entries(tmp_path / "sp") == [0, 1, 2, 3, 4]
     write_inputs(inputs, 5, 2)
-    run_queries(spark, QUERY, [  # side by side in the shared session
-        QueryRun(PROVIDER, str(ckpt), inputs, tmp_path / "out-ref", 5),
-        QueryRun(PROVIDER, str(tmp_path / "sp"), inputs, tmp_path / "out-sp", 5),
-    ], pause=unarmed)
+    run_query(spark, QUERY, PROVIDER, str(ckpt), inputs, tmp_path / "out-ref", 5, pause=unarmed)
+    run_query(spark, QUERY, PROVIDER, str(tmp_path / "sp"), inputs, tmp_path / "out-sp", 5,
+              pause=unarmed)
     reference = read_output(tmp_path / "out-ref")
     assert sorted(reference) == [4, 5] and reference[4]
     assert read_output(tmp_path / "out-sp") == reference
@@ -158,15 +155,15 @@ def test_a_driver_killed_between_a_source_log_and_its_offsets(spark, tmp_path: P
         rollbacks.wait()
     assert step > 10
 
-    # the rolled back location, a fresh one and what the rollback kept, side by side
-    run_queries(spark, QUERY, [
-        QueryRun(PROVIDER, str(tmp_path / "at-0"), inputs, tmp_path / "out-rb", 6),
-        QueryRun(PROVIDER, str(tmp_path / "fresh"), inputs, tmp_path / "out-fresh", 6),
-        QueryRun(PROVIDER, str(tmp_path / "kept-0"), inputs, tmp_path / "out-kept", 5),
-    ], pause=unarmed)
     # the rolled back location reruns batches 3 on as a run that never crashed wrote them
+    run_query(spark, QUERY, PROVIDER, str(tmp_path / "at-0"), inputs, tmp_path / "out-rb", 6,
+              pause=unarmed)
+    run_query(spark, QUERY, PROVIDER, str(tmp_path / "fresh"), inputs, tmp_path / "out-fresh",
+              6, pause=unarmed)
     rerun = read_output(tmp_path / "out-rb")
     assert sorted(rerun) == [3, 4, 5, 6]
     assert rerun == {b: rows for b, rows in read_output(tmp_path / "out-fresh").items() if b > 2}
     # and what the rollback kept restarts as the location before it would have
+    run_query(spark, QUERY, PROVIDER, str(tmp_path / "kept-0"), inputs, tmp_path / "out-kept",
+              5, pause=unarmed)
     assert read_output(tmp_path / "out-kept") == reference
