@@ -480,7 +480,9 @@ def run_queries(
     in a session of its own, with its provider's settings) side by side in this JVM, and
     all are stopped once each is idle with its `until_batch` committed; returns the last
     committed batch id of each, in order. One driver JVM then serves several locations
-    (a test killing it kills them all at the same moment).
+    (a test killing it kills them all at the same moment). With `pause`, one run: two queries
+    reading the pausing Python source side by side in the shared session, under load, left
+    the second's source runner unable to connect (CANNOT_OPEN_SOCKET) and it never ran.
 
     Raises `QueryFailed` if one fails, or after `timeout` seconds (then all are stopped)."""
     restart_state_store_maintenance(spark)
