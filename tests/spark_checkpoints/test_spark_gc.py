@@ -131,12 +131,7 @@ def test_gc_removes_orphans_keeps_needs_and_the_query_continues(
     tmp_path: Path,
     provider: str,
 ) -> None:
-    from tests.support.spark_checkpoint_queries import (
-        QueryRun,
-        all_rows,
-        run_queries,
-        write_inputs,
-    )
+    from tests.support.spark_checkpoint_queries import all_rows, run_query, write_inputs
 
     if provider not in base:
         pytest.skip(f"PySpark {spark.version} has no checkpoint format v2")
@@ -167,10 +162,8 @@ def test_gc_removes_orphans_keeps_needs_and_the_query_continues(
     inputs = base[provider].parent / "inputs"  # the paths the source's log records
     write_inputs(inputs, FILES, 3)
     last = FILES + 3 - 1
-    run_queries(spark, QUERY, [  # side by side in the shared session
-        QueryRun(provider, str(ckpt), inputs, tmp_path / "out-gc", last),
-        QueryRun(provider, str(untouched), inputs, tmp_path / "out-untouched", last),
-    ])
+    run_query(spark, QUERY, provider, str(ckpt), inputs, tmp_path / "out-gc", last)
+    run_query(spark, QUERY, provider, str(untouched), inputs, tmp_path / "out-untouched", last)
     assert all_rows(tmp_path / "out-gc") == all_rows(tmp_path / "out-untouched")
     assert all_rows(tmp_path / "out-gc"), "no output after the restart"
 

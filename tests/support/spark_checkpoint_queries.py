@@ -469,6 +469,14 @@ class QueryRun:
     until_batch: int
 
 
+def _query_id(checkpoint: str) -> str | None:
+    """The query id in a local checkpoint's ``metadata`` (None: not local, or none yet)."""
+    path = Path(checkpoint) / "metadata"
+    if "://" in checkpoint or not path.is_file():
+        return None
+    return str(json.loads(path.read_text().splitlines()[0])["id"])
+
+
 def run_queries(
     spark: SparkSession,
     query: str,
@@ -480,11 +488,16 @@ def run_queries(
     in a session of its own, with its provider's settings) side by side in this JVM, and
     all are stopped once each is idle with its `until_batch` committed; returns the last
     committed batch id of each, in order. One driver JVM then serves several locations
-    (a test killing it kills them all at the same moment). With `pause`, one run: two queries
-    reading the pausing Python source side by side in the shared session, under load, left
-    the second's source runner unable to connect (CANNOT_OPEN_SOCKET) and it never ran.
+    (a test killing it kills them all at the same moment). The checkpoints must be of
+    different queries: copies of one location (a savepoint, a rolled back copy) hold one
+    query id, and Spark stops the active run of a query id when another starts
+    (``spark.sql.streaming.stopActiveRunOnRestart``), so the first would never finish.
 
-    Raises `QueryFailed` if one fails, or after `timeout` seconds (then all are stopped)."""
+    Raises `QueryFailed` if one fails, or after `timeout` seconds (then all are stopped);
+    ValueError, before starting any, for two local checkpoints of one query id."""
+    ids = [i for i in map(_query_id, (r.checkpoint for r in runs)) if i is not None]
+    if len(set(ids)) < len(ids):
+        raise ValueError(f"checkpoints of one query id cannot run side by side: {runs}")
     restart_state_store_maintenance(spark)
     started: list[tuple[QueryRun, SparkSession, StreamingQuery]] = []
     timed_out = threading.Event()
