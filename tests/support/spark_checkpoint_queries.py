@@ -14,7 +14,9 @@ data (the watermark's) that an uninterrupted run folds into its next data batch.
 runs with `all_rows`; `read_output` keeps the batches apart.
 
 ``python -m tests.support.spark_checkpoint_queries`` (`main`) runs one in a driver process of
-its own, for the tests that kill it.
+its own, for the tests that kill it; or one query on several checkpoints side by side in
+that one driver (`run_queries`), so that a test of several state store providers starts
+one JVM rather than one per provider.
 """
 
 from __future__ import annotations
@@ -451,38 +453,94 @@ def run_query(
 
     Raises `QueryFailed` with Spark's error if the query fails, or after `timeout` seconds
     (then the query is stopped)."""
+    run = QueryRun(provider, checkpoint, inputs, output, until_batch)
+    return run_queries(spark, query, [run], timeout, pause)[0]
+
+
+@dataclass(frozen=True)
+class QueryRun:
+    """One query of `run_queries`: `provider`'s state store on `checkpoint` over the files
+    in `inputs`, writing to `output`, until it is idle with `until_batch` committed."""
+
+    provider: str
+    checkpoint: str
+    inputs: Path
+    output: Path
+    until_batch: int
+
+
+def _query_id(checkpoint: str) -> str | None:
+    """The query id in a local checkpoint's ``metadata`` (None: not local, or none yet)."""
+    path = Path(checkpoint) / "metadata"
+    if "://" in checkpoint or not path.is_file():
+        return None
+    return str(json.loads(path.read_text().splitlines()[0])["id"])
+
+
+def run_queries(
+    spark: SparkSession,
+    query: str,
+    runs: Sequence[QueryRun],
+    timeout: float = 300.0,
+    pause: Path | None = None,
+) -> list[int]:
+    """`run_query` for several checkpoints at once: `query` runs on each of `runs` (each
+    in a session of its own, with its provider's settings) side by side in this JVM, and
+    all are stopped once each is idle with its `until_batch` committed; returns the last
+    committed batch id of each, in order. One driver JVM then serves several locations
+    (a test killing it kills them all at the same moment). The checkpoints must be of
+    different queries: copies of one location (a savepoint, a rolled back copy) hold one
+    query id, and Spark stops the active run of a query id when another starts
+    (``spark.sql.streaming.stopActiveRunOnRestart``), so the first would never finish.
+
+    Raises `QueryFailed` if one fails, or after `timeout` seconds (then all are stopped);
+    ValueError, before starting any, for two local checkpoints of one query id."""
+    ids = [i for i in map(_query_id, (r.checkpoint for r in runs)) if i is not None]
+    if len(set(ids)) < len(ids):
+        raise ValueError(f"checkpoints of one query id cannot run side by side: {runs}")
     restart_state_store_maintenance(spark)
-    session = query_session(spark, provider)
-    running = start_query(session, query, checkpoint, inputs, output, pause)
+    started: list[tuple[QueryRun, SparkSession, StreamingQuery]] = []
     timed_out = threading.Event()
 
     def expire() -> None:
         timed_out.set()
-        running.stop()
+        for _, _, running in started:
+            running.stop()
 
     timer = threading.Timer(timeout, expire)
     timer.daemon = True
-    timer.start()
     try:
-        while True:
-            try:
-                running.processAllAvailable()
-            except Exception as error:  # Spark's StreamingQueryException
-                raise QueryFailed(f"{query} on {provider} failed: {error}") from error
-            if timed_out.is_set():
-                raise QueryFailed(
-                    f"{query} on {provider}: batch {until_batch} not committed after "
-                    f"{timeout} s; status {running.status}"
-                )
-            committed = committed_batches(session, checkpoint)
-            if committed and committed[-1] >= until_batch:
-                return committed[-1]
-            time.sleep(0.2)
+        for run in runs:
+            session = query_session(spark, run.provider)
+            running = start_query(session, query, run.checkpoint, run.inputs, run.output, pause)
+            started.append((run, session, running))
+        timer.start()
+        last: dict[int, int] = {}
+        while len(last) < len(started):
+            for i, (run, session, running) in enumerate(started):
+                if i in last:
+                    continue
+                try:
+                    running.processAllAvailable()
+                except Exception as error:  # Spark's StreamingQueryException
+                    raise QueryFailed(f"{query} on {run.provider} failed: {error}") from error
+                if timed_out.is_set():
+                    raise QueryFailed(
+                        f"{query} on {run.provider}: batch {run.until_batch} not committed "
+                        f"after {timeout} s; status {running.status}"
+                    )
+                committed = committed_batches(session, run.checkpoint)
+                if committed and committed[-1] >= run.until_batch:
+                    last[i] = committed[-1]
+            if len(last) < len(started):
+                time.sleep(0.2)
+        return [last[i] for i in range(len(started))]
     finally:
         timer.cancel()
-        running.stop()
+        for _, _, running in started:
+            running.stop()
         # Spark's maintenance would go on snapshotting and deleting old versions in the
-        # background: stopped, the checkpoint stays as the query left it.
+        # background: stopped, the checkpoints stay as the queries left them.
         restart_state_store_maintenance(spark)
 
 
@@ -506,39 +564,62 @@ def driver_session(checkpoint: str, s3_endpoint: str | None) -> SparkSession:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m tests.support.spark_checkpoint_queries",
-        description="Run one of Spark's stateful queries on a checkpoint until a batch.",
+        description="Run one of Spark's stateful queries on a checkpoint until a batch "
+        "(or on several checkpoints at once, each given with --run).",
     )
     p.add_argument("--query", required=True, choices=sorted(QUERIES))
-    p.add_argument("--provider", required=True, choices=sorted(PROVIDERS))
-    p.add_argument("--checkpoint", required=True, help="a local path or an s3a:// URI")
-    p.add_argument("--input", required=True, type=Path)
-    p.add_argument("--output", required=True, type=Path)
-    p.add_argument("--until-batch", required=True, type=int)
+    p.add_argument("--provider", choices=sorted(PROVIDERS))
+    p.add_argument("--checkpoint", help="a local path or an s3a:// URI")
+    p.add_argument("--input", type=Path)
+    p.add_argument("--output", type=Path)
+    p.add_argument("--until-batch", type=int)
+    p.add_argument("--run", nargs=5, action="append", default=[],
+                   metavar=("PROVIDER", "CHECKPOINT", "INPUT", "OUTPUT", "UNTIL_BATCH"),
+                   help="one query of several run side by side in this driver (may repeat; "
+                   "instead of the five options above)")
     p.add_argument("--s3-endpoint", help="the S3 endpoint of an s3a:// checkpoint")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--pause-source", type=Path,
                    help="read through spark_pause_source's source, armed by this file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    single = (args.provider, args.checkpoint, args.input, args.output, args.until_batch)
+    if args.run and any(v is not None for v in single):
+        p.error("--run replaces --provider, --checkpoint, --input, --output and --until-batch")
+    if not args.run and any(v is None for v in single):
+        p.error("--provider, --checkpoint, --input, --output and --until-batch (or --run)")
+    for provider, *_, until in args.run:
+        if provider not in PROVIDERS or not until.isdigit():
+            p.error(f"--run {provider} ... {until}: a provider of {sorted(PROVIDERS)} "
+                    "and a batch id")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Prints ``{"last_batch": N}`` once the query stopped at batch N; exits 1 with Spark's
-    error when it failed. Spark's JVM is a child process: to kill the driver, kill its
-    process group (start it with ``start_new_session=True``)."""
+    """Prints ``{"last_batch": N}`` once the query stopped at batch N (with --run:
+    ``{"last_batches": [N, ...]}``, in the order of the runs); exits 1 with Spark's error
+    when one failed. Spark's JVM is a child process: to kill the driver, kill its process
+    group (start it with ``start_new_session=True``)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    spark = driver_session(args.checkpoint, args.s3_endpoint)
+    runs = [
+        QueryRun(provider, checkpoint, Path(inputs).absolute(), Path(output).absolute(),
+                 int(until))
+        for provider, checkpoint, inputs, output, until in args.run
+    ] or [
+        QueryRun(args.provider, args.checkpoint, args.input.absolute(),
+                 args.output.absolute(), args.until_batch)
+    ]
+    s3a = next((r.checkpoint for r in runs if r.checkpoint.startswith("s3a://")), None)
+    spark = driver_session(s3a or runs[0].checkpoint, args.s3_endpoint)
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        last = run_query(
-            spark, args.query, args.provider, args.checkpoint, args.input.absolute(),
-            args.output.absolute(), args.until_batch, args.timeout, args.pause_source,
-        )
+        last = run_queries(spark, args.query, runs, args.timeout, args.pause_source)
     except QueryFailed as error:
         print(error, file=sys.stderr)
         return 1
     finally:
         spark.stop()
-    print(json.dumps({"last_batch": last}), flush=True)
+    print(json.dumps({"last_batches": last} if args.run else {"last_batch": last[0]}),
+          flush=True)
     return 0
 
 
