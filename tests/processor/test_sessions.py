@@ -1,7 +1,7 @@
 """The sessions example (``python -m statehold.examples.sessions``) in subprocesses against
 a plain-Python reference. On local storage one job goes through a rescale 2 -> 3 -> 1 with
-sessions open (their timers move with their key groups), two more files each time: the
-run at 2 goes to the end; at 3 and at 1 a run is first killed -9 at a random moment and
+sessions open (their timers move with their key groups), new files each time: the run
+at 2 goes to the end; at 3 and at 1 a run is first killed -9 at a random moment and
 restarted (at 1 the restart keeps running and is stopped from outside once idle). On S3
 (moto) a run killed at random, then one to the end. After every kill the retained
 checkpoints are intact; at the end every closed session was written exactly once, the
@@ -100,14 +100,15 @@ def kill_and_check(cwd: Path, args: list[str], rng: random.Random, job: Storage,
 
 @pytest.mark.timeout(1800)  # each run starts Spark; slow on a shared machine
 def test_sessions_rescale_and_kills_match_reference(tmp_path: Path) -> None:
-    """Parallelism 2, then 3, then 1, two more files each time: sessions open at a
-    rescale close later from timers restored into other tasks. Each parallelism's first
-    run after the one at 2 is killed at random (a rescaled restore cut short), then the
-    restart finishes the files; the last restart keeps running and is stopped from
-    outside once it waits for files (its timers fired): exit 0 with one line. Every
-    parallelism ran a batch without input (timers)."""
+    """Parallelism 2 over two files, then 3 and 1 over eight more files each: sessions
+    open at a rescale close later from timers restored into other tasks. The first run
+    at 3 and at 1 is killed at random (a rescaled restore cut short; four batches with
+    input and those without leave the kill moments room), then the restart finishes the
+    files; the last restart keeps running and is stopped from outside once it waits for
+    files (its timers fired): exit 0 with one line. Every parallelism ran a batch without
+    input (timers)."""
     source, inp, out, ckpt = (tmp_path / d for d in ("source", "input", "output", "ckpt"))
-    generate(source, files=6, seed=11)
+    generate(source, files=18, seed=11)
     inp.mkdir()
     names = sorted(source.glob("*.jsonl"))
     job = open_storage(str(ckpt / "sessions"))
@@ -115,7 +116,7 @@ def test_sessions_rescale_and_kills_match_reference(tmp_path: Path) -> None:
               "--max-parallelism", "12", "--files-per-batch", "2"]
     rng = random.Random(SEED)
     moments = []
-    for parallelism, files in (("2", names[:2]), ("3", names[2:4]), ("1", names[4:])):
+    for parallelism, files in (("2", names[:2]), ("3", names[2:10]), ("1", names[10:])):
         for f in files:
             f.rename(inp / f.name)
         args = [*common, "--parallelism", parallelism]
