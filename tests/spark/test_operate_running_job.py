@@ -83,46 +83,13 @@ def one_line_error(run: Run, *words: str) -> None:
         assert word in run.err[0], run.err
 
 
-def test_savepoint_and_stop_with_savepoint_then_restore_exactly(
+@pytest.mark.timeout(1200)  # two Spark drivers; minutes on a busy shared machine
+def test_a_driver_killed_with_a_request_pending_then_the_next_serves_savepoint_and_stop(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    job_dir = tmp_path / "checkpoints" / "operated"
-    driver = operated(tmp_path, "operated")
-    driver.wait_batches(2)
-    saved = statehold_cli("savepoint", str(job_dir), "sp1", "--wait", "--timeout", "120")
-    assert saved.code == 0, saved.err
-    assert "savepoints/sp1 of checkpoint" in saved.out[0]
-    stopped = statehold_cli("stop", str(job_dir), "--savepoint", "final", "--wait",
-                            "--timeout", "120")
-    assert stopped.code == 0, stopped.err
-    assert driver.exited() == 0, driver.log.read_text()[-3000:]
-    assert driver.lines[-1].startswith("ended stopped after checkpoint"), driver.lines[-3:]
-
-    listing = tools.list_checkpoints(str(job_dir))
-    assert sorted(s.path for s in listing.savepoints) == ["savepoints/final", "savepoints/sp1"]
-    for name in ("sp1", "final"):
-        assert tools.verify(str(job_dir / "savepoints" / name)).ok
-    first = {k: v for k, v in iter_state(str(job_dir / "savepoints" / "sp1"))}
-    final = {k: v for k, v in iter_state(str(job_dir / "savepoints" / "final"))}
-    assert exactly_once(first) <= exactly_once(final)
-    assert request_files(job_dir) == []  # both collected by --wait
-    assert open_job(str(job_dir)).ha.read().latest is not None  # ended keeping the newest
-    no_orphans(job_dir)
-    assert statehold_cli("status", str(job_dir)).out[-1].startswith("ended finished")
-
-    # the savepoint restores into a new job: one more batch, exact over everything
-    top = exactly_once(final)
-    job = StatefulJob(spark, str(tmp_path / "checkpoints"), "restored", max_parallelism=8,
-                      parallelism=2, restore_from=str(job_dir / "savepoints" / "final"))
-    more = spark.createDataFrame([(v % KEYS, v) for v in range(top + 1, top + 21)],
-                                 "key long, value long")
-    job.run_batch(more, count, OUTPUT_SCHEMA)
-    job.close()
-    assert exactly_once(dict(iter_state(str(tmp_path / "checkpoints" / "restored")))) == top + 20
-
-
-@pytest.mark.timeout(1200)  # two Spark drivers; minutes on a busy shared machine
-def test_a_driver_killed_with_a_request_pending(tmp_path: Path) -> None:
+    """A request left pending for a killed driver is refused by the next attempt, which
+    goes on; that busy driver then serves a savepoint and a stop with a savepoint, and the
+    savepoint restores exactly. (One driver serves both cases: a driver start less.)"""
     job_dir = tmp_path / "checkpoints" / "killed"
     first = operated(tmp_path, "killed")
     first.wait_batches(2)
@@ -140,17 +107,45 @@ def test_a_driver_killed_with_a_request_pending(tmp_path: Path) -> None:
     answer = read_answer(open_storage(str(job_dir)), request_id)
     assert answer is not None and answer.outcome is Outcome.REFUSED, answer
     assert "which is gone" in answer.message
-    assert request_files(job_dir) == [f"{request_id}.answer.json"]  # the request went
-    stopped = statehold_cli("stop", str(job_dir), "--wait", "--timeout", "120")
+    uncollected = [f"{request_id}.answer.json"]
+    assert request_files(job_dir) == uncollected  # the request went
+
+    # the running driver serves a savepoint, then a stop with a savepoint
+    saved = statehold_cli("savepoint", str(job_dir), "sp1", "--wait", "--timeout", "120")
+    assert saved.code == 0, saved.err
+    assert "savepoints/sp1 of checkpoint" in saved.out[0]
+    stopped = statehold_cli("stop", str(job_dir), "--savepoint", "final", "--wait",
+                            "--timeout", "120")
     assert stopped.code == 0, stopped.err
     assert second.exited() == 0, second.log.read_text()[-3000:]
+    assert second.lines[-1].startswith("ended stopped after checkpoint"), second.lines[-3:]
 
     assert not (job_dir / "savepoints" / "late").exists()  # never taken, never half
+    listing = tools.list_checkpoints(str(job_dir))
+    assert sorted(s.path for s in listing.savepoints) == ["savepoints/final", "savepoints/sp1"]
+    for name in ("sp1", "final"):
+        assert tools.verify(str(job_dir / "savepoints" / name)).ok
+    sp1 = {k: v for k, v in iter_state(str(job_dir / "savepoints" / "sp1"))}
+    final = {k: v for k, v in iter_state(str(job_dir / "savepoints" / "final"))}
+    assert exactly_once(sp1) <= exactly_once(final)
     exactly_once(dict(iter_state(str(job_dir))))  # through the kill: exactly once
+    assert request_files(job_dir) == uncollected  # sp1's and the stop's collected by --wait
+    assert open_job(str(job_dir)).ha.read().latest is not None  # ended keeping the newest
     no_orphans(job_dir)
+    assert statehold_cli("status", str(job_dir)).out[-1].startswith("ended finished")
     none = statehold_cli("savepoint", str(job_dir), "after", "--wait")
     one_line_error(none, "no running driver")
-    assert request_files(job_dir) == [f"{request_id}.answer.json"]
+    assert request_files(job_dir) == uncollected
+
+    # the savepoint restores into a new job: one more batch, exact over everything
+    top = exactly_once(final)
+    job = StatefulJob(spark, str(tmp_path / "checkpoints"), "restored", max_parallelism=8,
+                      parallelism=2, restore_from=str(job_dir / "savepoints" / "final"))
+    more = spark.createDataFrame([(v % KEYS, v) for v in range(top + 1, top + 21)],
+                                 "key long, value long")
+    job.run_batch(more, count, OUTPUT_SCHEMA)
+    job.close()
+    assert exactly_once(dict(iter_state(str(tmp_path / "checkpoints" / "restored")))) == top + 20
 
 
 @pytest.mark.timeout(1200)  # two Spark drivers; minutes on a busy shared machine
