@@ -38,6 +38,25 @@ settings.load_profile("statehold")
 use_subprocess_jvm_opts()
 
 
+def _byte_compile_the_tree() -> None:
+    """Write the bytecode of src/ and tests/ once, before any test starts a process.
+
+    With ``PYTHONDONTWRITEBYTECODE`` set (as on the machines CI runs on), every process the
+    tests start (drivers, Spark's Python workers, the CLI) would compile statehold's
+    modules again from source: about half a second of CPU each, hundreds of times. Reading
+    cached bytecode is not turned off by that variable, and compileall writes it anyway;
+    files already compiled are skipped, so a second call costs a listing."""
+    import compileall
+
+    from tests.support.paths import ROOT, SRC
+
+    for folder in (SRC, ROOT / "tests"):
+        compileall.compile_dir(str(folder), quiet=2)
+
+
+_byte_compile_the_tree()
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     """A moto S3 server on 127.0.0.1 (a real HTTP server speaking the S3 protocol)."""
