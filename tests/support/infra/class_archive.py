@@ -71,9 +71,16 @@ def jvm_opts() -> str:
     return f"{SUBPROCESS_JVM_OPTS} -XX:SharedArchiveFile={path} {QUIET}"
 
 
+def _failed(path: Path) -> Path:
+    """Written when a training run made no archive: the next test processes on this
+    cache do not try again (each try costs a run of the example)."""
+    return path.with_name(f"{path.name}.failed")
+
+
 def present() -> bool:
+    """Made, or tried once and failed (the tests run without it)."""
     path = archive_path()
-    return path is not None and path.exists()
+    return path is not None and (path.exists() or _failed(path).exists())
 
 
 def make(say: Say) -> str | None:
@@ -82,7 +89,7 @@ def make(say: Say) -> str | None:
     path = archive_path()
     if path is None:
         return "needs pyspark and java"
-    if path.exists():
+    if path.exists() or _failed(path).exists():
         return None
     say(f"provision: archiving Spark's classes (one run of the example) into {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,10 +112,14 @@ def make(say: Say) -> str | None:
             )
         except subprocess.TimeoutExpired:
             staging.unlink(missing_ok=True)
-            return f"the example did not end within {TRAINING_TIMEOUT:.0f} s"
+            why = f"the example did not end within {TRAINING_TIMEOUT:.0f} s"
+            _failed(path).write_text(why)
+            return why
     # The classes it loaded are archived when its JVM exits, even if the example failed.
     if not staging.exists() or staging.stat().st_size == 0:
         staging.unlink(missing_ok=True)
-        return f"no archive written (exit {done.returncode}): {(done.stdout + done.stderr)[-800:]}"
+        why = f"no archive written (exit {done.returncode}): {(done.stdout + done.stderr)[-800:]}"
+        _failed(path).write_text(why)
+        return why
     staging.rename(path)
     return None
