@@ -47,6 +47,7 @@ from tests.support.kafka_runs import (
     batch_offsets,
     check_exact,
     jar_args,
+    jars_appended,
     latest_id,
     new_topic,
     records,
@@ -153,7 +154,7 @@ def test_chaos_run(
             "--ha", f"zookeeper://{zk_proxy.hosts}/statehold-chaos",
             "--retain", "2", "--master", MASTER, "--max-parallelism", str(MAX_PARALLELISM),
             "--parallelism", "2", *jar_args(jvm.spark_kafka(), jvm.hadoop_aws())]
-    env = driver_env(s3_server, s3_proxy)
+    args, env = jars_appended(args, driver_env(s3_server, s3_proxy))
     job = open_storage(f"{root}/{job_id}", **s3_server.options)  # the test's view: direct
     chaos = Chaos(rng, s3_proxy, zk_proxy)
 

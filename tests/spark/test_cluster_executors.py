@@ -42,7 +42,14 @@ from statehold.storage import open_storage
 from tests.support.cluster import StandaloneCluster, alive, executor_of
 from tests.support.infra import jvm
 from tests.support.kafka import KafkaBroker
-from tests.support.kafka_runs import PER_BATCH, check_exact, jar_args, new_topic, records
+from tests.support.kafka_runs import (
+    PER_BATCH,
+    check_exact,
+    jar_args,
+    jars_appended,
+    new_topic,
+    records,
+)
 from tests.support.paths import ROOT, SRC, SUPPORT
 from tests.support.pause_once import MARK_ENV, PAUSE_ENV
 from tests.support.s3 import S3Server
@@ -131,8 +138,8 @@ def test_kill_executor_mid_batch_exact_kafka(
             "--ha", f"zookeeper://{zk_server.hosts}/statehold", "--retain", "2",
             "--master", master, "--max-parallelism", str(MAX_PARALLELISM),
             "--parallelism", "2", *jar_args(jvm.spark_kafka(), jvm.hadoop_aws())]
-    printed = run_killing_executor(tmp_path, args, driver_env(tmp_path, s3_server, mark), mark,
-                                   log)
+    args, env = jars_appended(args, driver_env(tmp_path, s3_server, mark))
+    printed = run_killing_executor(tmp_path, args, env, mark, log)
     job = open_storage(f"{root}/{job_id}", **s3_server.options)
     assert job.exists(f"{layout.SPARK_DIR}/offsets/{KILL_BATCH}")  # Spark's offsets on S3
     # Every produced record counted once, in the batches of Spark's offset log (output and

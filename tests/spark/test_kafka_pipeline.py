@@ -30,6 +30,7 @@ from tests.support.kafka_runs import (
     check_exact,
     check_retained_intact,
     example_args,
+    jars_appended,
     latest_id,
     new_topic,
     records,
@@ -61,18 +62,19 @@ def test_kill_driver_kafka_s3_zookeeper(
     uri = f"s3://{s3_server.bucket}/kafka-crash-{os.getpid()}-{random.getrandbits(24)}"
     ha = f"zookeeper://{zk_server.hosts}/statehold-kafka-{random.getrandbits(24)}"
     output = tmp_path / "output"
-    args = example_args(kafka_broker, topic, output, uri, "--ha", ha)
+    args, env = jars_appended(example_args(kafka_broker, topic, output, uri, "--ha", ha),
+                              s3_server.env)
     job = open_storage(f"{uri}/{JOB}", **s3_server.options)
     kafka_broker.produce(topic, records(3, 2 * PER_BATCH))
     for pause_at, expected_latest in (("after-sink:0", None), ("after-complete:1", 1)):
-        run_and_kill(tmp_path, args, pause_at, s3_server.env)
+        run_and_kill(tmp_path, args, pause_at, env)
         assert latest_id(job) == expected_latest, pause_at
         if expected_latest is not None:
             check_retained_intact(job, orphans_allowed=True)
     assert job.exists(f"{layout.SPARK_DIR}/offsets/1")  # Spark's offsets went to S3
     assert not job.exists(f"{layout.SPARK_DIR}/commits/1")  # ... and 1 is not committed
     kafka_broker.produce(topic, records(4, 30))
-    stdout = run_example_to_end(tmp_path, args, s3_server.env)
+    stdout = run_example_to_end(tmp_path, args, env)
     assert "batch 1: already checkpointed" in stdout  # the replay after the second kill
     assert "checkpoint 2," in stdout
     check_exact(kafka_broker, topic, 2 * PER_BATCH + 30, job, output, tmp_path)

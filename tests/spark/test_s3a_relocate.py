@@ -20,6 +20,7 @@ from tests.support.kafka_runs import (
     JOB,
     check_exact,
     example_args,
+    jars_appended,
     new_topic,
     records,
     run_example_to_end,
@@ -63,7 +64,8 @@ def test_job_directory_with_sparks_checkpoint_relocates(
     output = tmp_path / "output"
     kafka_broker.produce(topic, records(5, 60))
     stdout = run_example_to_end(
-        tmp_path, example_args(kafka_broker, topic, output, source), s3_server.env
+        tmp_path, *jars_appended(example_args(kafka_broker, topic, output, source),
+                                 s3_server.env)
     )
     assert f"s3a://{s3_server.bucket}/{prefix}/{JOB}/{layout.SPARK_DIR}" in stdout
     keys = keys_under(client, s3_server.bucket, f"{prefix}/{JOB}/")
@@ -89,7 +91,8 @@ def test_job_directory_with_sparks_checkpoint_relocates(
     kafka_broker.produce(topic, records(6, 30))
     moved = f"s3://{target_bucket}/jobs"
     stdout = run_example_to_end(
-        tmp_path, example_args(kafka_broker, topic, output, moved), s3_server.env
+        tmp_path, *jars_appended(example_args(kafka_broker, topic, output, moved),
+                                 s3_server.env)
     )
     assert "checkpoint 0," not in stdout  # resumed, not started over
     job = open_storage(f"{moved}/{JOB}", **s3_server.options)

@@ -4,6 +4,8 @@ S3A's directory-marker objects (keys ending in '/') and no ``.crc`` files. Opene
 orphans and nothing else; a savepoint S3 -> S3 (server-side copies) and a rollback on S3
 each restart in the driver process with the rest of the input and write what one
 uninterrupted run writes. The marker objects neither break the listing nor get deleted.
+One driver process serves the three runs in turn (`ServingDriver`): the location is worked
+on while its query is stopped.
 
 The query keeps its state in Spark's HDFS-backed store, whose files go up through S3A's
 output streams. Spark's RocksDB store uploads its snapshot files as whole local files, and
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -31,9 +32,8 @@ from statehold.spark_checkpoints.layout import Kind, parse
 from tests.support.cli_process import statehold_cli
 from tests.support.s3 import S3Server
 from tests.support.spark_checkpoint_queries import (
+    ServingDriver,
     all_rows,
-    driver_cmd,
-    driver_env,
     read_output,
     run_query,
     write_inputs,
@@ -64,21 +64,6 @@ def s3_keys(server: S3Server, prefix: str) -> set[str]:
     return {obj["Key"] for page in pages for obj in page.get("Contents", [])}
 
 
-def drive(server: S3Server, checkpoint: str, inputs: Path, output: Path, until: int) -> int:
-    """The driver process on `checkpoint` until it is idle with batch `until` committed."""
-    done = subprocess.run(
-        driver_cmd(
-            "--query", QUERY, "--provider", PROVIDER, "--checkpoint", checkpoint,
-            "--input", str(inputs), "--output", str(output), "--until-batch", str(until),
-            "--s3-endpoint", server.endpoint,
-        ),
-        env=driver_env(server.env), capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    last: int = json.loads(done.stdout.strip().splitlines()[-1])["last_batch"]
-    return last
-
-
 def copy_output(output: Path, dest: Path, up_to: int) -> None:
     """The sink's batches up to `up_to`: what the sink held when the checkpoint was at it."""
     dest.mkdir()
@@ -101,7 +86,7 @@ def test_directory_markers_are_not_operator_files() -> None:
 
 @pytest.mark.spark
 @pytest.mark.matrix  # each Spark through its own hadoop-aws
-@pytest.mark.timeout(900)  # a reference run and three driver JVMs with the AWS SDK (~1 min each)
+@pytest.mark.timeout(900)  # a reference run and a driver JVM with the AWS SDK serving three runs
 def test_a_checkpoint_spark_wrote_through_s3a(
     spark: Any,
     s3_server: S3Server,
@@ -121,10 +106,18 @@ def test_a_checkpoint_spark_wrote_through_s3a(
     assert expected
 
     prefix = f"spark-s3a-{uuid.uuid4().hex[:12]}"
-    bucket = s3_server.bucket
     inputs, output = tmp_path / "input", tmp_path / "output"
     write_inputs(inputs, 0, FIRST)
-    stop = drive(s3_server, f"s3a://{bucket}/{prefix}/ckpt", inputs, output, FIRST - 1)
+    with ServingDriver(QUERY, tmp_path / "driver.log", s3_server.endpoint,
+                       s3_server.env) as driver:
+        check_the_location(driver, s3_server, prefix, inputs, output, expected, tmp_path)
+
+
+def check_the_location(driver: ServingDriver, s3_server: S3Server, prefix: str, inputs: Path,
+                       output: Path, expected: list[Any], tmp_path: Path) -> None:
+    """The location the driver's first run writes, then worked on between its runs."""
+    bucket = s3_server.bucket
+    stop = driver.run(PROVIDER, f"s3a://{bucket}/{prefix}/ckpt", inputs, output, FIRST - 1)
 
     keys = s3_keys(s3_server, f"{prefix}/ckpt/")
     markers = {k for k in keys if k.endswith("/")}
@@ -186,7 +179,7 @@ def test_a_checkpoint_spark_wrote_through_s3a(
     write_inputs(inputs, FIRST, MORE)
     from_savepoint = tmp_path / "from-savepoint"
     copy_output(output, from_savepoint, stop)
-    drive(s3_server, f"s3a://{bucket}/{prefix}/savepoint", inputs, from_savepoint, stop + 1)
+    driver.run(PROVIDER, f"s3a://{bucket}/{prefix}/savepoint", inputs, from_savepoint, stop + 1)
     assert all_rows(from_savepoint) == expected
 
     # rollback on S3 to an older batch, then the rerun
@@ -200,6 +193,6 @@ def test_a_checkpoint_spark_wrote_through_s3a(
     assert after_rollback.newest_committed == to and after_rollback.restart_batch == to
     rerun = tmp_path / "rerun"
     copy_output(output, rerun, to)
-    drive(s3_server, f"s3a://{bucket}/{prefix}/ckpt", inputs, rerun, to + 1)
+    driver.run(PROVIDER, f"s3a://{bucket}/{prefix}/ckpt", inputs, rerun, to + 1)
     assert all_rows(rerun) == expected
     assert open_spark_checkpoint(uri, **s3_server.options).verify().ok

@@ -7,7 +7,10 @@ The pip package has no ``start-master.sh``/``start-worker.sh`` (only ``spark-con
 the package directory (it has ``bin/``, ``jars/`` and ``sbin/``). Ports are free ones;
 logs, pid files, work and local directories live in a temp directory; each worker has its
 own ``SPARK_LOCAL_DIRS`` (its executors' scratch disk, as on separate machines). Stopped,
-and any executor still running killed by its pid, at teardown.
+and any executor still running killed by its pid, at teardown. No ``SPARK_CONF_DIR`` is
+set: the package's ``conf/`` (there is none) stays first on the executors' class path, as
+on the drivers', so the executors map Spark's archived classes
+(tests/support/infra/class_archive.py) when their driver asks for it.
 
 Also: finding the executor JVM that runs a given Python worker, to kill it.
 """
@@ -101,7 +104,6 @@ class StandaloneCluster:
         return {
             **env,
             "SPARK_HOME": str(spark_home()),
-            "SPARK_CONF_DIR": str(self.base / "conf"),
             "SPARK_LOG_DIR": str(self.base / "logs"),
             "SPARK_PID_DIR": str(self.base / "pids"),
             "SPARK_LOCAL_IP": "127.0.0.1",
@@ -116,7 +118,7 @@ class StandaloneCluster:
                        check=action == "start", capture_output=True, timeout=120)
 
     def start(self) -> None:
-        (self.base / "conf").mkdir(parents=True, exist_ok=True)
+        self.base.mkdir(parents=True, exist_ok=True)
         env = self._env()
         self._daemon("start", MASTER_CLASS, 1, env, "--host", "127.0.0.1", "--port",
                      str(self.master_port), "--webui-port", str(self.ui_port))

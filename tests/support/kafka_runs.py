@@ -48,6 +48,21 @@ def jar_args(*sets: jvm.ArtifactSet) -> list[str]:
     return ["--jars", ",".join(jars)]
 
 
+def jars_appended(args: list[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """`args` without their ``--jars``, and `env` with those jars appended to the class
+    path (`jvm.appended_classpath`) of the driver and of its executors (through
+    ``spark.executorEnv``, which a worker, standalone or a ``local-cluster``'s, builds its
+    executors' class path with), so all of them map Spark's archived classes. The flag
+    itself stays tested where a test runs the example as a user would
+    (tests/examples/test_example_errors.py, the Kafka pipeline's idle run)."""
+    at = args.index("--jars")
+    appended = jvm.appended_classpath(args[at + 1].split(","))
+    executors = " ".join(f"-Dspark.executorEnv.{k}={v}" for k, v in appended.items())
+    ours = env.get("SPARK_SUBMIT_OPTS", os.environ.get("SPARK_SUBMIT_OPTS", ""))
+    opts = f"{ours} {executors}".strip()
+    return args[:at] + args[at + 2:], {**env, **appended, "SPARK_SUBMIT_OPTS": opts}
+
+
 def example_args(
     broker: KafkaBroker, topic: str, output: Path, checkpoints: str, *extra: str
 ) -> list[str]:

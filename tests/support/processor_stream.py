@@ -20,6 +20,7 @@ signed by (for statehold's client; the JVM trusts it through ``--java-options``)
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,6 @@ from statehold.spark import (
     BatchResult,
     StatefulJob,
     abfs_conf,
-    classpath_conf,
     local_session,
     replace_output,
 )
@@ -55,7 +55,8 @@ def main(argv: list[str]) -> int:
     if args.checkpoints.startswith("az://"):
         from tests.support.infra import jvm
 
-        conf.update(classpath_conf([str(j) for j in jvm.fetch(jvm.hadoop_azure())]))
+        # appended, so this driver's JVM maps Spark's archived classes (jvm.py says why)
+        os.environ.update(jvm.appended_classpath(jvm.fetch(jvm.hadoop_azure())))
         conf.update(abfs_conf())
         if args.azure_ca:
             storage_options["root_certificate"] = Path(args.azure_ca).read_text()

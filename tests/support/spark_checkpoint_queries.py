@@ -16,7 +16,9 @@ runs with `all_rows`; `read_output` keeps the batches apart.
 ``python -m tests.support.spark_checkpoint_queries`` (`main`) runs one in a driver process of
 its own, for the tests that kill it; or one query on several checkpoints side by side in
 that one driver (`run_queries`), so that a test of several state store providers starts
-one JVM rather than one per provider.
+one JVM rather than one per provider; or, with ``--serve`` (`ServingDriver`), one run after
+another as the test asks, so a test that works on the stopped location between its runs
+starts one JVM rather than one per run.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -556,7 +559,8 @@ def driver_session(checkpoint: str, s3_endpoint: str | None) -> SparkSession:
     if checkpoint.startswith("s3a://"):
         from tests.support.infra import jvm
 
-        conf.update(jvm.spark_conf(jvm.hadoop_aws()))
+        # appended, so this driver's JVM maps Spark's archived classes (jvm.py says why)
+        os.environ.update(jvm.appended_classpath(jvm.fetch(jvm.hadoop_aws())))
         conf.update(s3a_conf({"endpoint": s3_endpoint} if s3_endpoint else None))
     return make_session(conf)
 
@@ -577,12 +581,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    metavar=("PROVIDER", "CHECKPOINT", "INPUT", "OUTPUT", "UNTIL_BATCH"),
                    help="one query of several run side by side in this driver (may repeat; "
                    "instead of the five options above)")
+    p.add_argument("--serve", action="store_true",
+                   help="run one query after another as asked on standard input, one JSON "
+                   "line each (ServingDriver), until it ends")
     p.add_argument("--s3-endpoint", help="the S3 endpoint of an s3a:// checkpoint")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--pause-source", type=Path,
                    help="read through spark_pause_source's source, armed by this file")
     args = p.parse_args(argv)
     single = (args.provider, args.checkpoint, args.input, args.output, args.until_batch)
+    if args.serve:
+        if args.run or any(v is not None for v in single):
+            p.error("--serve takes its runs on standard input")
+        return args
     if args.run and any(v is not None for v in single):
         p.error("--run replaces --provider, --checkpoint, --input, --output and --until-batch")
     if not args.run and any(v is None for v in single):
@@ -600,6 +611,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     when one failed. Spark's JVM is a child process: to kill the driver, kill its process
     group (start it with ``start_new_session=True``)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.serve:
+        return serve(args.query, args.s3_endpoint, args.timeout)
     runs = [
         QueryRun(provider, checkpoint, Path(inputs).absolute(), Path(output).absolute(),
                  int(until))
@@ -621,6 +634,81 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps({"last_batches": last} if args.run else {"last_batch": last[0]}),
           flush=True)
     return 0
+
+
+def serve(query: str, s3_endpoint: str | None, timeout: float) -> int:
+    """`ServingDriver`'s far side: each line of standard input a run (``{"provider",
+    "checkpoint", "input", "output", "until"}``), answered on standard output with
+    ``{"last_batch": N}`` once the query stopped there, or ``{"error": ...}``. The session
+    starts with the first run (its checkpoint says whether S3A's settings are needed)."""
+    spark: SparkSession | None = None
+    try:
+        for line in sys.stdin:
+            ask = json.loads(line)
+            run = QueryRun(ask["provider"], ask["checkpoint"], Path(ask["input"]).absolute(),
+                           Path(ask["output"]).absolute(), int(ask["until"]))
+            if spark is None:
+                spark = driver_session(run.checkpoint, s3_endpoint)
+                spark.sparkContext.setLogLevel("ERROR")
+            try:
+                (last,) = run_queries(spark, query, [run], timeout)
+            except QueryFailed as error:
+                print(json.dumps({"error": str(error)}), flush=True)
+                continue
+            print(json.dumps({"last_batch": last}), flush=True)
+    finally:
+        if spark is not None:
+            spark.stop()
+    return 0
+
+
+class ServingDriver:
+    """One driver process (``--serve``) that runs `query` on one checkpoint after another,
+    each until a batch and then stopped, as the test asks: the test works on the stopped
+    location (gc, savepoint, rollback) between runs, and one JVM serves them all. A context
+    manager: leaving it ends the driver; its standard error goes to `log`."""
+
+    def __init__(self, query: str, log: Path, s3_endpoint: str | None = None,
+                 env: Mapping[str, str] | None = None, timeout: float = 300.0) -> None:
+        self.log = log
+        args = ["--query", query, "--serve", "--timeout", str(timeout)]
+        if s3_endpoint:
+            args += ["--s3-endpoint", s3_endpoint]
+        with open(log, "wb") as sink:
+            self.proc = subprocess.Popen(
+                driver_cmd(*args), env=driver_env(env), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=sink, text=True,
+            )
+
+    def run(self, provider: str, checkpoint: str, inputs: Path, output: Path,
+            until: int) -> int:
+        """Runs until `until` is committed; the last committed batch (AssertionError with
+        Spark's error or the driver's log if the run failed or the driver ended)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        ask = {"provider": provider, "checkpoint": checkpoint, "input": str(inputs),
+               "output": str(output), "until": until}
+        self.proc.stdin.write(json.dumps(ask) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                answer = json.loads(line)
+                assert "error" not in answer, answer["error"]
+                last: int = answer["last_batch"]
+                return last
+        raise AssertionError(f"the driver ended (exit {self.proc.wait()}): "
+                             f"{self.log.read_text()[-5000:]}")
+
+    def __enter__(self) -> ServingDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def driver_cmd(*args: str) -> list[str]:

@@ -16,10 +16,15 @@ folder name carries every version. A set is complete once its ``MANIFEST`` exist
 last, after an atomic rename of the folder), so a cached set costs one file read and no
 Maven; a lock file per set lets parallel test processes fetch it once.
 
-Spark gets the jars on its class path (`spark_conf`): ``spark.driver.extraClassPath`` and
-``spark.executor.extraClassPath`` with local paths. Unlike ``spark.jars`` that copies no
-jar into each executor's work directory (the AWS SDK bundle alone is ~650 MiB), and the
-class path is where Hadoop looks for the ``s3a`` file system.
+Spark gets the jars on its class path, never through ``spark.jars`` (which copies each jar
+into each executor's work directory: the AWS SDK bundle alone is ~650 MiB; and the class
+path is where Hadoop looks for the ``s3a`` file system). The example's ``--jars`` (a user's
+way, `statehold.spark.classpath_conf`) sets ``spark.driver.extraClassPath`` and
+``spark.executor.extraClassPath``. The drivers the tests start get them appended instead
+(`appended_classpath`: ``SPARK_DIST_CLASSPATH``, which Spark's launcher puts last):
+``extraClassPath`` comes first, so the class path no longer begins with the one Spark's
+classes were archived with (tests/support/infra/class_archive.py) and the JVM runs
+without the archive.
 """
 
 from __future__ import annotations
@@ -276,14 +281,11 @@ def classpath(jars: Sequence[Path]) -> str:
     return os.pathsep.join(str(j) for j in jars)
 
 
-def spark_conf(*sets: ArtifactSet) -> dict[str, str]:
-    """Spark settings putting the sets' jars on the driver's and executors' class path
-    (set before the session's JVM starts)."""
-    jars = [jar for s in sets for jar in fetch(s)]
-    return {
-        "spark.driver.extraClassPath": classpath(jars),
-        "spark.executor.extraClassPath": classpath(jars),
-    }
+def appended_classpath(jars: Sequence[Path | str]) -> dict[str, str]:
+    """The environment putting `jars` last on a Spark JVM's class path, where the class
+    archive still applies (for a driver started with it; executors get it through
+    ``spark.executorEnv``: tests/support/kafka_runs.jars_appended)."""
+    return {"SPARK_DIST_CLASSPATH": os.pathsep.join(str(j) for j in jars)}
 
 
 def main(argv: Sequence[str]) -> int:
