@@ -149,8 +149,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"replay: python tests/simulate.py --seed {seed} --seeds 1 "
                       f"--steps {args.steps}{_flags(args)}")
         elif not args.json:
+            tolerated = (f", tolerated {result['tolerated']}"
+                         if result.get("tolerated") else "")
             print(f"seed {seed}: ok, {result['steps']} steps, "
-                  f"{result['sim_seconds']:.0f} simulated s, {result['events']}", flush=True)
+                  f"{result['sim_seconds']:.0f} simulated s, {result['events']}{tolerated}",
+                  flush=True)
     if pool is not None:
         pool.shutdown(cancel_futures=True)
     elapsed = time.monotonic() - started
