@@ -190,9 +190,12 @@ class Loc:
     retired: bool = False
     mut: int = 0
     checked: int = -1
-    #: A rollback's keep location: the record of the location it was made from, as it
-    #: stood when that rollback's run began (a rerun reports the first run's savepoint,
-    #: of the timeline before; the location may have run on since).
+    #: A rollback's keep location, or a savepoint: the record of the location it was made
+    #: from, as it stood when that rollback's run (a rerun reports the first run's
+    #: savepoint, of the timeline before) or that savepoint began. The location may have
+    #: run on since, on another timeline: a rollback and the query's rerun may rewrite the
+    #: batch a savepoint copies (seed 2200057: every file copied before the rollback
+    #: deleted, the batch run again over one more input file).
     made_from: tuple[dict[int, frozenset[int]], dict[int, frozenset[int]], bool, bool] | None = (
         None)
 
@@ -1023,8 +1026,11 @@ class SparkWorld(Stepping):
                     self.count("gc-deleted")
             elif what == "savepoint":
                 dest = self.new_loc(self.name("sp-"))
+                dest.made_from = (dict(loc.committed), dict(loc.entries), loc.damaged,
+                                  loc.stale_rollback)
                 made = api.savepoint(dest.storage)  # type: ignore[arg-type]
-                self.made_savepoint(loc, dest, made.batch)
+                self.made_savepoint(loc, dest, made.batch,
+                                    as_it_was=self.copied_as_it_was(loc, dest, made.batch))
             elif what == "verify":
                 self.verify(arg)
             elif what == "rollback":
@@ -1105,6 +1111,19 @@ class SparkWorld(Stepping):
             return int(json.loads(obj.data)["to_batch"])
         except (ValueError, KeyError, TypeError):
             return None
+
+    def copied_as_it_was(self, src: Loc, dest: Loc, batch: int) -> bool:
+        """Whether savepoint `dest` holds `batch` as it stood when the savepoint began
+        (`Loc.made_from`), where the location has since rewritten it: what a restart of
+        the copy reads is that timeline's batch, not today's. A copy that is neither
+        timeline's batch whole is judged against today's, and fails."""
+        if dest.made_from is None:
+            return False
+        then, now = dest.made_from[0].get(batch), src.committed.get(batch)
+        if then is None or then == now:
+            return False
+        files, _ = self.restart_read(dest, self.index(dest), batch, [])
+        return files == then
 
     def made_savepoint(self, src: Loc, dest: Loc, batch: int, *, as_it_was: bool = False) -> None:
         """`as_it_was`: `src`'s record when `dest` was made (`Loc.made_from`), not now."""
