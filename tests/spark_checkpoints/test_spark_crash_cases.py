@@ -399,3 +399,30 @@ def test_a_log_offset_far_past_the_log_is_reported_from_what_is_there(tmp_path: 
     assert [p.problem for p in report.problems if p.path == "sources/0/7"] == [
         "sources/0/7: missing (a restart after batch 5 reads source 0's log from 0 to "
         f"{10**15}; entries 7-{10**15} are gone)"]
+
+
+def test_an_unreadable_operator_metadata_is_a_problem_not_a_layout_from_the_listing(
+    tmp_path: Path,
+) -> None:
+    """The simulation's seed 2000556: a savepoint lost partition 1's only file, and one
+    read of the operator metadata failed right then. statehold took the listing's
+    partitions (0 only) and verify said ok, while Spark's restart loads both. A metadata
+    file that cannot be read now stops verify, savepoint and gc, naming it."""
+    meta = "state/0/_metadata/metadata"
+    root = _rocksdb_location(tmp_path / "ckpt")
+    write(root, meta, 'v1\n{"operatorInfo": {"operatorId": 0, "operatorName": "x"}, '
+          '"stateStoreInfo": [{"storeName": "default", "numPartitions": 2}]}')
+    assert [p.problem for p in verify(open_spark_checkpoint(str(root))).problems] == [
+        "operator 0 partition 1 store default: no files at all"]
+    before = tree(root)
+
+    failing = open_spark_checkpoint(str(root))
+    failing.storage = _UnreadableOnce(str(root), meta)
+    report = verify(failing)
+    assert not report.ok
+    assert any(f"{meta}: cannot be read" in p.problem for p in report.problems), report
+    with pytest.raises(SparkCheckpointError, match=f"{meta}: cannot be read"):
+        savepoint(failing, str(tmp_path / "sp"))
+    with pytest.raises(SparkCheckpointError, match=f"{meta}: cannot be read"):
+        gc(failing, grace_seconds=0)
+    assert tree(root) == before
