@@ -17,14 +17,19 @@ columns being the operator's own, found from its state key schema:
 Without operator metadata (Spark 3.5 writes none) the operator is recognised by its
 stores: the four join stores, a session window's key ending in ``sessionStartTime``, any
 other single ``default`` store as the whole key. Refused in one line, with nothing
-written: a global limit or an operator not listed, a location recorded with
-``useStrictDistribution=false`` (its shuffle may have used fewer columns), RocksDB state
-(not written yet), a codec other than lz4, checkpoint format v2 ids.
+written: a global limit or an operator not listed (transformWithState among them), a
+location recorded with ``useStrictDistribution=false`` (its shuffle may have used fewer
+columns) or with row checksums, a codec other than lz4, checkpoint format v2 ids; for
+RocksDB, keys encoded for prefix scans (a session window's), state encoded as avro, a
+table format version RocksDB 8 cannot read.
 
 DEST holds what `savepoint` copies for a restart at N, except: the offsets' recorded
 shuffle partitions and the operator metadata's ``numPartitions`` rewritten to M, each
-store's schema file in partition 0 only, and every store's state as one ``N+1.snapshot``
-per new partition (an empty one where no key goes), its records copied byte for byte.
+store's schema file in partition 0 only, and every store's state as one snapshot per new
+partition (an empty one where no key goes), its records copied byte for byte: an
+HDFS-backed store's ``N+1.snapshot``, a RocksDB store's ``N+1.zip`` and the SSTs it names
+(`rocksdb_writer`; with changelog checkpointing on too: a restart loads the snapshot and
+writes changelogs after it).
 ``commits/N`` is written last, then DEST is verified; an interrupted repartition leaves
 no commit, so no location a query would restart from.
 """
