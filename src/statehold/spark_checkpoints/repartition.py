@@ -65,6 +65,7 @@ from statehold.spark_checkpoints.location import MAX_PARTITIONS, SparkCheckpoint
 from statehold.spark_checkpoints.relocate import hadoop_crc
 from statehold.spark_checkpoints.rocksdb_writer import (
     DEFAULT_FORMAT_VERSION,
+    FORMAT_VERSIONS,
     Staging,
     build_version,
     metadata_extra,
@@ -247,10 +248,10 @@ def _refuse_unsupported(checkpoint: SparkCheckpoint, found: Scan, batch: int) ->
             raise SparkCheckpointError(
                 f"RocksDB state encoded as {encoding}: only unsaferow is repartitioned")
         version = conf.get(_ROCKSDB_FORMAT, str(DEFAULT_FORMAT_VERSION))
-        if not is_decimal(version) or int(version) not in range(2, 6):
+        if not is_decimal(version) or int(version) not in FORMAT_VERSIONS:
             raise SparkCheckpointError(
-                f"the offsets record {_ROCKSDB_FORMAT}={version}: statehold writes "
-                "RocksDB table format versions 2 to 5")
+                f"the offsets record {_ROCKSDB_FORMAT}={version}: statehold writes RocksDB "
+                f"table format versions {FORMAT_VERSIONS.start} to {FORMAT_VERSIONS.stop - 1}")
 
 
 def _operator_doc(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int

@@ -38,8 +38,9 @@ from statehold.spark_checkpoints.errors import SparkCheckpointError
 
 #: Spark's ``spark.sql.streaming.stateStore.rocksdb.formatVersion`` default.
 DEFAULT_FORMAT_VERSION = 5
-#: The block-based table format versions the RocksDB of every supported Spark reads
-#: (3.5's rocksdbjni 8.3.2 reads up to 5; 6 is written by newer RocksDBs only on request).
+#: The block-based table format versions the RocksDB of every supported Spark reads:
+#: 3.5's rocksdbjni 8.3.2 reads up to 5; 6 (RocksDB 9's default, which rocksdict would
+#: write unless told) it cannot.
 FORMAT_VERSIONS = range(2, 6)
 #: The files of the RocksDB directory the zip holds; the rest (LOCK, LOG, IDENTITY,
 #: rocksdict's own config) RocksDB recreates, and Spark's checkpoint leaves out.
