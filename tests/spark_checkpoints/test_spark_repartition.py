@@ -4,10 +4,11 @@ source's rows (the same multiset per operator and store), each in the partition 
 hash rule gives its partitioning columns (the operator's own: named here per query; the
 same rule puts every source key where Spark put it),
 DEST's offsets and operator metadata say M and DEST verifies; the source's listing (sizes
-and mtimes) does not change. Refusals (a full DEST, RocksDB, an unknown operator, a
-location whose shuffle may hash fewer columns) write nothing, and a repartition cut short
+and mtimes) does not change. Refusals (a full DEST, an unknown operator, a location whose
+shuffle may hash fewer columns) write nothing, and a repartition cut short
 leaves no commit. The snapshot's lz4 blocks carry the headers and checksums Spark's own
-do. The murmur3 against Spark's and a restart by Spark: test_spark_repartition_live.py."""
+do. RocksDB-backed state: test_spark_repartition_rocksdb.py. The murmur3 against Spark's
+and a restart by Spark: test_spark_repartition_live.py."""
 
 from __future__ import annotations
 
@@ -122,9 +123,6 @@ def test_refusals_write_nothing(extracted: Callable[[str], Path], tmp_path: Path
     full.mkdir()
     (full / "x").write_text("x")
     refusals.append((hdfs, "not empty", {"dest": full}))
-    for provider in ("rocksdb", "rocksdb_changelog", "rocksdb_v2"):
-        rocks = open_spark_checkpoint(str(fixture(root, version, "window", provider).checkpoint))
-        refusals.append((rocks, "RocksDB", {}))
     refusals.append((hdfs, "partitions must be", {"partitions": 0}))
     # an operator whose partitioning statehold does not know
     unknown = copy_of(root, version, "window", "hdfs", tmp_path / "unknown").checkpoint

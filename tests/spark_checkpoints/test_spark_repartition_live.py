@@ -1,13 +1,15 @@
 """Repartition against Spark itself: statehold's Murmur3 (spark_hash) equals Spark's
 ``pmod(hash(...), M)`` on many typed values in one query; and a join's HDFS-backed
-location, repartitioned from 2 to 5 partitions at an early batch and restarted by Spark
-with the rest of its input, writes the rows of the run that never stopped (a key put in
+and RocksDB (changelog on) locations, repartitioned from 2 to 5 partitions at an early
+batch and restarted by Spark side by side with the rest of their input, write the rows of
+the run that never stopped (a key put in
 the wrong partition loses its matches, so the output would differ). The Spark-free
 checks of every fixture are in test_spark_repartition.py."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import math
 from collections.abc import Callable
 from decimal import Decimal as D
@@ -115,28 +117,53 @@ def test_murmur3_and_pmod_equal_sparks(spark: Any) -> None:
 def test_a_join_repartitioned_2_to_5_restarts_with_the_uninterrupted_output(
     spark: Any, extracted: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    from tests.support.spark_checkpoint_queries import all_rows, run_query
+    """The join's HDFS-backed and RocksDB (changelog checkpointing on) locations, each
+    repartitioned 2 -> 5 at its oldest restartable batch, restarted side by side in one
+    run: Spark loads the snapshots statehold wrote (RocksDB's: the zip, its SSTs and
+    RocksDB's MANIFEST, in its own rocksdbjni), runs the rest of the input with 5
+    partitions and writes the uninterrupted run's rows; its state at the end is the
+    uninterrupted run's, read offline."""
+    from tests.support.spark_checkpoint_queries import QueryRun, all_rows, run_queries
 
-    fx, inputs = running(extracted, "join", "hdfs", tmp_path)
-    reference = rows(fx)
-    k = restartable_batches(fx.checkpoint)[0]
-    files = int(fx.entry["files"])
-    assert k < files - 1, "no input left after the oldest restartable batch"
-    source = open_spark_checkpoint(str(fx.checkpoint))
+    runs, cases = [], []
+    for provider in ("hdfs", "rocksdb_changelog"):
+        base = tmp_path / provider
+        fx, inputs = running(extracted, "join", provider, base)
+        k = restartable_batches(fx.checkpoint)[0]
+        files = int(fx.entry["files"])
+        assert k < files - 1, "no input left after the oldest restartable batch"
+        source = open_spark_checkpoint(str(fx.checkpoint))
 
-    report = source.repartition(str(tmp_path / "five"), partitions=5, batch=k)
+        report = source.repartition(str(base / "five"), partitions=5, batch=k)
 
-    assert (report.batch, report.partitions_before, report.partitions) == (k, 2, 5)
-    stores = report.operators[0].stores
-    assert [s.partitioning for s in stores] == [["field0"]] * 4
-    # the keys spread over the new partitions (2 -> 5 moves some of them)
-    assert sum(1 for c in stores[0].per_partition if c) >= 3
-    copy_output(fx.output, tmp_path / "out", k)
-    last = run_query(spark, "join", "hdfs", str(tmp_path / "five"), inputs, tmp_path / "out",
-                     files - 1)
-    assert all_rows(tmp_path / "out") == reference
-    # Spark ran the new batches with 5 partitions: each wrote its state to all five
-    state = tmp_path / "five" / "state" / "0"
-    assert sorted(p.name for p in state.iterdir() if p.name.isdigit()) == list("01234")
-    assert all((state / str(p) / "left-keyToNumValues" / f"{last + 1}.delta").exists()
-               for p in range(5))
+        assert (report.batch, report.partitions_before, report.partitions) == (k, 2, 5)
+        stores = report.operators[0].stores
+        assert [s.partitioning for s in stores] == [["field0"]] * 4
+        # the keys spread over the new partitions (2 -> 5 moves some of them)
+        assert sum(1 for c in stores[0].per_partition if c) >= 3
+        copy_output(fx.output, base / "out", k)
+        runs.append(QueryRun(provider, str(base / "five"), inputs, base / "out", files - 1))
+        cases.append((fx, base))
+
+    lasts = run_queries(spark, "join", runs)
+
+    for (fx, base), last in zip(cases, lasts, strict=True):
+        assert all_rows(base / "out") == rows(fx), fx.provider
+        # Spark ran the new batches with 5 partitions: each wrote its state to all five
+        state = base / "five" / "state" / "0"
+        assert sorted(p.name for p in state.iterdir() if p.name.isdigit()) == list("01234")
+        written = "delta" if fx.provider == "hdfs" else "changelog"
+        assert all((state / str(p) / "left-keyToNumValues" / f"{last + 1}.{written}").exists()
+                   for p in range(5)), fx.provider
+        assert last == fx.last_batch
+        done = open_spark_checkpoint(str(base / "five"))
+        original = open_spark_checkpoint(str(fx.checkpoint))
+        for store in ("left-keyToNumValues", "left-keyWithIndexToValue",
+                      "right-keyToNumValues", "right-keyWithIndexToValue"):
+            assert _state(done, store, last) == _state(original, store, last), store
+
+
+def _state(location: Any, store: str, batch: int) -> list[str]:
+    return sorted(json.dumps(row, sort_keys=True, default=str)
+                  for b in location.read_state(operator=0, store=store, batch=batch)
+                  for row in b.to_pylist())

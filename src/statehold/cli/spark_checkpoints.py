@@ -463,10 +463,11 @@ def repartition_command(
     """Write a new checkpoint location at DEST whose batch restarts with --partitions
     shuffle partitions (the number Spark fixes at a query's first run): every state key
     moved to the partition Spark's hash sends its rows to, the offsets and operator
-    metadata rewritten to match. HDFS-backed state; RocksDB is refused. The source is
-    never modified; DEST's commit is written last and DEST is verified before the
-    command returns. A query started with checkpointLocation=DEST continues from the next
-    batch with the new partitions."""
+    metadata rewritten to match, each new partition's state one snapshot in the store's
+    own format (HDFS-backed, or RocksDB with changelog checkpointing off or on; format v2
+    and transformWithState are refused). The source is never modified; DEST's commit is
+    written last and DEST is verified before the command returns. A query started with
+    checkpointLocation=DEST continues from the next batch with the new partitions."""
     from statehold.spark_checkpoints.repartition import repartition
 
     with handle_errors(as_json), RichProgress(not as_json) as progress:

@@ -129,8 +129,9 @@ class SparkCheckpointLocation(SparkCheckpoint):
     ) -> RepartitionReport:
         """A new checkpoint location at `dest` (empty or absent) whose `batch` (default:
         the newest restartable) restarts with `partitions` shuffle partitions: every key
-        moved to the partition Spark's hash sends it to. HDFS-backed state only; the source
-        is only read. `dest_options`: the destination's storage options."""
+        moved to the partition Spark's hash sends it to, in the store's own format
+        (HDFS-backed, RocksDB; not format v2 or transformWithState); the source is only
+        read. `dest_options`: the destination's storage options."""
         # imported when used, as the state reader (Arrow, RocksDB) it needs
         from statehold.spark_checkpoints.repartition import repartition
 

@@ -17,14 +17,19 @@ columns being the operator's own, found from its state key schema:
 Without operator metadata (Spark 3.5 writes none) the operator is recognised by its
 stores: the four join stores, a session window's key ending in ``sessionStartTime``, any
 other single ``default`` store as the whole key. Refused in one line, with nothing
-written: a global limit or an operator not listed, a location recorded with
-``useStrictDistribution=false`` (its shuffle may have used fewer columns), RocksDB state
-(not written yet), a codec other than lz4, checkpoint format v2 ids.
+written: a global limit or an operator not listed (transformWithState among them), a
+location recorded with ``useStrictDistribution=false`` (its shuffle may have used fewer
+columns) or with row checksums, a codec other than lz4, checkpoint format v2 ids; for
+RocksDB, keys encoded for prefix scans (a session window's), state encoded as avro, a
+table format version RocksDB 8 cannot read.
 
 DEST holds what `savepoint` copies for a restart at N, except: the offsets' recorded
 shuffle partitions and the operator metadata's ``numPartitions`` rewritten to M, each
-store's schema file in partition 0 only, and every store's state as one ``N+1.snapshot``
-per new partition (an empty one where no key goes), its records copied byte for byte.
+store's schema file in partition 0 only, and every store's state as one snapshot per new
+partition (an empty one where no key goes), its records copied byte for byte: an
+HDFS-backed store's ``N+1.snapshot``, a RocksDB store's ``N+1.zip`` and the SSTs it names
+(`rocksdb_writer`; with changelog checkpointing on too: a restart loads the snapshot and
+writes changelogs after it).
 ``commits/N`` is written last, then DEST is verified; an interrupted repartition leaves
 no commit, so no location a query would restart from.
 """
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,6 +63,14 @@ from statehold.spark_checkpoints.layout import (
 )
 from statehold.spark_checkpoints.location import MAX_PARTITIONS, SparkCheckpoint
 from statehold.spark_checkpoints.relocate import hadoop_crc
+from statehold.spark_checkpoints.rocksdb_writer import (
+    DEFAULT_FORMAT_VERSION,
+    FORMAT_VERSIONS,
+    Staging,
+    build_version,
+    metadata_extra,
+    staged,
+)
 from statehold.spark_checkpoints.rollback_marker import refuse_unfinished
 from statehold.spark_checkpoints.savepoint import (
     check_destination,
@@ -68,7 +82,8 @@ from statehold.spark_checkpoints.savepoint import (
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.spark_hash import partition_of
 from statehold.spark_checkpoints.spark_types import Atomic, SparkType, Struct
-from statehold.spark_checkpoints.state_reader import store_records, store_schema
+from statehold.spark_checkpoints.state_files import read_zip_metadata
+from statehold.spark_checkpoints.state_reader import resolved, store_records, store_schema
 from statehold.spark_checkpoints.state_writer import SnapshotWriter
 from statehold.spark_checkpoints.unsafe_row import row_decoder
 from statehold.storage import Storage, StorageError
@@ -76,6 +91,9 @@ from statehold.storage import Storage, StorageError
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 _STRICT = "spark.sql.streaming.statefulOperator.useStrictDistribution"
 _CODEC = "spark.sql.streaming.stateStore.compression.codec"
+_ENCODING = "spark.sql.streaming.stateStore.encodingFormat"
+_ROW_CHECKSUM = "spark.sql.streaming.stateStore.rowChecksum.enabled"
+_ROCKSDB_FORMAT = "spark.sql.streaming.stateStore.rocksdb.formatVersion"
 #: Operators whose state key is exactly what their shuffle hashes.
 _WHOLE_KEY = {"stateStoreSave", "dedupe", "dedupeWithinWatermark", "flatMapGroupsWithState",
               "applyInPandasWithState"}
@@ -129,6 +147,10 @@ class _Store:
     schema: Struct
     columns: tuple[int, ...]
     source: list[StoreId]
+    #: ``hdfs`` or ``rocksdb``.
+    provider: str = "hdfs"
+    #: RocksDB: the zip metadata's fields after numKeys, as the location's Spark writes them.
+    zip_extra: dict[str, Any] | None = None
 
 
 def repartition(
@@ -211,16 +233,25 @@ def _refuse_unsupported(checkpoint: SparkCheckpoint, found: Scan, batch: int) ->
         raise SparkCheckpointError(
             f"the offsets record {_STRICT}=false: the query's shuffle may hash fewer "
             "columns than its state key, so where a key goes cannot be derived")
-    rocks = sorted({s.operator for s, f in found.stores.items() if f.provider == "rocksdb"})
-    if rocks:
+    if conf.get(_ROW_CHECKSUM, "false").lower() == "true":
         raise SparkCheckpointError(
-            f"operator {rocks[0]} keeps its state in RocksDB: only the HDFS-backed "
-            "provider's state is repartitioned yet")
+            f"the offsets record {_ROW_CHECKSUM}=true: state rows with checksums are not "
+            "repartitioned yet")
     commit = checkpoint.commit(batch)
     if commit.stateUniqueIds:
         raise SparkCheckpointError(
             "the commit log holds state unique ids (checkpoint format v2): not "
             "repartitioned yet")
+    if any(f.provider == "rocksdb" for f in found.stores.values()):
+        encoding = conf.get(_ENCODING, "unsaferow")
+        if encoding != "unsaferow":
+            raise SparkCheckpointError(
+                f"RocksDB state encoded as {encoding}: only unsaferow is repartitioned")
+        version = conf.get(_ROCKSDB_FORMAT, str(DEFAULT_FORMAT_VERSION))
+        if not is_decimal(version) or int(version) not in FORMAT_VERSIONS:
+            raise SparkCheckpointError(
+                f"the offsets record {_ROCKSDB_FORMAT}={version}: statehold writes RocksDB "
+                f"table format versions {FORMAT_VERSIONS.start} to {FORMAT_VERSIONS.stop - 1}")
 
 
 def _operator_doc(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
@@ -249,10 +280,14 @@ def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
     info = (doc.get("operatorInfo") or {}) if doc else {}
     stores_info = {str(s.get("storeName", DEFAULT_STORE)): s
                    for s in ((doc or {}).get("stateStoreInfo") or []) if isinstance(s, dict)}
+    name = info.get("operatorName") if isinstance(info, dict) else None
+    if isinstance(name, str) and "transformWithState" in name:
+        raise SparkCheckpointError(
+            f"operator {op} ({name}): transformWithState's state (column families) is not "
+            "repartitioned yet; nothing written")
     ids = sorted(s for s in checkpoint.expected_stores(found) if s.operator == op)
     names = sorted({s.name for s in ids})
     schemas = {n: store_schema(checkpoint, found, StoreId(op, 0, n)) for n in names}
-    name = info.get("operatorName") if isinstance(info, dict) else None
     known_from = "metadata"
     if not isinstance(name, str):
         known_from = "stores"
@@ -262,8 +297,40 @@ def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
         key = schemas[store].key
         prefix = stores_info.get(store, {}).get("numColsPrefixKey", 0)
         columns = _partitioning(op, name, store, key, prefix)
-        stores.append(_Store(store, key, columns, [s for s in ids if s.name == store]))
+        source = [s for s in ids if s.name == store]
+        providers = {found.stores[s].provider for s in source if s in found.stores}
+        if providers == {"rocksdb"}:
+            if isinstance(prefix, int) and prefix > 0:
+                raise SparkCheckpointError(
+                    f"operator {op} ({name}) store {store}: RocksDB keys encoded for prefix "
+                    "scans (a session window) are not repartitioned yet")
+            extra = _zip_extra(checkpoint, found, op, store, source, batch)
+            stores.append(_Store(store, key, columns, source, "rocksdb", extra))
+        elif providers <= {"hdfs"}:
+            stores.append(_Store(store, key, columns, source))
+        else:
+            raise SparkCheckpointError(
+                f"operator {op} store {store}: partitions kept by different providers "
+                f"({', '.join(sorted(providers))})")
     return name, known_from, stores
+
+
+def _zip_extra(checkpoint: SparkCheckpoint, found: Scan, op: int, store: str,
+               source: list[StoreId], batch: int) -> dict[str, Any]:
+    """What the zips the batch's version loads from hold after numKeys (Spark 4's column
+    family fields); a store with column families (transformWithState) is refused."""
+    for sid in source:
+        _files, needs = resolved(checkpoint, found, sid, batch)
+        for key in needs.files:
+            if key.endswith(".zip"):
+                meta = read_zip_metadata(checkpoint.read(key), key)
+                extra = meta.model_extra or {}
+                if extra.get("columnFamilyMapping"):
+                    raise SparkCheckpointError(
+                        f"operator {op} store {store}: RocksDB column families "
+                        "(transformWithState) are not repartitioned yet")
+                return metadata_extra(extra)
+    return {}
 
 
 def _recognised(names: list[str], keys: dict[str, Struct]) -> str:
@@ -396,6 +463,9 @@ def _repartition_store(
     batch: int, partitions: int, written: dict[str, int], with_crc: bool, progress: Progress,
 ) -> StorePlan:
     """Route every record of the store's partitions to its new partition's snapshot."""
+    if store.provider == "rocksdb":
+        return _repartition_rocksdb(checkpoint, found, out, op, store, batch, partitions,
+                                    written, with_crc, progress)
     types = [store.schema.fields[i].type for i in store.columns]
     decode = row_decoder(store.schema, f"operator {op} store {store.name} (a key)")
     counts = [0] * partitions
@@ -420,6 +490,57 @@ def _repartition_store(
         for p, path in enumerate(paths):
             sid = StoreId(op, p, store.name)
             _upload(out, path, version_file(sid, batch + 1, "snapshot"), written, crc=with_crc)
+    return StorePlan(store=store.name, partitioning=[store.schema.fields[i].name
+                                                     for i in store.columns],
+                     rows=sum(counts), per_partition=counts)
+
+
+
+def _repartition_rocksdb(
+    checkpoint: SparkCheckpoint, found: Scan, out: Storage, op: int, store: _Store,
+    batch: int, partitions: int, written: dict[str, int], with_crc: bool, progress: Progress,
+) -> StorePlan:
+    """Route every record to its new partition's staging file, then build each new
+    partition's RocksDB from it, one at a time, and write it as the snapshot ``N+1.zip``
+    with its SSTs (uploaded first: the zip names them)."""
+    types = [store.schema.fields[i].type for i in store.columns]
+    where = f"operator {op} store {store.name} (a key)"
+    decode = row_decoder(store.schema, where)
+    conf = checkpoint.offsets(batch).metadata.conf
+    format_version = int(conf.get(_ROCKSDB_FORMAT, str(DEFAULT_FORMAT_VERSION)))
+    counts = [0] * partitions
+    progress.start(f"operator {op} store {store.name}", len(store.source), "partitions")
+    with tempfile.TemporaryDirectory(prefix="statehold-repartition-") as tmp:
+        paths = [Path(tmp) / f"{p}.rows" for p in range(partitions)]
+        handles = [p.open("wb") for p in paths]
+        try:
+            stages = [Staging(h) for h in handles]
+            for sid in store.source:
+                for key, value in store_records(checkpoint, found, sid, batch):
+                    if key[:1] != b"\x00":  # Spark's state encoding version
+                        raise SparkCheckpointError(
+                            f"{sid}: a key of state encoding version "
+                            f"{key[:1].hex() or 'missing'}, not 00")
+                    values = decode(key[1:])
+                    target = partition_of([values[i] for i in store.columns], types, partitions)
+                    stages[target].add(key, value)
+                    counts[target] += 1
+                progress.advance(1)
+        finally:
+            for h in handles:
+                h.close()
+        for p, path in enumerate(paths):
+            sid = StoreId(op, p, store.name)
+            work = Path(tmp) / f"db-{p}"
+            work.mkdir()
+            built = build_version(staged(path), work, format_version=format_version,
+                                  metadata_extra=store.zip_extra or {})
+            path.unlink()
+            for sst in built.ssts:
+                _upload(out, sst.path, f"{sid.prefix}/SSTs/{sst.dfs}", written, crc=with_crc)
+            _upload(out, built.zip_path, version_file(sid, batch + 1, "zip"), written,
+                    crc=with_crc)
+            shutil.rmtree(work, ignore_errors=True)
     return StorePlan(store=store.name, partitioning=[store.schema.fields[i].name
                                                      for i in store.columns],
                      rows=sum(counts), per_partition=counts)

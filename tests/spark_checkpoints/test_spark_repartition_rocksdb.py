@@ -1,0 +1,204 @@
+"""Repartition of RocksDB-backed state on the committed fixtures, without Spark: every
+RocksDB location (changelog checkpointing off and on) of every supported PySpark, from its
+2 partitions to 5, then that copy from 5 to 1. Each DEST read offline holds the source's
+rows, each key in the partition Spark's hash rule gives it; DEST verifies; the snapshot
+``N+1.zip`` of each new partition names SSTs that are there with their sizes, counts its
+keys, and carries the fields the location's Spark writes in a zip's metadata; the SSTs use
+the table format version Spark's do; the source's listing (sizes and mtimes) does not
+change. Refusals (format v2, transformWithState, prefix-scan keys, avro encoding, a table
+format RocksDB 8 cannot read) write nothing; a repartition cut short leaves no commit.
+Spark loading these files: test_spark_repartition_live.py."""
+
+from __future__ import annotations
+
+import collections
+import json
+import struct
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
+from statehold.spark_checkpoints.layout import StoreId
+from statehold.spark_checkpoints.spark_hash import partition_of
+from statehold.spark_checkpoints.state_reader import store_records, store_schema
+from statehold.spark_checkpoints.unsafe_row import decode_row
+from tests.spark_checkpoints.test_spark_repartition import PARTITIONING
+from tests.support.spark_checkpoint_trees import listing
+from tests.support.spark_fixtures import copy_of, fixture, manifests
+
+ROCKSDB = [(v, loc["query"], loc["provider"]) for v, m in sorted(manifests().items())
+           for loc in m["locations"]
+           if loc["provider"] in ("rocksdb", "rocksdb_changelog") and loc["query"] in PARTITIONING]
+
+
+def _rows(location: Any, operator: int, store: str) -> collections.Counter[str]:
+    return collections.Counter(
+        json.dumps(row, sort_keys=True, default=str)
+        for batch in location.read_state(operator=operator, store=store)
+        for row in batch.to_pylist())
+
+
+def _footer_version(sst: bytes) -> int:
+    """A block-based table's format version: the four bytes before its magic number."""
+    version: int = struct.unpack("<I", sst[-12:-8])[0]
+    return version
+
+
+def _zip_metadata(path: Path) -> dict[str, Any]:
+    with zipfile.ZipFile(path) as archive:
+        text = archive.read("metadata").decode()
+        names = set(archive.namelist())
+    head, _, body = text.partition("\n")
+    assert head == "v1"
+    assert {"CURRENT", "metadata"} <= names and any(n.startswith("MANIFEST-") for n in names)
+    assert any(n.startswith("OPTIONS-") for n in names)
+    assert not names & {"LOCK", "LOG", "IDENTITY"}
+    doc: dict[str, Any] = json.loads(body)
+    return doc
+
+
+def _check(root: Path, dest: Path, report: Any, query: str, partitions: int) -> None:
+    """DEST holds the rows of the source at `root`, each in its partition, in zips Spark
+    loads."""
+    source = open_spark_checkpoint(str(root))
+    out = open_spark_checkpoint(str(dest))
+    assert out.verify().ok and out.listing().newest_committed == report.batch
+    found = out.scan()
+    meta = (dest / "offsets" / str(report.batch)).read_text().split("\n")[1]
+    assert json.loads(meta)["conf"]["spark.sql.shuffle.partitions"] == str(partitions)
+    n = report.batch + 1
+    source_zips = sorted(root.glob("state/*/*/**/*.zip"))
+    spark_extra = {k for k in _zip_metadata(source_zips[0]) if k not in ("sstFiles", "numKeys")}
+    spark_version = _footer_version(next(iter(
+        root.glob("state/*/*/**/SSTs/*.sst"))).read_bytes())
+    for plan in report.operators:
+        op = plan.operator
+        held = {int(p.name) for p in (dest / "state" / str(op)).iterdir() if p.name.isdigit()}
+        assert held == set(range(partitions))
+        for store_plan in plan.stores:
+            store = store_plan.store
+            columns = PARTITIONING[query][op][store]
+            assert store_plan.partitioning == columns
+            rows = _rows(out, op, store)
+            assert rows == _rows(source, op, store) and rows, (op, store)
+            schema = store_schema(out, found, StoreId(op, 0, store))
+            at = [i for i, f in enumerate(schema.key.fields) if f.name in columns]
+            types = [schema.key.fields[i].type for i in at]
+            for p in range(partitions):
+                sid = StoreId(op, p, store)
+                directory = dest / sid.prefix
+                # one snapshot, no changelog: the restart loads the zip alone
+                assert sorted(f.name for f in directory.iterdir() if f.is_file()
+                              and not f.name.startswith(".")) == [f"{n}.zip"]
+                doc = _zip_metadata(directory / f"{n}.zip")
+                assert doc["numKeys"] == store_plan.per_partition[p]
+                assert set(doc) - {"sstFiles", "numKeys"} == spark_extra
+                listed = {f["dfsSstFileName"]: f["sizeBytes"] for f in doc["sstFiles"]}
+                ssts = {f.name: f.stat().st_size for f in (directory / "SSTs").glob("*.sst")} \
+                    if (directory / "SSTs").exists() else {}
+                assert listed == ssts and bool(ssts) == bool(doc["numKeys"])
+                for f in doc["sstFiles"]:
+                    assert f["dfsSstFileName"].startswith(f["localFileName"][:-4] + "-")
+                    data = (directory / "SSTs" / f["dfsSstFileName"]).read_bytes()
+                    assert _footer_version(data) == spark_version == 5
+                count = 0
+                for key, _value in store_records(out, found, sid, report.batch):
+                    assert key[:1] == b"\x00"
+                    values = decode_row(key[1:], schema.key, "k")
+                    assert partition_of([values[i] for i in at], types, partitions) == p
+                    count += 1
+                assert count == store_plan.per_partition[p]
+
+
+@pytest.mark.parametrize(("version", "query", "provider"), ROCKSDB)
+def test_rocksdb_repartitioned_to_5_then_to_1_keeps_every_row_where_sparks_hash_puts_it(
+    extracted: Callable[[str], Path], tmp_path: Path, version: str, query: str, provider: str,
+) -> None:
+    fx = fixture(extracted(version), version, query, provider)
+    source = open_spark_checkpoint(str(fx.checkpoint))
+    before = listing(fx.checkpoint)
+
+    five = source.repartition(str(tmp_path / "five"), partitions=5)
+
+    assert listing(fx.checkpoint) == before
+    assert (five.partitions_before, five.partitions, five.batch) == (2, 5, fx.last_batch)
+    _check(fx.checkpoint, tmp_path / "five", five, query, 5)
+    if fx.spark_4:
+        for op in PARTITIONING[query]:
+            meta = tmp_path / "five" / "state" / str(op) / "_metadata" / "metadata"
+            doc = json.loads(meta.read_text().split("\n", 1)[1])
+            assert {s["numPartitions"] for s in doc["stateStoreInfo"]} == {5}
+
+    between = listing(tmp_path / "five")
+    one = open_spark_checkpoint(str(tmp_path / "five")).repartition(
+        str(tmp_path / "one"), partitions=1)
+
+    assert listing(tmp_path / "five") == between
+    assert (one.partitions_before, one.partitions) == (5, 1)
+    _check(fx.checkpoint, tmp_path / "one", one, query, 1)
+
+
+def test_rocksdb_refusals_write_nothing(extracted: Callable[[str], Path], tmp_path: Path
+                                        ) -> None:
+    version = "4.3.0"
+    root = extracted(version)
+    refusals: list[tuple[Path, str]] = [
+        (fixture(root, version, "window", "rocksdb_v2").checkpoint, "format v2"),
+        (fixture(root, version, "transform", "rocksdb").checkpoint, "transformWithState"),
+        (fixture(root, version, "transform", "rocksdb_changelog").checkpoint,
+         "transformWithState"),
+    ]
+    # a store whose keys RocksDB's encoder laid out for prefix scans (a session window's)
+    prefixed = copy_of(root, version, "window", "rocksdb", tmp_path / "prefixed").checkpoint
+    meta = prefixed / "state" / "0" / "_metadata" / "metadata"
+    meta.write_text(meta.read_text().replace('"numColsPrefixKey":0', '"numColsPrefixKey":1'))
+    (meta.parent / ".metadata.crc").unlink()
+    refusals.append((prefixed, "prefix scans"))
+    for name, old, new, message in [
+        ("avro", '"spark.sql.streaming.stateStore.encodingFormat":"unsaferow"',
+         '"spark.sql.streaming.stateStore.encodingFormat":"avro"', "encoded as avro"),
+        ("format6", '"spark.sql.streaming.stateStore.rocksdb.formatVersion":"5"',
+         '"spark.sql.streaming.stateStore.rocksdb.formatVersion":"6"', "formatVersion=6"),
+    ]:
+        changed = copy_of(root, version, "dedup", "rocksdb_changelog", tmp_path / name).checkpoint
+        for path in (changed / "offsets").iterdir():
+            if path.name.isdigit():
+                assert old in path.read_text()
+                path.write_text(path.read_text().replace(old, new))
+                (changed / "offsets" / f".{path.name}.crc").unlink()
+        refusals.append((changed, message))
+
+    for i, (location, message) in enumerate(refusals):
+        dest = tmp_path / f"dest{i}"
+        with pytest.raises(SparkCheckpointError, match=message) as refused:
+            open_spark_checkpoint(str(location)).repartition(str(dest), partitions=5)
+        assert "\n" not in str(refused.value)
+        assert not dest.exists(), message
+
+
+def test_a_rocksdb_repartition_cut_short_leaves_no_commit(
+    extracted: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import statehold.spark_checkpoints.repartition as module
+
+    fx = fixture(extracted("3.5.9"), "3.5.9", "window", "rocksdb_changelog")
+    uploaded: list[str] = []
+    real = module._upload
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        uploaded.append(args[2])
+        if args[2].endswith("3/6.zip"):  # partition 3's snapshot, after its SSTs
+            raise SparkCheckpointError("the disk is full")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "_upload", failing)
+    with pytest.raises(SparkCheckpointError, match="disk is full"):
+        open_spark_checkpoint(str(fx.checkpoint)).repartition(str(tmp_path / "d"), partitions=5)
+    assert (tmp_path / "d" / "state" / "0" / "2" / "6.zip").exists()
+    assert any("/3/SSTs/" in k for k in uploaded)
+    assert not (tmp_path / "d" / "commits").exists()
+    assert open_spark_checkpoint(str(tmp_path / "d")).listing().newest_committed is None
