@@ -59,6 +59,20 @@ def request(
     """Ask the running attempt of the job at `location`; one line and exit 1 on no
     running driver, a timeout, a refusal or a failure."""
     with handle_errors(as_json), open_job(split_location(location)[0], ha) as job:
+        ask(job, action, savepoint, wait=wait, timeout=timeout, as_json=as_json)
+
+
+def ask(
+    job: JobDirectory,
+    action: Action,
+    savepoint: str | None,
+    *,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """`request`, of a job directory already open."""
+    with handle_errors(as_json):
         sent = requests.submit(job.storage, job.ha, job.job_id, action, savepoint)
         report = RequestReport(job=job.storage.uri, request_id=sent.id, action=action,
                                epoch=sent.epoch, savepoint=savepoint)
@@ -114,12 +128,11 @@ def _failed(
 
 
 def savepoint_of_job(
-    location: str, name: str, *, wait: bool, timeout: float, ha: str | None, as_json: bool
+    job: JobDirectory, name: str, *, wait: bool, timeout: float, as_json: bool
 ) -> None:
-    """``statehold savepoint JOB NAME``: see `statehold.cli.spark_checkpoints`, which
-    tells the two forms of the command apart."""
-    request(location, Action.SAVEPOINT, name, wait=wait, timeout=timeout, ha=ha,
-            as_json=as_json)
+    """``statehold savepoint JOB NAME``: see `statehold.cli.spark_checkpoints`, whose
+    command has two forms, one per kind of location."""
+    ask(job, Action.SAVEPOINT, name, wait=wait, timeout=timeout, as_json=as_json)
 
 
 def stop_command(

@@ -63,8 +63,9 @@ class SparkLocation(SparkCheckpoint):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def listing(self) -> SparkListing:
-        """The batches, which a restart can start after, each store's versions."""
+    def listing(self, *, progress: Progress | None = None) -> SparkListing:
+        """The batches, which a restart can start after, each store's versions
+        (`progress`: as a job directory's listing takes; one listing, not counted)."""
         return listing(self)
 
     def inspect(self) -> SparkInspection:
@@ -87,8 +88,9 @@ class SparkLocation(SparkCheckpoint):
         `.spark_bug`)."""
         return verify(self, batch, deep=deep, operator=operator, progress=progress)
 
-    def du(self) -> SparkUsage:
-        """Bytes and files by kind, and what gc would delete whatever its age."""
+    def du(self, *, progress: Progress | None = None) -> SparkUsage:
+        """Bytes and files by kind, and what gc would delete whatever its age
+        (`progress`: as a job directory's du takes; not counted)."""
         unreferenced = gc(self, dry_run=True, grace_seconds=0.0)
         return du(self).model_copy(update={
             "unreferenced_bytes": unreferenced.deletable_bytes,
@@ -168,7 +170,8 @@ class SparkLocation(SparkCheckpoint):
         )
 
     def repartition(
-        self, dest: str, *, partitions: int, batch: int | None = None, **dest_options: Any
+        self, dest: str, *, partitions: int, batch: int | None = None,
+        progress: Progress | None = None, **dest_options: Any
     ) -> RepartitionReport:
         """A new checkpoint location at `dest` (empty or absent) whose `batch` (default:
         the newest restartable) restarts with `partitions` shuffle partitions: every key
@@ -177,7 +180,7 @@ class SparkLocation(SparkCheckpoint):
         # imported when used, as the state reader (Arrow, RocksDB) it needs
         from statehold.spark_checkpoints.repartition import repartition
 
-        return repartition(self, dest, partitions=partitions, batch=batch,
+        return repartition(self, dest, partitions=partitions, batch=batch, progress=progress,
                            dest_options=dest_options or None)
 
     def state_schema(
