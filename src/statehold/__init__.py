@@ -21,3 +21,17 @@ def open(uri: str, *, ha: str | None = None, **storage_options: object) -> Locat
     from statehold.tools.locations import open_location
 
     return open_location(uri, ha=ha, **storage_options)
+
+
+def __getattr__(name: str) -> object:
+    # `statehold.JobLocation`, `.SparkLocation`, `.UnknownLocationError`: imported when
+    # asked for, so `import statehold` stays light (an executor imports no tool).
+    if name in ("JobLocation", "UnknownLocationError"):
+        from statehold.tools import locations
+
+        return getattr(locations, name)
+    if name == "SparkLocation":
+        from statehold.spark_checkpoints.api import SparkLocation
+
+        return SparkLocation
+    raise AttributeError(f"module 'statehold' has no attribute {name!r}")

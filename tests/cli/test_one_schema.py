@@ -6,7 +6,6 @@ the same JSON types, the keys of the verb's model in `statehold.format.results`.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest

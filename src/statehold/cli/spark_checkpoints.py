@@ -172,7 +172,8 @@ def show_spark_history(result: SparkHistory) -> None:
         say(f"{result.uri}: no batches")
         return
     table(
-        ("batch", "committed", "time", "watermark", "offsets", "state", "files", "problem"),
+        ("batch", "committed", "time", "watermark", "input offsets", "state", "files",
+         "problem"),
         [
             (
                 str(r.batch), "yes" if r.committed else "no",

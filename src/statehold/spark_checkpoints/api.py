@@ -16,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from statehold.format.location_kind import SPARK_NEEDS, AmbiguousLocationError, location_kind
 from statehold.progress import Progress
 from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
 from statehold.spark_checkpoints.gc import Progress as GcProgress
 from statehold.spark_checkpoints.gc import SparkGcReport, gc
 from statehold.spark_checkpoints.history import SparkHistory, history
 from statehold.spark_checkpoints.layout import DEFAULT_STORE, StoreId
-from statehold.spark_checkpoints.location import SparkCheckpoint, looks_like_spark_checkpoint
+from statehold.spark_checkpoints.location import SparkCheckpoint
 from statehold.spark_checkpoints.policy import SPARK_GC_GRACE_SECONDS
 from statehold.spark_checkpoints.relocate import BoundPath, RelocateReport, absolute_paths, relocate
 from statehold.spark_checkpoints.reports import (
@@ -238,8 +239,10 @@ def open_spark_checkpoint(uri: str, **storage_options: Any) -> SparkLocation:
         raise NotASparkCheckpointError(
             f"{uri}: {problem} (a Spark checkpoint location is expected)"
         )
-    if not looks_like_spark_checkpoint(storage):
-        raise NotASparkCheckpointError(
-            f"{uri}: not a Spark checkpoint location (no metadata, offsets/ or commits/)"
-        )
+    try:
+        kind = location_kind(storage)
+    except AmbiguousLocationError as e:
+        raise NotASparkCheckpointError(str(e)) from None
+    if kind != "spark":
+        raise NotASparkCheckpointError(f"{uri}: {SPARK_NEEDS}")
     return SparkLocation(storage)
