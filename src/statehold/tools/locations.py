@@ -134,19 +134,19 @@ def open_location(uri: str, *, ha: str | None = None, **storage_options: Any) ->
     directory (`ha`: its HA store, default the one it records), a checkpoint or savepoint
     in one (``.../chk-N``, ``.../savepoints/NAME``), or a Spark checkpoint location.
     UnknownLocationError when it is none of them; the one place the kind is decided."""
-    job_uri, ref = split_location(uri)
-    if ref is not None and _kind_at(job_uri, storage_options) == "job":
-        return JobLocation(locate(job_uri, ref, ha=ha, **storage_options))
     storage = _open(uri, storage_options)
     problem = storage.root_problem() if isinstance(storage, LocalStorage) else None
-    if problem is not None:
-        raise UnknownLocationError(f"{uri}: {problem} (a statehold job directory or a Spark "
-                                   "checkpoint location is expected)")
-    kind = location_kind(storage)
+    kind = None if problem is not None else location_kind(storage)
     if kind == "spark":
         return SparkLocation(storage)
     if kind == "job":
         return JobLocation(locate(storage, ha=ha))
+    job_uri, ref = split_location(uri)
+    if ref is not None and _kind_at(job_uri, storage_options) == "job":
+        return JobLocation(locate(job_uri, ref, ha=ha, **storage_options))
+    if problem is not None:
+        raise UnknownLocationError(f"{uri}: {problem} (a statehold job directory or a Spark "
+                                   "checkpoint location is expected)")
     raise UnknownLocationError(f"{uri.rstrip('/') or uri}: {JOB_NEEDS}, and {SPARK_NEEDS}")
 
 
