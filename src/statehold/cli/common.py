@@ -20,7 +20,12 @@ from statehold.job.directory import JobDirectory, NotAJobDirectoryError, open_jo
 from statehold.job.locate import split_location
 from statehold.spark_checkpoints import SparkCheckpointError, SparkLocation
 from statehold.tools import Problem, ToolError
-from statehold.tools.locations import JobLocation, Location, open_location
+from statehold.tools.locations import (
+    JobLocation,
+    Location,
+    UnknownLocationError,
+    open_location,
+)
 
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print the result as JSON (no progress bars).")
@@ -79,10 +84,17 @@ def handle_errors(as_json: bool) -> Iterator[None]:
 
 
 @contextmanager
-def opened(location: str, ha: str | None) -> Iterator[Location]:
+def opened(location: str, ha: str | None, *, or_else: str = "") -> Iterator[Location]:
     """The location at `location`, of the kind it is (`statehold.open`: the one place
-    that decides), closed afterwards."""
-    with open_location(location, ha=ha) as found:
+    that decides), closed afterwards. `or_else`: what the command adds to the one line
+    when the location is neither kind (what it works on)."""
+    try:
+        found = open_location(location, ha=ha)
+    except UnknownLocationError as e:
+        if not or_else:
+            raise
+        raise UnknownLocationError(f"{e}; {or_else}") from None
+    with found:
         yield found
 
 

@@ -245,7 +245,10 @@ def savepoint_command(
     for input (the driver does what job.savepoint(NAME) does: its newest checkpoint).
     Fails (one line, exit 1) when no driver is running, and with --wait on a timeout (the
     request is then withdrawn)."""
-    with handle_errors(as_json), opened(location, ha) as found:
+    with handle_errors(as_json), opened(
+        location, ha, or_else="statehold savepoint works on a query's checkpointLocation "
+        "or a running statehold job's directory"
+    ) as found:
         if isinstance(found, JobLocation):
             if batch is not None:
                 fail("--batch is for a Spark checkpoint location; a running job's savepoint "

@@ -362,8 +362,12 @@ def state_command(
     """Write the keyed state of a checkpoint, one row per key. A job directory's: key + one
     column per state. A Spark checkpoint location's: one store of one operator as a
     committed batch left it, the key's columns then the value's, one file per partition."""
+    given_spark = [o for o, v in (("--batch", batch), ("--store", store),
+                                  ("--schema", schema)) if v is not None]
+    not_spark = (f"not a Spark checkpoint location, which {', '.join(given_spark)} apply to "
+                 "only") if given_spark else ""
     with handle_errors(as_json), RichProgress(not as_json) as progress, opened(
-        checkpoint, ha
+        checkpoint, ha, or_else=not_spark
     ) as location:
         spark = location if isinstance(location, SparkLocation) else None
         if spark is not None:
@@ -381,8 +385,6 @@ def state_command(
             except OSError as e:
                 fail(f"{out}: {e}", as_json=as_json)
         else:
-            given_spark = [o for o, v in (("--batch", batch), ("--store", store),
-                                          ("--schema", schema)) if v is not None]
             if given_spark:
                 fail(f"{checkpoint}: not a Spark checkpoint location, which "
                      f"{', '.join(given_spark)} apply to only", as_json=as_json)

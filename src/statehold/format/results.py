@@ -43,17 +43,9 @@ class _Located(BaseModel):
         return data
 
 
-class Listing(_Located):
-    """``statehold list``: what a restart can start from."""
+class _SparkBatches(BaseModel):
+    """A Spark location's batches and stores (its `list` and `inspect`)."""
 
-    problems: list[Problem] = []
-    # a job directory's
-    job_uri: str | None = None
-    ha_epoch: int | None = None
-    checkpoints: list[Any] = []
-    savepoints: list[Any] = []
-    # a Spark location's
-    kind: str | None = None
     query_id: str | None = None
     newest_committed: int | None = None
     oldest_committed: int | None = None
@@ -65,7 +57,20 @@ class Listing(_Located):
     stale_state: list[str] = []
 
 
-class InspectReport(_Located):
+class Listing(_Located, _SparkBatches):
+    """``statehold list``: what a restart can start from."""
+
+    problems: list[Problem] = []
+    #: A Spark location's: ``"spark-checkpoint"``.
+    kind: str | None = None
+    # a job directory's
+    job_uri: str | None = None
+    ha_epoch: int | None = None
+    checkpoints: list[Any] = []
+    savepoints: list[Any] = []
+
+
+class InspectReport(_Located, _SparkBatches):
     """``statehold inspect``: a job's checkpoint (its header and files), or a Spark
     location's restart batch (its stores, each version and how it is held)."""
 
@@ -91,16 +96,6 @@ class InspectReport(_Located):
     total_bytes: int | None = None
     bytes_by_scope: dict[str, int] = {}
     files: list[Any] = []
-    # a Spark location's
-    query_id: str | None = None
-    newest_committed: int | None = None
-    oldest_committed: int | None = None
-    restart_batch: int | None = None
-    batches: list[Any] = []
-    stores: list[Any] = []
-    min_batches_to_retain: int | None = None
-    interrupted_rollback: int | None = None
-    stale_state: list[str] = []
 
 
 class VerifyReport(_Located):

@@ -145,8 +145,8 @@ def open_location(uri: str, *, ha: str | None = None, **storage_options: Any) ->
     if ref is not None and _kind_at(job_uri, storage_options) == "job":
         return JobLocation(locate(job_uri, ref, ha=ha, **storage_options))
     if problem is not None:
-        raise UnknownLocationError(f"{uri}: {problem} (a statehold job directory or a Spark "
-                                   "checkpoint location is expected)")
+        raise UnknownLocationError(f"{uri}: {problem} (a statehold job directory or a "
+                                   "query's checkpoint location is expected)")
     raise UnknownLocationError(f"{uri.rstrip('/') or uri}: {JOB_NEEDS}, and {SPARK_NEEDS}")
 
 
