@@ -255,7 +255,7 @@ def savepoint_command(
                      "is of its next batch boundary", as_json=as_json)
             from statehold.cli.operate import savepoint_of_job
 
-            return savepoint_of_job(found.job, target, wait=wait, timeout=timeout,
+            return savepoint_of_job(found, target, wait=wait, timeout=timeout,
                                     as_json=as_json)
         if wait:
             fail("--wait is for a running statehold job (a Spark checkpoint location's "

@@ -18,10 +18,12 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
+from statehold.checkpoint import requests
 from statehold.cleanup.gc import GcProgress, GcReport
 from statehold.cleanup.gc import gc as gc_job
 from statehold.errors import InvalidArgumentError
 from statehold.format.location_kind import JOB_NEEDS, SPARK_NEEDS, location_kind
+from statehold.format.requests import Action, OperatorRequest
 from statehold.ha.base import HAState
 from statehold.job.directory import JobDirectory, NotAJobDirectoryError, change_ha_store
 from statehold.job.history import read_history
@@ -124,6 +126,12 @@ class JobLocation:
     def set_ha(self, new_ha: str) -> HAState:
         """Move the stopped job to another HA store (``statehold set-ha``)."""
         return change_ha_store(self.job, new_ha)
+
+    def request(self, action: Action, savepoint: str | None = None) -> OperatorRequest:
+        """Ask the running attempt for a savepoint or a stop (``statehold savepoint JOB
+        NAME``, ``statehold stop``); its answer: `statehold.checkpoint.requests.wait`."""
+        return requests.submit(self.job.storage, self.job.ha, self.job.job_id, action,
+                               savepoint)
 
 
 Location = JobLocation | SparkLocation
