@@ -6,6 +6,7 @@ the same JSON types, the keys of the verb's model in `statehold.format.results`.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,3 +72,13 @@ def test_gc_counts_and_samples(locations: dict[str, str]) -> None:
         for key in ("protected", "foreign"):
             assert isinstance(doc[key], list) and isinstance(doc[f"{key}_count"], int)
             assert len(doc[key]) <= doc[f"{key}_count"], (where, key, doc)
+
+
+def test_a_copy_has_one_schema(locations: dict[str, str], tmp_path: Path) -> None:
+    """``export`` of a job's checkpoint and ``savepoint`` of a Spark location: a
+    `CopyReport` each."""
+    job = run_json("export", locations["job"], str(tmp_path / "exported"))
+    spark = run_json("savepoint", locations["spark"], str(tmp_path / "saved"))
+    assert set(job) == set(spark) == set(results.CopyReport.model_fields)
+    assert job["verified"] is spark["verified"] is True
+    assert (job["location_kind"], spark["location_kind"]) == ("job", "spark")
