@@ -91,7 +91,8 @@ def test_verify_success_and_failure(job: tuple[Storage, str]) -> None:
     victim, f = sorted(refs(storage, "chk-5/_metadata").items())[-1]
     storage.write(victim, bytes(f.size))
     doc = run_json("verify", path, code=1)
-    assert not doc["ok"] and doc["problems"] == [{"path": victim, "problem": "checksum mismatch"}]
+    assert not doc["ok"] and doc["problems"] == [
+        {"path": victim, "problem": "checksum mismatch", "kind": None, "spark_bug": None}]
     assert_error(run("verify", path), "verify failed", victim, "checksum mismatch")
 
 
@@ -273,10 +274,12 @@ def test_missing_file(job: tuple[Storage, str], tmp_path: Path) -> None:
     dest = str(tmp_path / "dest")
     assert_error(run("verify", path), gone, "missing")
     doc = run_json("verify", path, code=1)
-    assert doc["problems"] == [{"path": gone, "problem": "missing"}]
+    assert doc["problems"] == [{"path": gone, "problem": "missing", "kind": None,
+                                "spark_bug": None}]
     assert_error(run("export", path, dest), "cannot export", gone, "missing")
     doc = run_json("export", path, dest, code=1)
-    assert doc["problems"][0] == {"path": gone, "problem": "missing"}
+    assert doc["problems"][0] == {"path": gone, "problem": "missing", "kind": None,
+                                  "spark_bug": None}
     assert not Path(dest).exists()
     assert listing(storage) == before
 

@@ -178,7 +178,7 @@ def test_young_files_of_spark_are_kept_by_the_grace(
     before = listing(ckpt)
     report = gc(open_spark_checkpoint(str(ckpt)))
     assert set(before) - set(listing(ckpt)) == {str(orphan.relative_to(ckpt))}
-    assert report.protected > 0
+    assert report.protected_count > 0
 
 
 # -- bad input ----------------------------------------------------------------------------

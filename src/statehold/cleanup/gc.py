@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -33,6 +33,7 @@ from statehold.cleanup.reconcile import (
 from statehold.cleanup.sweep import OnListed, ReconcilePlan
 from statehold.errors import StateholdError
 from statehold.format import layout
+from statehold.format import results as shared
 from statehold.ha.base import FencedError, HAState
 from statehold.job.directory import JobDirectory
 from statehold.job.lease import read_lease
@@ -68,10 +69,12 @@ def outside_guard(
     return guard
 
 
-class GcReport(BaseModel):
-    """What `statehold gc` found and did. The key lists are samples of at most
-    `SAMPLE` keys; the `*_count` fields count every file."""
+class GcReport(shared.GcReport):
+    """What `statehold gc` found and did in a job directory
+    (`statehold.format.results.GcReport`, a job's keys filled). The key lists are samples
+    of at most `SAMPLE` keys; the `*_count` fields count every file."""
 
+    location_kind: Literal["job"] = "job"
     job_uri: str
     dry_run: bool
     live_epoch: int | None

@@ -15,9 +15,17 @@ import typer
 from pydantic import BaseModel
 
 from statehold.errors import StateholdError
-from statehold.job.directory import JobDirectory, open_job
+from statehold.format.location_kind import SPARK_NEEDS
+from statehold.job.directory import JobDirectory, NotAJobDirectoryError, open_job
 from statehold.job.locate import split_location
+from statehold.spark_checkpoints import SparkCheckpointError, SparkLocation
 from statehold.tools import Problem, ToolError
+from statehold.tools.locations import (
+    JobLocation,
+    Location,
+    UnknownLocationError,
+    open_location,
+)
 
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print the result as JSON (no progress bars).")
@@ -73,6 +81,39 @@ def handle_errors(as_json: bool) -> Iterator[None]:
         if os.environ.get("STATEHOLD_DEBUG"):
             raise
         fail(f"{type(e).__name__}: {e}", as_json=as_json)
+
+
+@contextmanager
+def opened(location: str, ha: str | None, *, or_else: str = "") -> Iterator[Location]:
+    """The location at `location`, of the kind it is (`statehold.open`: the one place
+    that decides), closed afterwards. `or_else`: what the command adds to the one line
+    when the location is neither kind (what it works on)."""
+    try:
+        found = open_location(location, ha=ha)
+    except UnknownLocationError as e:
+        if not or_else:
+            raise
+        raise UnknownLocationError(f"{e}; {or_else}") from None
+    with found:
+        yield found
+
+
+def job_only(location: Location, command: str) -> JobLocation:
+    """`location` as a job directory; a Spark checkpoint location is refused."""
+    if isinstance(location, JobLocation):
+        return location
+    raise NotAJobDirectoryError(
+        f"{location.uri}: a Spark checkpoint location, not a statehold job directory "
+        f"(statehold {command} works on job directories)")
+
+
+def spark_only(location: Location, command: str) -> SparkLocation:
+    """`location` as a Spark checkpoint location; a job directory is refused."""
+    if isinstance(location, SparkLocation):
+        return location
+    raise SparkCheckpointError(
+        f"{location.uri}: {SPARK_NEEDS} (statehold {command} works on a query's "
+        "checkpointLocation)")
 
 
 @contextmanager

@@ -16,13 +16,14 @@ from statehold.cli.common import (
     emit,
     handle_errors,
     open_job_for,
+    opened,
 )
 from statehold.cli.output import RichProgress, say
-from statehold.cli.spark_checkpoints import gc_spark, spark_checkpoint_at
+from statehold.cli.spark_checkpoints import show_spark_gc, spark_gc_progress
 from statehold.errors import StateholdError
 from statehold.job.directory import open_job
-from statehold.job.locate import split_location
 from statehold.job.status import job_status
+from statehold.spark_checkpoints import SparkLocation
 from statehold.spark_checkpoints.policy import SPARK_GC_GRACE_SECONDS
 
 if TYPE_CHECKING:
@@ -62,37 +63,41 @@ def gc_command(
     master: MasterOption = None,
     all_jobs: AllJobsOption = False,
     as_json: JsonOption = False,
-    grace: GraceOption = SPARK_GC_GRACE_SECONDS,
+    grace: GraceOption = None,
 ) -> None:
     """Delete every file no retained checkpoint or savepoint references. Safe while the
     job runs: files of its in-flight checkpoints are spared while its lease is fresh. On
     a Spark checkpoint location: delete only files no batch Spark may still restart
     from needs (orphan SSTs, versions beyond retention, temp and .crc leftovers), never
     one younger than --grace or newer than gc's own listing; safe beside the query."""
-    if (checkpoint := spark_checkpoint_at(job_dir)) is not None:
-        with handle_errors(as_json):
-            gc_spark(checkpoint, as_json, dry_run=dry_run, grace=grace)
-        return
     if all_jobs:
         _gc_all(job_dir, dry_run=dry_run, spark=spark, master=master, as_json=as_json)
         return
-    with handle_errors(as_json):
-        if spark:
-            job_uri, _ref = split_location(job_dir)
-            report = _spark_gc(_session(master), job_uri, ha=ha, dry_run=dry_run)
+    with handle_errors(as_json), RichProgress(not as_json) as progress, opened(
+        job_dir, ha
+    ) as location:
+        if isinstance(location, SparkLocation):
+            found = location.gc(dry_run=dry_run, grace=grace,
+                                progress=spark_gc_progress(progress, location.uri))
+        elif spark:
+            report = _spark_gc(_session(master), location.job.uri, ha=ha, dry_run=dry_run)
         else:
-            with RichProgress(not as_json) as progress, open_job_for(job_dir, ha) as job:
-                report = gc(job, dry_run=dry_run, progress=_shown(progress, job.uri))
+            report = location.gc(dry_run=dry_run, grace=grace,
+                                 progress=_shown(progress, location.job.uri))
+    if isinstance(location, SparkLocation):
+        return emit(found, as_json, lambda: show_spark_gc(found))
     emit(report, as_json, lambda: _render(report))
 
 
 GraceOption = Annotated[
-    float,
+    float | None,
     typer.Option(
         "--grace",
         min=0,
         help="A Spark checkpoint location only: never delete a file younger than this many "
-        "seconds (an upload or a maintenance run may still be under way).",
+        f"seconds (an upload or a maintenance run may still be under way). Default: "
+        f"{SPARK_GC_GRACE_SECONDS:g}.",
+        show_default=False,
     ),
 ]
 

@@ -7,17 +7,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import BaseModel
 
-from statehold.cli.common import HaOption, JobArg, JsonOption, emit, handle_errors, open_job_for
+from statehold.cli.common import HaOption, JobArg, JsonOption, emit, handle_errors, opened
 from statehold.cli.output import say, size, table, when
-from statehold.cli.spark_checkpoints import history_spark, spark_checkpoint_at
-from statehold.job.history import HistoryRecord, read_history
+from statehold.cli.spark_checkpoints import show_spark_history
+from statehold.spark_checkpoints import SparkLocation
+from statehold.spark_checkpoints.history import SparkHistory
+from statehold.tools.results import JobHistory
 
-
-class HistoryListing(BaseModel):
-    job_uri: str
-    records: list[HistoryRecord]
+#: `statehold history --json` of a job directory, by its old name.
+HistoryListing = JobHistory
 
 
 LimitOption = Annotated[
@@ -32,11 +31,11 @@ def history_command(
     driver's complete), bytes uploaded and reused, state size, keys, rows, cleanup
     backlog, and why an aborted one failed. On a Spark checkpoint location: per batch,
     its time, watermark, input offsets, and the state bytes and files it left."""
-    if (spark := spark_checkpoint_at(job_dir)) is not None:
-        with handle_errors(as_json):
-            return history_spark(spark, as_json, limit)
-    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
-        result = HistoryListing(job_uri=job.storage.uri, records=read_history(job.storage, limit))
+    with handle_errors(as_json), opened(job_dir, ha) as location:
+        found = location.history(limit)
+    if isinstance(found, SparkHistory):
+        return emit(found, as_json, lambda: show_spark_history(found))
+    result = found
 
     def render() -> None:
         if not result.records:
@@ -69,22 +68,19 @@ def report_command(
     the checkpoint history, retained checkpoints and savepoints, storage, cleanup, verify
     problems; no network needed to view it). On a Spark checkpoint location: per batch,
     its time, watermark, input offsets and state per operator; the stores; verify."""
+    from statehold.cli.spark_webview import page
     from statehold.cli.webview import gather, render_html
 
-    if (spark := spark_checkpoint_at(job_dir)) is not None:
-        from statehold.cli.spark_webview import page
+    with handle_errors(as_json), opened(job_dir, ha) as location:
+        if isinstance(location, SparkLocation):
+            text, summary = page(location)
+            summary = summary.model_copy(update={"html": str(html)})
+        else:
+            view = gather(location.job)
+            text, summary = render_html(view), view.summary(str(html))
+        html.write_text(text, encoding="utf-8")
 
-        with handle_errors(as_json):
-            text, summary = page(spark)
-            html.write_text(text, encoding="utf-8")
-        emit(summary.model_copy(update={"html": str(html)}), as_json,
-             lambda: say(f"wrote {html}"))
-        return
-    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
-        view = gather(job)
-        html.write_text(render_html(view), encoding="utf-8")
-
-    emit(view.summary(str(html)), as_json, lambda: say(f"wrote {html}"))
+    emit(summary, as_json, lambda: say(f"wrote {html}"))
 
 
 def ui_command(
@@ -94,12 +90,13 @@ def ui_command(
 ) -> None:
     """Serve the web view on http://127.0.0.1:PORT/ (built afresh on every load) until
     interrupted."""
+    from statehold.cli.spark_webview import page
     from statehold.cli.webview import make_server, page_server, serve
 
     with handle_errors(False):
-        if (spark := spark_checkpoint_at(job_dir)) is not None:
-            from statehold.cli.spark_webview import page
-
+        with opened(job_dir, ha) as location:
+            spark = location if isinstance(location, SparkLocation) else None
+        if spark is not None:
             server = page_server(lambda: page(spark)[0], port)
         else:
             server = make_server(job_dir, ha, port)

@@ -17,7 +17,8 @@ from statehold.cli.common import (
     emit,
     error_line,
     handle_errors,
-    open_job_for,
+    job_only,
+    opened,
 )
 from statehold.cli.output import (
     RichProgress,
@@ -33,28 +34,27 @@ from statehold.cli.spark_checkpoints import (
     BatchOption,
     DeepOption,
     OperatorOption,
-    du_spark,
-    inspect_spark,
-    list_spark,
-    spark_checkpoint_at,
-    verify_spark,
+    show_spark_inspection,
+    show_spark_listing,
+    show_spark_usage,
+    show_spark_verify,
 )
 from statehold.errors import StateholdError
 from statehold.job.directory import change_ha_store
-from statehold.job.locate import split_location
+from statehold.spark_checkpoints import SparkLocation
+from statehold.spark_checkpoints.reports import SparkInspection, SparkListing, SparkUsage
 
 
 def list_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None) -> None:
     """Retained checkpoints (the newest `retain`, and with `retain_for` every one younger),
     chk-N directories not retained (flagged), and savepoints.
     On a Spark checkpoint location: its batches and which a restart can start after."""
-    if (spark := spark_checkpoint_at(job_dir)) is not None:
-        with handle_errors(as_json):
-            return list_spark(spark, as_json)
-    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
+    with handle_errors(as_json), RichProgress(not as_json) as progress, opened(
         job_dir, ha
-    ) as job:
-        result = tools.list_checkpoints(job, progress=progress)
+    ) as location:
+        result = location.listing(progress=progress)
+    if isinstance(result, SparkListing):
+        return emit(result, as_json, lambda: show_spark_listing(result))
 
     emit(result, as_json, lambda: show_listing(result))
     if result.problems:
@@ -70,12 +70,10 @@ def inspect_command(
     """Header fields of a checkpoint; with --json also every file it references. On a
     Spark checkpoint location: per operator, partition and store, the versions held, how
     the restart batch's version is held (snapshot, changelog or delta chain), its bytes."""
-    if (spark := spark_checkpoint_at(checkpoint)) is not None:
-        with handle_errors(as_json):
-            return inspect_spark(spark, as_json)
-    with handle_errors(as_json), open_job_for(checkpoint, ha) as job:
-        result = tools.inspect(tools.locate(job, split_location(checkpoint)[1]))
-
+    with handle_errors(as_json), opened(checkpoint, ha) as location:
+        result = location.inspect()
+    if isinstance(result, SparkInspection):
+        return emit(result, as_json, lambda: show_spark_inspection(result))
     emit(result, as_json, lambda: show_inspection(result))
 
 
@@ -97,32 +95,37 @@ def verify_command(
     needs is also loaded (RocksDB's by RocksDB, every record decoded), each problem named
     with its kind and the Spark bug whose signature it carries. Exits 1 and lists the
     problems otherwise, one per line."""
-    if (spark := spark_checkpoint_at(checkpoint)) is not None:
-        with handle_errors(as_json):
-            return verify_spark(spark, as_json, batch, deep=deep, operator=operator)
-    if deep or operator is not None:
-        with handle_errors(as_json):
+    with handle_errors(as_json), RichProgress(not as_json) as progress, opened(
+        checkpoint, ha
+    ) as location:
+        if isinstance(location, SparkLocation):
+            spark = location.verify(batch, deep=deep, operator=operator, progress=progress)
+        elif deep or operator is not None:
             raise StateholdError(
                 f"{checkpoint}: --deep and --operator are for Spark checkpoint locations")
-    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
-        checkpoint, ha
-    ) as job:
-        target = tools.locate(job, split_location(checkpoint)[1])
-        result = tools.verify(target, checksums=not no_checksums, progress=progress)
+        else:
+            job = location.verify(checksums=not no_checksums, progress=progress)
+    if isinstance(location, SparkLocation):
+        emit(spark, as_json, lambda: show_spark_verify(spark))
+        if not spark.ok:
+            error_line(f"verify failed: {len(spark.problems)} problem(s) for batch "
+                       f"{spark.batch}")
+            raise typer.Exit(1)
+        return
 
     def render() -> None:
-        if result.ok:
+        if job.ok:
             say(
-                f"OK {result.job_uri.rstrip('/')}/{result.metadata_path}: "
-                f"{result.files_checked} files, {size(result.bytes_checked)}"
+                f"OK {job.job_uri.rstrip('/')}/{job.metadata_path}: "
+                f"{job.files_checked} files, {size(job.bytes_checked)}"
             )
         else:
-            show_problems(result.problems)
+            show_problems(job.problems)
 
-    emit(result, as_json, render)
-    if not result.ok:
-        p = result.problems[0]
-        n = len(result.problems)
+    emit(job, as_json, render)
+    if not job.ok:
+        p = job.problems[0]
+        n = len(job.problems)
         error_line(f"verify failed: {n} problem(s), first: {p.path}: {p.problem}")
         raise typer.Exit(1)
 
@@ -148,14 +151,12 @@ def du_command(job_dir: JobArg, as_json: JsonOption = False, ha: HaOption = None
     retained checkpoints and savepoints referencing it), and unreferenced bytes. On a
     Spark checkpoint location: bytes by kind (logs, sources, snapshots, changelogs, SSTs,
     unreferenced)."""
-    if (spark := spark_checkpoint_at(job_dir)) is not None:
-        with handle_errors(as_json):
-            return du_spark(spark, as_json)
-    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
+    with handle_errors(as_json), RichProgress(not as_json) as progress, opened(
         job_dir, ha
-    ) as job:
-        result = tools.du(job, progress=progress)
-
+    ) as location:
+        result = location.du(progress=progress)
+    if isinstance(result, SparkUsage):
+        return emit(result, as_json, lambda: show_spark_usage(result))
     emit(result, as_json, lambda: show_usage(result))
 
 
@@ -168,17 +169,18 @@ def export_command(
     ] = False,
     ha: HaOption = None,
 ) -> None:
-    """Write a minimal self-contained job directory holding only this checkpoint."""
-    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
+    """Write a minimal self-contained job directory holding only this checkpoint (a
+    Spark checkpoint location's copy is `statehold savepoint CKPT DEST`)."""
+    with handle_errors(as_json), RichProgress(not as_json) as progress, opened(
         checkpoint, ha
-    ) as job:
-        source = tools.locate(job, split_location(checkpoint)[1])
-        result = tools.export(source, dest, progress=progress, verify_after=not no_verify)
+    ) as location:
+        result = job_only(location, "export").copy(dest, verify=not no_verify,
+                                                   progress=progress)
 
     def render() -> None:
         say(
             f"exported {result.source} -> {result.dest.rstrip('/')}/{result.metadata_path}: "
-            f"{result.files_copied} files, {size(result.bytes_copied)}"
+            f"{result.files_copied} files, {size(result.bytes_copied or 0)}"
             + (", verified" if result.verified else "")
         )
 
@@ -201,11 +203,11 @@ def dispose_command(
 ) -> None:
     """Delete a checkpoint, a savepoint or a job directory; files that a retained
     checkpoint or another savepoint references are always kept."""
-    with handle_errors(as_json), RichProgress(not as_json) as progress, open_job_for(
+    with handle_errors(as_json), RichProgress(not as_json) as progress, opened(
         target, ha
-    ) as job:
-        located = tools.locate(job, split_location(target)[1])
-        result = tools.dispose(located, force=force, dry_run=dry_run, progress=progress)
+    ) as location:
+        result = job_only(location, "dispose").dispose(force=force, dry_run=dry_run,
+                                                       progress=progress)
 
     def render() -> None:
         verb = "would delete" if result.dry_run else "deleted"
@@ -228,7 +230,8 @@ def set_ha_command(
 ) -> None:
     """Move a stopped job to another HA store: fences the old one (a new epoch there),
     seeds the new one with that epoch and the retained checkpoints, then records it."""
-    with handle_errors(as_json), open_job_for(job_dir, ha) as job:
+    with handle_errors(as_json), opened(job_dir, ha) as location:
+        job = job_only(location, "set-ha").job
         state = change_ha_store(job, new_ha)
         result = SetHaReport(
             job_uri=job.uri,

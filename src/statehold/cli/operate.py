@@ -15,7 +15,8 @@ from statehold.cli.common import HaOption, JobArg, JsonOption, emit, fail, handl
 from statehold.cli.output import say
 from statehold.format.requests import Action, Outcome, RequestAnswer, answer_key
 from statehold.job.directory import JobDirectory, open_job
-from statehold.job.locate import split_location
+from statehold.job.locate import Target, split_location
+from statehold.tools.locations import JobLocation
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -59,7 +60,23 @@ def request(
     """Ask the running attempt of the job at `location`; one line and exit 1 on no
     running driver, a timeout, a refusal or a failure."""
     with handle_errors(as_json), open_job(split_location(location)[0], ha) as job:
-        sent = requests.submit(job.storage, job.ha, job.job_id, action, savepoint)
+        ask(JobLocation(Target(job)), action, savepoint, wait=wait, timeout=timeout,
+            as_json=as_json)
+
+
+def ask(
+    location: JobLocation,
+    action: Action,
+    savepoint: str | None,
+    *,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """`request`, of a job directory already open."""
+    job = location.job
+    with handle_errors(as_json):
+        sent = location.request(action, savepoint)
         report = RequestReport(job=job.storage.uri, request_id=sent.id, action=action,
                                epoch=sent.epoch, savepoint=savepoint)
         if wait:
@@ -114,12 +131,11 @@ def _failed(
 
 
 def savepoint_of_job(
-    location: str, name: str, *, wait: bool, timeout: float, ha: str | None, as_json: bool
+    job: JobLocation, name: str, *, wait: bool, timeout: float, as_json: bool
 ) -> None:
-    """``statehold savepoint JOB NAME``: see `statehold.cli.spark_checkpoints`, which
-    tells the two forms of the command apart."""
-    request(location, Action.SAVEPOINT, name, wait=wait, timeout=timeout, ha=ha,
-            as_json=as_json)
+    """``statehold savepoint JOB NAME``: see `statehold.cli.spark_checkpoints`, whose
+    command has two forms, one per kind of location."""
+    ask(job, Action.SAVEPOINT, name, wait=wait, timeout=timeout, as_json=as_json)
 
 
 def stop_command(

@@ -1,23 +1,35 @@
 """The commands on a Spark checkpoint location (a Structured Streaming query's
-``checkpointLocation``): each shared command (list, inspect, verify, du, gc, history)
-hands its argument here when it names one (`spark_checkpoint_at`), and savepoint,
-rollback, relocate and repartition start here."""
+``checkpointLocation``): how each shared command (list, inspect, verify, du, gc,
+history) shows a Spark location's result, and savepoint, rollback, relocate and
+repartition."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
 
-from statehold.cli.common import HaOption, JsonOption, emit, error_line, fail, handle_errors
+from statehold.cli.common import (
+    HaOption,
+    JsonOption,
+    emit,
+    fail,
+    handle_errors,
+    opened,
+    spark_only,
+)
 from statehold.cli.operate import DEFAULT_TIMEOUT, TimeoutOption, WaitOption
 from statehold.cli.output import RichProgress, say, size, table, when
-from statehold.errors import StateholdError
-from statehold.spark_checkpoints import history as spark_history
-from statehold.spark_checkpoints import reports
-from statehold.spark_checkpoints.location import SparkCheckpoint, looks_like_spark_checkpoint
-from statehold.storage import StorageError, open_storage
-from statehold.storage.local import LocalStorage
+from statehold.spark_checkpoints.gc import SparkGcReport
+from statehold.spark_checkpoints.history import SparkHistory
+from statehold.spark_checkpoints.reports import (
+    SparkInspection,
+    SparkListing,
+    SparkUsage,
+    SparkVerifyReport,
+)
+from statehold.tools.locations import JobLocation
 
 BatchOption = Annotated[
     int | None,
@@ -50,25 +62,7 @@ OperatorOption = Annotated[
 ]
 
 
-def spark_checkpoint_at(location: str) -> SparkCheckpoint | None:
-    """The Spark checkpoint location at `location`; None for a statehold job directory
-    or anything else (whose own command then says what it is)."""
-    try:
-        storage = open_storage(location)
-        return SparkCheckpoint(storage) if looks_like_spark_checkpoint(storage) else None
-    except StorageError:
-        return None
-
-
-def emit_json(result: object) -> None:
-    typer.echo(result.model_dump_json(indent=2))  # type: ignore[attr-defined]
-
-
-def list_spark(checkpoint: SparkCheckpoint, as_json: bool) -> None:
-    result = reports.listing(checkpoint)
-    if as_json:
-        emit_json(result)
-        return
+def show_spark_listing(result: SparkListing) -> None:
     restart = "none" if result.restart_batch is None else f"after batch {result.restart_batch}"
     say(f"{result.uri} (Spark checkpoint, query {result.query_id}; restart {restart})")
     if result.interrupted_rollback is not None:
@@ -94,11 +88,7 @@ def list_spark(checkpoint: SparkCheckpoint, as_json: bool) -> None:
     )
 
 
-def inspect_spark(checkpoint: SparkCheckpoint, as_json: bool) -> None:
-    result = reports.listing(checkpoint)
-    if as_json:
-        emit_json(result)
-        return
+def show_spark_inspection(result: SparkInspection) -> None:
     say(
         f"{result.uri}: query {result.query_id}, newest committed batch "
         f"{result.newest_committed} (oldest {result.oldest_committed}), restart after "
@@ -118,14 +108,8 @@ def inspect_spark(checkpoint: SparkCheckpoint, as_json: bool) -> None:
     )
 
 
-def verify_spark(checkpoint: SparkCheckpoint, as_json: bool, batch: int | None, *,
-                 deep: bool = False, operator: int | None = None) -> None:
-    with RichProgress(not as_json) as progress:
-        result = reports.verify(checkpoint, batch, deep=deep, operator=operator,
-                                progress=progress)
-    if as_json:
-        emit_json(result)
-    elif result.ok:
+def show_spark_verify(result: SparkVerifyReport) -> None:
+    if result.ok:
         say(
             f"OK {result.uri}: a restart after batch {result.batch} has all "
             f"{result.files_checked} files it needs, {size(result.bytes_checked)}"
@@ -137,31 +121,13 @@ def verify_spark(checkpoint: SparkCheckpoint, as_json: bool, batch: int | None, 
     else:
         for p in result.problems:
             say(f"{p.path}: {p.problem}" if not p.problem.startswith(p.path) else p.problem)
-    if not as_json:
-        for directory, count in result.bound_to.items():
-            say(f"bound to {directory} ({count} input files named by absolute path)")
-    if not as_json:
-        for line in result.not_decoded:
-            say(f"not decoded: {line}")
-    if not result.ok:
-        error_line(f"verify failed: {len(result.problems)} problem(s) for batch {result.batch}")
-        raise typer.Exit(1)
+    for directory, count in result.bound_to.items():
+        say(f"bound to {directory} ({count} input files named by absolute path)")
+    for line in result.not_decoded:
+        say(f"not decoded: {line}")
 
 
-def du_spark(checkpoint: SparkCheckpoint, as_json: bool) -> None:
-    from statehold.spark_checkpoints.gc import gc
-
-    result = reports.du(checkpoint)
-    unreferenced = gc(checkpoint, dry_run=True, grace_seconds=0.0)
-    result = result.model_copy(
-        update={
-            "unreferenced_bytes": unreferenced.deletable_bytes,
-            "unreferenced_files": unreferenced.deletable,
-        }
-    )
-    if as_json:
-        emit_json(result)
-        return
+def show_spark_usage(result: SparkUsage) -> None:
     say(f"{result.uri}: {size(result.total_bytes)}")
     rows = [(k, str(result.files[k]), size(result.bytes[k])) for k in sorted(result.bytes)]
     rows.append(
@@ -171,21 +137,19 @@ def du_spark(checkpoint: SparkCheckpoint, as_json: bool) -> None:
     table(("kind", "files", "bytes"), rows)
 
 
-def gc_spark(checkpoint: SparkCheckpoint, as_json: bool, *, dry_run: bool, grace: float) -> None:
-    from statehold.spark_checkpoints.gc import gc
+def spark_gc_progress(progress: RichProgress, uri: str) -> Callable[[int, int], None]:
+    """gc's deletes (files so far) as a line of `progress`."""
+    advance = progress.counter(f"gc {uri}: deleted", "files")
+    done = [0]
 
-    with RichProgress(not as_json) as progress:
-        advance = progress.counter(f"gc {checkpoint.uri}: deleted", "files")
-        done = [0]
+    def deleted(files: int, _bytes: int) -> None:
+        advance(files - done[0])
+        done[0] = files
 
-        def deleted(files: int, _bytes: int) -> None:
-            advance(files - done[0])
-            done[0] = files
+    return deleted
 
-        result = gc(checkpoint, dry_run=dry_run, grace_seconds=grace, progress=deleted)
-    if as_json:
-        emit_json(result)
-        return
+
+def show_spark_gc(result: SparkGcReport) -> None:
     verb = "would delete" if result.dry_run else "deleted"
     count, amount = (
         (result.deletable, result.deletable_bytes)
@@ -194,25 +158,22 @@ def gc_spark(checkpoint: SparkCheckpoint, as_json: bool, *, dry_run: bool, grace
     )
     say(
         f"{result.uri}: {verb} {count} file(s), {size(amount)}; kept {result.referenced} "
-        f"a retained batch needs, {result.kept} logs and metadata, {result.protected} "
-        "young or in flight"
+        f"a retained batch needs, {result.kept} logs and metadata, "
+        f"{result.protected_count} young or in flight"
     )
     for line in [*result.problems, *result.notes]:
         say(line)
-    for key in result.foreign_keys:
+    for key in result.foreign:
         say(f"left alone (not Spark's): {key}")
 
 
-def history_spark(checkpoint: SparkCheckpoint, as_json: bool, limit: int) -> None:
-    result = spark_history.history(checkpoint, limit)
-    if as_json:
-        emit_json(result)
-        return
+def show_spark_history(result: SparkHistory) -> None:
     if not result.records:
         say(f"{result.uri}: no batches")
         return
     table(
-        ("batch", "committed", "time", "watermark", "offsets", "state", "files", "problem"),
+        ("batch", "committed", "time", "watermark", "input offsets", "state", "files",
+         "problem"),
         [
             (
                 str(r.batch), "yes" if r.committed else "no",
@@ -235,11 +196,6 @@ def _versions(versions: list[int]) -> str:
     return f"{versions[0]}-{versions[-1]}" if len(versions) > 1 else str(versions[0])
 
 
-def not_for_spark(command: str, as_json: bool) -> None:
-    fail(f"statehold {command} works on statehold job directories, not on a Spark checkpoint "
-         "location", as_json=as_json)
-
-
 CheckpointLocationArg = Annotated[
     str,
     typer.Argument(
@@ -247,30 +203,6 @@ CheckpointLocationArg = Annotated[
         "s3://, s3a://, gs://, az://)."
     ),
 ]
-
-
-def _local_problem(location: str) -> str | None:
-    """Why a local `location` is no directory at all (a file, nothing), else None."""
-    try:
-        storage = open_storage(location)
-    except StorageError:
-        return None
-    return storage.root_problem() if isinstance(storage, LocalStorage) else None
-
-
-def _require(
-    location: str, command: str, as_json: bool, also: str = ""
-) -> SparkCheckpoint:
-    checkpoint = spark_checkpoint_at(location)
-    if checkpoint is None:
-        problem = _local_problem(location) or "not a Spark checkpoint location"
-        also = f" {also}" if also else ""
-        fail(
-            f"{location}: {problem} (statehold {command} works on a "
-            f"query's checkpointLocation: offsets/, commits/ and metadata{also})",
-            as_json=as_json,
-        )
-    return checkpoint
 
 
 def savepoint_command(
@@ -313,23 +245,23 @@ def savepoint_command(
     for input (the driver does what job.savepoint(NAME) does: its newest checkpoint).
     Fails (one line, exit 1) when no driver is running, and with --wait on a timeout (the
     request is then withdrawn)."""
-    if spark_checkpoint_at(location) is None and _job_directory(location, ha):
-        if batch is not None:
-            fail("--batch is for a Spark checkpoint location; a running job's savepoint "
-                 "is of its next batch boundary", as_json=as_json)
-        from statehold.cli.operate import savepoint_of_job
+    with handle_errors(as_json), opened(
+        location, ha, or_else="statehold savepoint works on a query's checkpointLocation "
+        "or a running statehold job's directory"
+    ) as found:
+        if isinstance(found, JobLocation):
+            if batch is not None:
+                fail("--batch is for a Spark checkpoint location; a running job's savepoint "
+                     "is of its next batch boundary", as_json=as_json)
+            from statehold.cli.operate import savepoint_of_job
 
-        return savepoint_of_job(location, target, wait=wait, timeout=timeout, ha=ha,
-                                as_json=as_json)
-    if wait and spark_checkpoint_at(location) is not None:
-        fail("--wait is for a running statehold job (a Spark checkpoint location's "
-             "savepoint is written before the command returns)", as_json=as_json)
-    from statehold.spark_checkpoints.savepoint import savepoint
-
-    with handle_errors(as_json), RichProgress(not as_json) as progress:
-        checkpoint = _require(location, "savepoint", as_json, also="or a running statehold "
-                              "job's directory")
-        result = savepoint(checkpoint, target, batch=batch, progress=progress)
+            return savepoint_of_job(found, target, wait=wait, timeout=timeout,
+                                    as_json=as_json)
+        if wait:
+            fail("--wait is for a running statehold job (a Spark checkpoint location's "
+                 "savepoint is written before the command returns)", as_json=as_json)
+        with RichProgress(not as_json) as progress:
+            result = found.copy(target, at=batch, progress=progress)
 
     def render() -> None:
         say(
@@ -340,21 +272,6 @@ def savepoint_command(
         )
 
     emit(result, as_json, render)
-
-
-def _job_directory(location: str, ha: str | None) -> bool:
-    """Whether `location` is a statehold job directory (the job path then says what else
-    may be wrong with it)."""
-    from statehold.job.directory import NotAJobDirectoryError, require_job_directory
-    from statehold.job.locate import split_location
-
-    try:
-        require_job_directory(open_storage(split_location(location)[0]))
-    except (NotAJobDirectoryError, StorageError):
-        return False
-    except StateholdError:
-        return True
-    return True
 
 
 def rollback_command(
@@ -382,11 +299,9 @@ def rollback_command(
     the logs, the sources' logs and the state versions after N are removed, after a
     savepoint of them (the command says where, so a rollback can be undone). Refuses when
     N's state is no longer held, or when the query looks alive (without --force)."""
-    from statehold.spark_checkpoints.rollback import rollback
-
-    with handle_errors(as_json):
-        checkpoint = _require(location, "rollback", as_json)
-        result = rollback(checkpoint, to_batch, keep=keep, force=force, sink=sink)
+    with handle_errors(as_json), opened(location, None) as found:
+        result = spark_only(found, "rollback").rollback(to_batch, keep=keep, force=force,
+                                                        sink=sink)
 
     def render() -> None:
         say(
@@ -424,12 +339,9 @@ def relocate_command(
     (the file source's log, a file sink's log, Spark 4's schema paths) from one prefix to
     another, after the location (or its input) moved. `statehold verify` names them.
     Refuses when the query looks alive (without --force)."""
-    from statehold.spark_checkpoints.relocate import relocate
-
-    with handle_errors(as_json):
-        checkpoint = _require(location, "relocate", as_json)
-        result = relocate(
-            checkpoint, from_prefix, to_prefix, sink=sink, dry_run=dry_run, force=force
+    with handle_errors(as_json), opened(location, None) as found:
+        result = spark_only(found, "relocate").relocate(
+            from_prefix, to_prefix, sink=sink, dry_run=dry_run, force=force
         )
 
     def render() -> None:
@@ -468,12 +380,11 @@ def repartition_command(
     and transformWithState are refused). The source is never modified; DEST's commit is
     written last and DEST is verified before the command returns. A query started with
     checkpointLocation=DEST continues from the next batch with the new partitions."""
-    from statehold.spark_checkpoints.repartition import repartition
-
-    with handle_errors(as_json), RichProgress(not as_json) as progress:
-        checkpoint = _require(location, "repartition", as_json)
-        result = repartition(checkpoint, target, partitions=partitions, batch=batch,
-                             progress=progress)
+    with handle_errors(as_json), RichProgress(not as_json) as progress, opened(
+        location, None
+    ) as found:
+        result = spark_only(found, "repartition").repartition(
+            target, partitions=partitions, batch=batch, progress=progress)
 
     def render() -> None:
         say(f"batch {result.batch} repartitioned from {result.partitions_before} to "

@@ -55,7 +55,7 @@ def page(checkpoint: SparkCheckpoint) -> tuple[str, ReportSummary]:
     try:
         problems = reports.verify(checkpoint).problems
     except SparkCheckpointError as e:  # no committed batch
-        problems = [reports.SparkProblem(path=checkpoint.uri, problem=str(e))]
+        problems = [reports.Problem(path=checkpoint.uri, problem=str(e))]
     rows = [
         [str(r.batch), "yes" if r.committed else "no",
          when(r.timestamp_ms / 1000 if r.timestamp_ms else None),

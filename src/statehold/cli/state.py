@@ -7,8 +7,8 @@ per state name. ``jsonl``: the values as JSON (``{"key": "a", "count": 3, "last"
 no fixed type). One file per key-group range: ``part-<first>-<last>.<ext>``.
 
 On a Spark checkpoint location (told apart as every command does:
-`spark_checkpoints.spark_checkpoint_at`), one store of one operator as a batch left it
-(`SparkCheckpointLocation.read_state`): the key's columns, then the value's, typed as the
+`statehold.open`), one store of one operator as a batch left it
+(`SparkLocation.read_state`): the key's columns, then the value's, typed as the
 store's schema says (``--schema FILE`` where the location holds none it can read). One
 file per state partition, ``part-<partition>.<ext>``, written as the record batches come
 (a parquet row group, or JSON lines, per batch), so memory does not grow with the state.
@@ -29,16 +29,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 import typer
 from pydantic import BaseModel
 
-from statehold.cli.common import HaOption, JsonOption, emit, fail, handle_errors
+from statehold.cli.common import HaOption, JsonOption, emit, fail, handle_errors, job_only, opened
 from statehold.cli.output import RichProgress, say
-from statehold.cli.spark_checkpoints import spark_checkpoint_at
+from statehold.job.locate import TargetLike
+from statehold.spark_checkpoints import SparkLocation
 from statehold.spark_checkpoints.errors import SparkCheckpointError, StateSchemaUnreadable
 from statehold.tools.listing import NoProgress, Progress
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from statehold.spark_checkpoints.api import SparkCheckpointLocation
     from statehold.spark_checkpoints.state_schema import StateSchema
 
 _ROWS_PER_GROUP = 50_000
@@ -82,7 +82,7 @@ def _json(value: Any) -> str:
 
 
 def dump_state(
-    checkpoint: str,
+    checkpoint: TargetLike,
     out: Path,
     fmt: Format,
     operator: str | None = None,
@@ -151,7 +151,7 @@ def _one_of(names: Iterable[Any], given: Any, what: str, option: str, where: str
 
 
 def dump_spark_state(
-    location: SparkCheckpointLocation,
+    location: SparkLocation,
     out: Path,
     fmt: Format,
     *,
@@ -362,18 +362,22 @@ def state_command(
     """Write the keyed state of a checkpoint, one row per key. A job directory's: key + one
     column per state. A Spark checkpoint location's: one store of one operator as a
     committed batch left it, the key's columns then the value's, one file per partition."""
-    with handle_errors(as_json), RichProgress(not as_json) as progress:
-        spark = spark_checkpoint_at(checkpoint)
+    given_spark = [o for o, v in (("--batch", batch), ("--store", store),
+                                  ("--schema", schema)) if v is not None]
+    not_spark = (f"not a Spark checkpoint location, which {', '.join(given_spark)} apply to "
+                 "only") if given_spark else ""
+    with handle_errors(as_json), RichProgress(not as_json) as progress, opened(
+        checkpoint, ha, or_else=not_spark
+    ) as location:
+        spark = location if isinstance(location, SparkLocation) else None
         if spark is not None:
-            from statehold.spark_checkpoints.api import SparkCheckpointLocation
-
             if operator is not None and not operator.isdecimal():
                 fail(f"--operator {operator}: a Spark checkpoint location's operators are "
                      "numbers", as_json=as_json)
             try:
                 given = read_schema_file(schema) if schema is not None else None
                 spark_result = dump_spark_state(
-                    SparkCheckpointLocation(spark.storage), out, fmt, batch=batch,
+                    spark, out, fmt, batch=batch,
                     operator=None if operator is None else int(operator), store=store,
                     schema=given, progress=progress)
             except StateSchemaUnreadable as e:
@@ -381,13 +385,12 @@ def state_command(
             except OSError as e:
                 fail(f"{out}: {e}", as_json=as_json)
         else:
-            given_spark = [o for o, v in (("--batch", batch), ("--store", store),
-                                          ("--schema", schema)) if v is not None]
             if given_spark:
                 fail(f"{checkpoint}: not a Spark checkpoint location, which "
                      f"{', '.join(given_spark)} apply to only", as_json=as_json)
             try:
-                result = dump_state(checkpoint, out, fmt, operator, ha=ha, progress=progress)
+                result = dump_state(job_only(location, "state").target, out, fmt, operator,
+                                    progress=progress)
             except OSError as e:
                 fail(f"{out}: {e}", as_json=as_json)
 

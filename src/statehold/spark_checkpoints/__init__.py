@@ -27,10 +27,14 @@ Streaming query, without Spark and without changing the query.
     policy.py     the deletion rule: gc's verdict per file, the last-line checks, and
                   what a rollback may delete (the `Verdict`s of `statehold.cleanup.policy`)
     gc.py         delete what no batch Spark may restart from needs, beside the query
-    api.py        `open_spark_checkpoint`: the location opened once, every operation a method
+    api.py        `SparkLocation`: the location opened once, every operation a method
 """
 
-from statehold.spark_checkpoints.api import SparkCheckpointLocation, open_spark_checkpoint
+from statehold.spark_checkpoints.api import (
+    SparkCheckpointLocation,
+    SparkLocation,
+    open_spark_checkpoint,
+)
 from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
 from statehold.spark_checkpoints.location import (
     RestartNeeds,
@@ -44,6 +48,7 @@ __all__ = [
     "SparkCheckpoint",
     "SparkCheckpointError",
     "SparkCheckpointLocation",
+    "SparkLocation",
     "looks_like_spark_checkpoint",
     "open_spark_checkpoint",
 ]

@@ -1,7 +1,8 @@
 """The Python API: a Spark checkpoint location opened once, with every operation on it
-as a method (the CLI's commands, for scripts and notebooks).
+as a method (the CLI's commands, for scripts and notebooks). ``statehold.open`` returns
+one for a Spark location; `open_spark_checkpoint` opens one and refuses anything else.
 
-    location = open_spark_checkpoint("s3://bucket/checkpoints/orders")
+    location = statehold.open("s3://bucket/checkpoints/orders")
     location.verify().ok
     location.savepoint("s3://bucket/savepoints/orders-before-upgrade")
     location.rollback(41, sink="s3://bucket/tables/orders")
@@ -15,19 +16,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from statehold.format.location_kind import SPARK_NEEDS, AmbiguousLocationError, location_kind
 from statehold.progress import Progress
 from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
+from statehold.spark_checkpoints.gc import Progress as GcProgress
 from statehold.spark_checkpoints.gc import SparkGcReport, gc
 from statehold.spark_checkpoints.history import SparkHistory, history
 from statehold.spark_checkpoints.layout import DEFAULT_STORE, StoreId
-from statehold.spark_checkpoints.location import SparkCheckpoint, looks_like_spark_checkpoint
+from statehold.spark_checkpoints.location import SparkCheckpoint
 from statehold.spark_checkpoints.policy import SPARK_GC_GRACE_SECONDS
 from statehold.spark_checkpoints.relocate import BoundPath, RelocateReport, absolute_paths, relocate
 from statehold.spark_checkpoints.reports import (
+    SparkInspection,
     SparkListing,
     SparkUsage,
     SparkVerifyReport,
     du,
+    inspect,
     listing,
     verify,
 )
@@ -43,13 +48,31 @@ if TYPE_CHECKING:
     from statehold.spark_checkpoints.state_schema import StateSchema
 
 
-class SparkCheckpointLocation(SparkCheckpoint):
-    """A query's ``checkpointLocation``. Reads never leave it; writes (gc, rollback,
-    relocate) delete or rewrite only what the deletion rule allows."""
+class SparkLocation(SparkCheckpoint):
+    """A query's ``checkpointLocation`` (what ``statehold.open`` returns for one). Reads
+    never leave it; writes (gc, rollback, relocate) delete or rewrite only what the
+    deletion rule allows. The verbs a job directory has too (`listing`, `inspect`,
+    `verify`, `du`, `history`, `gc`, `copy`) return the same result models
+    (`statehold.format.results`)."""
 
-    def listing(self) -> SparkListing:
-        """The batches, which a restart can start after, each store's versions."""
+    def close(self) -> None:
+        """Nothing to close (as a job directory's handle has its HA store)."""
+
+    def __enter__(self) -> SparkLocation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def listing(self, *, progress: Progress | None = None) -> SparkListing:
+        """The batches, which a restart can start after, each store's versions
+        (`progress`: as a job directory's listing takes; one listing, not counted)."""
         return listing(self)
+
+    def inspect(self) -> SparkInspection:
+        """`listing`, as `inspect`'s result: each store's versions and how the restart
+        batch's version is held."""
+        return inspect(self)
 
     def verify(
         self,
@@ -62,21 +85,44 @@ class SparkCheckpointLocation(SparkCheckpoint):
         """Every file a restart after `batch` (default: the newest committed) needs is
         there and whole; `deep`: every store version it needs (of `operator` only, if
         given) is also loaded, a RocksDB one by RocksDB, and each problem found names its
-        kind and the Spark bug whose signature it carries (`SparkProblem.kind`,
+        kind and the Spark bug whose signature it carries (`Problem.kind`,
         `.spark_bug`)."""
         return verify(self, batch, deep=deep, operator=operator, progress=progress)
 
-    def du(self) -> SparkUsage:
-        return du(self)
+    def du(self, *, progress: Progress | None = None) -> SparkUsage:
+        """Bytes and files by kind, and what gc would delete whatever its age
+        (`progress`: as a job directory's du takes; not counted)."""
+        unreferenced = gc(self, dry_run=True, grace_seconds=0.0)
+        return du(self).model_copy(update={
+            "unreferenced_bytes": unreferenced.deletable_bytes,
+            "unreferenced_files": unreferenced.deletable,
+        })
 
     def history(self, limit: int | None = None) -> SparkHistory:
         return history(self, limit)
 
     def gc(
-        self, *, dry_run: bool = False, grace_seconds: float = SPARK_GC_GRACE_SECONDS
+        self,
+        *,
+        dry_run: bool = False,
+        grace: float | None = None,
+        grace_seconds: float | None = None,
+        progress: GcProgress | None = None,
     ) -> SparkGcReport:
-        """Delete what no batch Spark may still restart from needs; safe beside the query."""
-        return gc(self, dry_run=dry_run, grace_seconds=grace_seconds)
+        """Delete what no batch Spark may still restart from needs, never a file younger
+        than `grace` seconds (default `SPARK_GC_GRACE_SECONDS`; `grace_seconds`: its old
+        name); safe beside the query."""
+        chosen = grace if grace is not None else grace_seconds
+        return gc(self, dry_run=dry_run, progress=progress,
+                  grace_seconds=SPARK_GC_GRACE_SECONDS if chosen is None else chosen)
+
+    def copy(
+        self, dest: str, *, at: int | None = None, progress: Progress | None = None,
+        **dest_options: Any,
+    ) -> SavepointReport:
+        """The savepoint (`savepoint`) of batch `at`: what a restart after it needs."""
+        return savepoint(self, dest, batch=at, progress=progress,
+                         dest_options=dest_options or None)
 
     def savepoint(
         self, dest: str, *, batch: int | None = None, **dest_options: Any
@@ -125,7 +171,8 @@ class SparkCheckpointLocation(SparkCheckpoint):
         )
 
     def repartition(
-        self, dest: str, *, partitions: int, batch: int | None = None, **dest_options: Any
+        self, dest: str, *, partitions: int, batch: int | None = None,
+        progress: Progress | None = None, **dest_options: Any
     ) -> RepartitionReport:
         """A new checkpoint location at `dest` (empty or absent) whose `batch` (default:
         the newest restartable) restarts with `partitions` shuffle partitions: every key
@@ -135,7 +182,7 @@ class SparkCheckpointLocation(SparkCheckpoint):
         # imported when used, as the state reader (Arrow, RocksDB) it needs
         from statehold.spark_checkpoints.repartition import repartition
 
-        return repartition(self, dest, partitions=partitions, batch=batch,
+        return repartition(self, dest, partitions=partitions, batch=batch, progress=progress,
                            dest_options=dest_options or None)
 
     def state_schema(
@@ -180,7 +227,11 @@ class SparkCheckpointLocation(SparkCheckpoint):
             yield from read_store(self, found, one, batch, schema=schema, batch_rows=batch_rows)
 
 
-def open_spark_checkpoint(uri: str, **storage_options: Any) -> SparkCheckpointLocation:
+#: The old name of `SparkLocation`.
+SparkCheckpointLocation = SparkLocation
+
+
+def open_spark_checkpoint(uri: str, **storage_options: Any) -> SparkLocation:
     """Open the checkpoint location at `uri` (path, file://, s3://, s3a://, gs://, az://);
     NotASparkCheckpointError if it holds none (a statehold job directory included)."""
     storage = open_storage(uri, **storage_options)
@@ -189,8 +240,10 @@ def open_spark_checkpoint(uri: str, **storage_options: Any) -> SparkCheckpointLo
         raise NotASparkCheckpointError(
             f"{uri}: {problem} (a Spark checkpoint location is expected)"
         )
-    if not looks_like_spark_checkpoint(storage):
-        raise NotASparkCheckpointError(
-            f"{uri}: not a Spark checkpoint location (no metadata, offsets/ or commits/)"
-        )
-    return SparkCheckpointLocation(storage)
+    try:
+        kind = location_kind(storage)
+    except AmbiguousLocationError as e:
+        raise NotASparkCheckpointError(str(e)) from None
+    if kind != "spark":
+        raise NotASparkCheckpointError(f"{uri}: {SPARK_NEEDS}")
+    return SparkLocation(storage)

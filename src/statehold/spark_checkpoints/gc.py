@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-
-from pydantic import BaseModel, Field
+from typing import Literal
 
 from statehold import clock
 from statehold.cleanup.policy import Verdict
+from statehold.format import results as shared
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import (
     COMMITS_DIR,
@@ -71,40 +71,23 @@ class SparkGcInterruptedError(SparkCheckpointError):
     stopped before its next batch of deletes. Run it again."""
 
 
-class SparkGcReport(BaseModel):
-    """What gc found and did. Key lists are samples of at most `SAMPLE` keys; counts
-    count every file."""
+class SparkGcReport(shared.GcReport):
+    """What gc found and did (`statehold.format.results.GcReport`, a Spark location's
+    keys filled). Key lists are samples of at most `SAMPLE` keys; counts count every
+    file."""
 
+    location_kind: Literal["spark"] = "spark"
     uri: str
-    dry_run: bool
     listed: int = 0
-    #: The newest committed batch and the oldest in the commit log (None: none).
-    newest_batch: int | None = None
-    oldest_batch: int | None = None
-    referenced: int = 0
-    kept: int = 0
-    protected: int = 0
-    foreign: int = 0
-    foreign_keys: list[str] = Field(default_factory=list)
-    #: Judged deletable (what a dry run would delete), by kind.
-    deletable: int = 0
-    deletable_bytes: int = 0
-    deletable_by_kind: dict[str, int] = Field(default_factory=dict)
-    deleted: int = 0
-    deleted_bytes: int = 0
-    deleted_keys: list[str] = Field(default_factory=list)
-    #: Left at the re-check: changed, grown young or gone since the listing.
-    changed: int = 0
-    #: Stores spared whole, and why (one line each).
-    spared_stores: list[str] = Field(default_factory=list)
-    problems: list[str] = Field(default_factory=list)
-    #: Retained batches whose state Spark no longer holds (its own maintenance deleted
-    #: it): nothing to protect.
-    notes: list[str] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def foreign_keys(self) -> list[str]:
+        """`foreign`, by its old name."""
+        return self.foreign
 
 
 @dataclass
@@ -346,7 +329,9 @@ def _judge_bulk(
     out = judge_names(directory, entries.names, entries.mtimes, view)
     names, sizes, mtimes = entries.names, entries.sizes, entries.mtimes
     report.referenced += len(out[Verdict.REFERENCED])
-    report.protected += len(out[Verdict.PROTECTED])
+    for i in out[Verdict.PROTECTED]:
+        _sample(report.protected, f"{directory}/{names[i]}")
+    report.protected_count += len(out[Verdict.PROTECTED])
     doomed = out[Verdict.DELETABLE]
     if doomed:
         kind = Kind.SST if directory.endswith("/SSTs") else Kind.ROCKSDB_LOG
@@ -391,15 +376,20 @@ def _count(report: SparkGcReport, key: str, verdict: Verdict, size: int, kind: K
     elif verdict is Verdict.KEPT:
         report.kept += 1
     elif verdict is Verdict.PROTECTED:
-        report.protected += 1
+        report.protected_count += 1
+        _sample(report.protected, key)
     elif verdict is Verdict.FOREIGN:
-        report.foreign += 1
-        if len(report.foreign_keys) < SAMPLE:
-            report.foreign_keys.append(key)
+        report.foreign_count += 1
+        _sample(report.foreign, key)
     else:
         report.deletable += 1
         report.deletable_bytes += size
         report.deletable_by_kind[kind] = report.deletable_by_kind.get(kind, 0) + 1
+
+
+def _sample(keys: list[str], key: str) -> None:
+    if len(keys) < SAMPLE:
+        keys.append(key)
 
 
 def _by_directory(entries: Iterable[tuple[str, int, float]]) -> _Plan:

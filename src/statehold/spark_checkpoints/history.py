@@ -5,10 +5,11 @@ after it reads)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from statehold.format import results as shared
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.location import SparkCheckpoint
 
@@ -33,7 +34,8 @@ class BatchRecord(BaseModel):
     problem: str | None = None
 
 
-class SparkHistory(BaseModel):
+class SparkHistory(shared.History):
+    location_kind: Literal["spark"] = "spark"
     uri: str
     records: list[BatchRecord]
 

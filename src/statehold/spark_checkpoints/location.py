@@ -15,6 +15,7 @@ from functools import cache
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from statehold.format.location_kind import AmbiguousLocationError, location_kind
 from statehold.format.signed import load_json
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import (
@@ -49,18 +50,17 @@ from statehold.storage import Storage, StorageError
 
 _RETAIN_CONF = "spark.sql.streaming.minBatchesToRetain"
 _CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
-_JOB_MARKERS = ("_job", "_ha")
 #: Where a running query writes.
 _LIVE_DIRS = (OFFSETS_DIR, COMMITS_DIR, SOURCES_DIR, STATE_DIR)
 
 
 def looks_like_spark_checkpoint(storage: Storage) -> bool:
     """Whether `storage` holds a Spark checkpoint location and not a statehold job
-    directory: its top level has ``offsets/``, ``commits/`` or ``metadata``."""
-    dirs, files = storage.list_top("")
-    if any(d in _JOB_MARKERS for d in dirs):
+    directory (`statehold.format.location_kind` decides)."""
+    try:
+        return location_kind(storage) == "spark"
+    except AmbiguousLocationError:
         return False
-    return OFFSETS_DIR in dirs or COMMITS_DIR in dirs or any(f.key == QUERY_METADATA for f in files)
 
 
 def refuse_alive(found: Scan, grace_seconds: float, or_else: str) -> None:

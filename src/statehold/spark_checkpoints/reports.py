@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from statehold.format import results as shared
+from statehold.format.results import Problem as Problem
 from statehold.progress import Progress
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import ROLLBACK_MARKER, Kind
@@ -29,14 +31,8 @@ class _Result(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
-class SparkProblem(_Result):
-    path: str
-    problem: str
-    #: `verify --deep`'s: what is wrong (``sst-unique-id-mismatch``, ``zip-cut-short``,
-    #: ``changelog-missing``, ...: `deep_verify.Kind`), and the Spark bug whose signature
-    #: it carries, where it carries one (``SPARK-43404``).
-    kind: str | None = None
-    spark_bug: str | None = None
+#: One model for both worlds (`verify --deep` fills `kind` and `spark_bug`).
+SparkProblem = Problem
 
 
 class SparkBatch(_Result):
@@ -65,7 +61,8 @@ class StoreVersions(_Result):
     bytes: int = 0
 
 
-class SparkListing(_Result):
+class SparkListing(shared.Listing):
+    location_kind: Literal["spark"] = "spark"
     kind: Literal["spark-checkpoint"] = "spark-checkpoint"
     uri: str
     query_id: str | None
@@ -84,13 +81,25 @@ class SparkListing(_Result):
     stale_state: list[str] = []
 
 
-class SparkVerifyReport(_Result):
+class SparkInspection(shared.InspectReport):
+    location_kind: Literal["spark"] = "spark"
+    """What `listing` says, as `inspect`'s result: the stores above all."""
+
+    kind: Literal["spark-checkpoint"] = "spark-checkpoint"
+    query_id: str | None
+    restart_batch: int | None
+    batches: list[SparkBatch]
+    stores: list[StoreVersions]
+
+
+class SparkVerifyReport(shared.VerifyReport):
+    location_kind: Literal["spark"] = "spark"
     uri: str
     batch: int
     ok: bool
     files_checked: int
     bytes_checked: int
-    problems: list[SparkProblem]
+    problems: list[Problem]
     #: Absolute paths in the sources' logs that bind the location to its place, by
     #: directory, with a count of files under each.
     bound_to: dict[str, int]
@@ -104,7 +113,8 @@ class SparkVerifyReport(_Result):
     not_decoded: list[str] = []
 
 
-class SparkUsage(_Result):
+class SparkUsage(shared.UsageReport):
+    location_kind: Literal["spark"] = "spark"
     uri: str
     #: Bytes and files by kind: logs, sources, snapshots, changelogs, ssts, metadata, other.
     bytes: dict[str, int]
@@ -168,6 +178,11 @@ def listing(checkpoint: SparkCheckpoint) -> SparkListing:
     )
 
 
+def inspect(checkpoint: SparkCheckpoint) -> SparkInspection:
+    """`listing`, as `inspect`'s result (the CLI shows its stores)."""
+    return SparkInspection.model_validate(listing(checkpoint).model_dump())
+
+
 def _interrupted(checkpoint: SparkCheckpoint, found: Scan) -> int | None:
     try:
         marker = unfinished_marker(checkpoint.storage, found)
@@ -176,24 +191,24 @@ def _interrupted(checkpoint: SparkCheckpoint, found: Scan) -> int | None:
     return None if marker is None else marker.to_batch
 
 
-def location_problems(checkpoint: SparkCheckpoint, found: Scan) -> list[SparkProblem]:
+def location_problems(checkpoint: SparkCheckpoint, found: Scan) -> list[Problem]:
     """What is wrong with the location whatever the batch: an unfinished rollback, and
     state of abandoned batches (one line per store)."""
-    problems: list[SparkProblem] = []
+    problems: list[Problem] = []
     try:
         marker = read_marker(checkpoint.storage, ROLLBACK_MARKER in found.files)
         if marker is not None and left_behind(marker, found):
-            problems.append(SparkProblem(path=ROLLBACK_MARKER, problem=(
+            problems.append(Problem(path=ROLLBACK_MARKER, problem=(
                 f"{ROLLBACK_MARKER}: the mark of a rollback to batch {marker.to_batch} left "
                 "behind: the query ran on after it; any rollback removes it (statehold "
                 f"rollback {checkpoint.uri} --to-batch {found.newest_committed} changes "
                 "nothing else)")))
         elif marker is not None:
             problems.append(
-                SparkProblem(path=ROLLBACK_MARKER, problem=unfinished(marker, checkpoint.uri))
+                Problem(path=ROLLBACK_MARKER, problem=unfinished(marker, checkpoint.uri))
             )
     except SparkCheckpointError as e:
-        problems.append(SparkProblem(path=ROLLBACK_MARKER, problem=str(e)))
+        problems.append(Problem(path=ROLLBACK_MARKER, problem=str(e)))
     newest = max({*found.offsets, *found.commits}, default=-1)
     by_store: dict[object, list[str]] = defaultdict(list)
     for key in checkpoint.stale_state(found):
@@ -201,7 +216,7 @@ def location_problems(checkpoint: SparkCheckpoint, found: Scan) -> list[SparkPro
     for keys in by_store.values():
         more = f" and {len(keys) - 1} more of its versions" if len(keys) > 1 else ""
         problems.append(
-            SparkProblem(
+            Problem(
                 path=keys[0],
                 problem=f"{keys[0]}{more}: above what any batch in the logs wrote (the newest, "
                 f"{newest}, writes version {newest + 1}): state of abandoned batches (a "
@@ -269,10 +284,10 @@ def verify(
         if batch not in found.commits:
             raise SparkCheckpointError(f"batch {batch} is not committed: nothing to load")
         loaded = deep_check(checkpoint, found, batch, operator=operator, progress=progress)
-    problems = [SparkProblem(path=_subject(p), problem=p) for p in needs.problems]
+    problems = [Problem(path=_subject(p), problem=p) for p in needs.problems]
     problems += location_problems(checkpoint, found)
     problems += [
-        SparkProblem(path=k, problem="a symbolic link: never followed")
+        Problem(path=k, problem="a symbolic link: never followed")
         for k in found.foreign
         if found.files[k].symlink
     ]
@@ -283,20 +298,20 @@ def verify(
         reported = any(p.path == key for p in problems)
         if info is None:
             if not reported:
-                problems.append(SparkProblem(path=key, problem="missing"))
+                problems.append(Problem(path=key, problem="missing"))
             continue
         checked += info.size
         if size is not None and info.size != size:
             problems.append(
-                SparkProblem(path=key, problem=f"{info.size} bytes, the snapshot lists {size}")
+                Problem(path=key, problem=f"{info.size} bytes, the snapshot lists {size}")
             )
         # what the deep load read to its end is not read twice
         again = not reported and not (loaded and key in loaded.read)
         problem = _check_content(checkpoint, found, key, codec) if again else None
         if problem:
-            problems.append(SparkProblem(path=key, problem=problem))
+            problems.append(Problem(path=key, problem=problem))
     if loaded is not None:
-        problems += [SparkProblem(path=f.path, problem=f"{f.kind}: {f.problem}", kind=f.kind,
+        problems += [Problem(path=f.path, problem=f"{f.kind}: {f.problem}", kind=f.kind,
                                   spark_bug=f.spark_bug) for f in loaded.findings]
     return SparkVerifyReport(
         uri=checkpoint.uri,
@@ -380,6 +395,7 @@ def du(checkpoint: SparkCheckpoint) -> SparkUsage:
         uri=checkpoint.uri,
         bytes=dict(sizes),
         files=dict(counts),
+        total_files=sum(counts.values()),
         total_bytes=sum(sizes.values()),
     )
 

@@ -21,10 +21,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel
-
+from statehold.format import results as shared
 from statehold.progress import NoProgress, Progress
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import COMMITS_DIR, crc_of
@@ -43,9 +42,10 @@ _BATCH_NAMED = re.compile(
 )
 
 
-class SavepointReport(BaseModel):
+class SavepointReport(shared.CopyReport):
     """What a savepoint copied, and from what."""
 
+    location_kind: Literal["spark"] = "spark"
     source: str
     dest: str
     #: The batch a query started on `dest` has completed (it continues with batch + 1).

@@ -378,7 +378,7 @@ def _delete_disposed(
 def _kept_by_dispose(key: str) -> bool:
     """What disposing of a whole job leaves: the embedded HA store (its epoch, nothing
     retained) and the owner record naming it."""
-    return key.startswith(f"{layout.HA_DIR}/") or key == OWNER_KEY
+    return key == OWNER_KEY or layout.parse(key).kind is Kind.HA
 
 
 def _dispose_job(

@@ -7,19 +7,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from statehold.format import results as shared
 from statehold.format.layout import Scope
+from statehold.format.results import Problem as Problem
+from statehold.job.history import HistoryRecord
 
 TargetKind = Literal["job", "checkpoint", "savepoint"]
 
 
 class _Result(BaseModel):
     model_config = ConfigDict(frozen=True)
-
-
-class Problem(_Result):
-    #: The job-directory key (or URI) the problem is about.
-    path: str
-    problem: str
 
 
 class FileRef(_Result):
@@ -57,7 +54,8 @@ class CheckpointSummary(_Result):
     error: str | None = None
 
 
-class JobListing(_Result):
+class JobListing(shared.Listing):
+    location_kind: Literal["job"] = "job"
     job_uri: str
     ha_epoch: int
     #: Retained checkpoints and ``chk-N`` directories not retained (``retained`` False),
@@ -67,7 +65,8 @@ class JobListing(_Result):
     problems: list[Problem]
 
 
-class Inspection(_Result):
+class Inspection(shared.InspectReport):
+    location_kind: Literal["job"] = "job"
     job_uri: str
     kind: Literal["checkpoint", "savepoint"]
     metadata_path: str
@@ -92,7 +91,8 @@ class Inspection(_Result):
     files: list[FileRef]
 
 
-class VerifyReport(_Result):
+class JobVerifyReport(shared.VerifyReport):
+    location_kind: Literal["job"] = "job"
     job_uri: str
     metadata_path: str
     ok: bool
@@ -140,7 +140,8 @@ class CheckpointUsage(_Result):
     attributed_bytes: int
 
 
-class DiskUsage(_Result):
+class DiskUsage(shared.UsageReport):
+    location_kind: Literal["job"] = "job"
     job_uri: str
     total_files: int
     total_bytes: int
@@ -163,7 +164,8 @@ class DiskUsage(_Result):
     quarantined: dict[str, str] = {}
 
 
-class ExportReport(_Result):
+class ExportReport(shared.CopyReport):
+    location_kind: Literal["job"] = "job"
     source: str
     dest: str
     metadata_path: str
@@ -187,3 +189,15 @@ class DisposeReport(_Result):
     kept: list[str]
     #: For a retained checkpoint disposed with force: the HA store no longer lists it.
     unpublished: bool = False
+
+
+class JobHistory(shared.History):
+    location_kind: Literal["job"] = "job"
+    """A job directory's checkpoint history, oldest first."""
+
+    job_uri: str
+    records: list[HistoryRecord]
+
+
+#: The job world's verify result, by its old name.
+VerifyReport = JobVerifyReport
