@@ -40,7 +40,7 @@ import json
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -466,22 +466,13 @@ def _repartition_store(
     if store.provider == "rocksdb":
         return _repartition_rocksdb(checkpoint, found, out, op, store, batch, partitions,
                                     written, with_crc, progress)
-    types = [store.schema.fields[i].type for i in store.columns]
-    decode = row_decoder(store.schema, f"operator {op} store {store.name} (a key)")
-    counts = [0] * partitions
-    progress.start(f"operator {op} store {store.name}", len(store.source), "partitions")
     with tempfile.TemporaryDirectory(prefix="statehold-repartition-") as tmp:
         paths = [Path(tmp) / f"{p}.snapshot" for p in range(partitions)]
         handles = [p.open("wb") for p in paths]
         try:
             writers = [SnapshotWriter(h) for h in handles]
-            for sid in store.source:
-                for key, value in store_records(checkpoint, found, sid, batch):
-                    values = decode(key)
-                    target = partition_of([values[i] for i in store.columns], types, partitions)
-                    writers[target].add(key, value)
-                    counts[target] += 1
-                progress.advance(1)
+            counts = _route(checkpoint, found, op, store, batch, [w.add for w in writers],
+                            progress, versioned=False)
             for w in writers:
                 w.close()
         finally:
@@ -490,10 +481,7 @@ def _repartition_store(
         for p, path in enumerate(paths):
             sid = StoreId(op, p, store.name)
             _upload(out, path, version_file(sid, batch + 1, "snapshot"), written, crc=with_crc)
-    return StorePlan(store=store.name, partitioning=[store.schema.fields[i].name
-                                                     for i in store.columns],
-                     rows=sum(counts), per_partition=counts)
-
+    return _store_plan(store, counts)
 
 
 def _repartition_rocksdb(
@@ -503,29 +491,15 @@ def _repartition_rocksdb(
     """Route every record to its new partition's staging file, then build each new
     partition's RocksDB from it, one at a time, and write it as the snapshot ``N+1.zip``
     with its SSTs (uploaded first: the zip names them)."""
-    types = [store.schema.fields[i].type for i in store.columns]
-    where = f"operator {op} store {store.name} (a key)"
-    decode = row_decoder(store.schema, where)
     conf = checkpoint.offsets(batch).metadata.conf
     format_version = int(conf.get(_ROCKSDB_FORMAT, str(DEFAULT_FORMAT_VERSION)))
-    counts = [0] * partitions
-    progress.start(f"operator {op} store {store.name}", len(store.source), "partitions")
     with tempfile.TemporaryDirectory(prefix="statehold-repartition-") as tmp:
         paths = [Path(tmp) / f"{p}.rows" for p in range(partitions)]
         handles = [p.open("wb") for p in paths]
         try:
             stages = [Staging(h) for h in handles]
-            for sid in store.source:
-                for key, value in store_records(checkpoint, found, sid, batch):
-                    if key[:1] != b"\x00":  # Spark's state encoding version
-                        raise SparkCheckpointError(
-                            f"{sid}: a key of state encoding version "
-                            f"{key[:1].hex() or 'missing'}, not 00")
-                    values = decode(key[1:])
-                    target = partition_of([values[i] for i in store.columns], types, partitions)
-                    stages[target].add(key, value)
-                    counts[target] += 1
-                progress.advance(1)
+            counts = _route(checkpoint, found, op, store, batch, [s.add for s in stages],
+                            progress, versioned=True)
         finally:
             for h in handles:
                 h.close()
@@ -541,6 +515,35 @@ def _repartition_rocksdb(
             _upload(out, built.zip_path, version_file(sid, batch + 1, "zip"), written,
                     crc=with_crc)
             shutil.rmtree(work, ignore_errors=True)
+    return _store_plan(store, counts)
+
+
+def _route(
+    checkpoint: SparkCheckpoint, found: Scan, op: int, store: _Store, batch: int,
+    sinks: list[Callable[[bytes, bytes], None]], progress: Progress, *, versioned: bool,
+) -> list[int]:
+    """Every record of the store's partitions, bytes unchanged, to the sink of the new
+    partition Spark's hash sends its key to; the records per new partition. `versioned`:
+    RocksDB's keys start with Spark's state encoding version (00), the row after it."""
+    types = [store.schema.fields[i].type for i in store.columns]
+    decode = row_decoder(store.schema, f"operator {op} store {store.name} (a key)")
+    counts = [0] * len(sinks)
+    progress.start(f"operator {op} store {store.name}", len(store.source), "partitions")
+    for sid in store.source:
+        for key, value in store_records(checkpoint, found, sid, batch):
+            if versioned and key[:1] != b"\x00":
+                raise SparkCheckpointError(
+                    f"{sid}: a key of state encoding version "
+                    f"{key[:1].hex() or 'missing'}, not 00")
+            values = decode(key[1:] if versioned else key)
+            target = partition_of([values[i] for i in store.columns], types, len(sinks))
+            sinks[target](key, value)
+            counts[target] += 1
+        progress.advance(1)
+    return counts
+
+
+def _store_plan(store: _Store, counts: list[int]) -> StorePlan:
     return StorePlan(store=store.name, partitioning=[store.schema.fields[i].name
                                                      for i in store.columns],
                      rows=sum(counts), per_partition=counts)
