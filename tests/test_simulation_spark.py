@@ -38,6 +38,10 @@ STEPS = 1500
 #: seeds are explored by `python tests/simulate.py --world spark` (docs/benchmarks.md).
 SWEEP_SEEDS = range(3001, 3004)
 SWEEP_STEPS = 1200
+#: A rollback is cut short after a quarter of its deletes, not the soak's 8%: three short
+#: seeds then reach an interrupted rollback whatever path a change to the code sends
+#: them down (at 8%, a change to how verify reads operator metadata once left all three without one).
+SWEEP_ROLLBACK_CRASH = 0.25
 #: Seeds within which each planted bug must be found (today at seeds 0, 0, 0, 0, 1 and 2:
 #: (a), (b), (c), (d), (e), (f); the bound leaves room for the runs to change with the code).
 BOUND = 8
@@ -164,7 +168,8 @@ def test_sweep_finds_no_violation(open_holes: dict[str, str]) -> None:
     events: dict[str, int] = {}
     tolerated: dict[str, int] = {}
     for seed in SWEEP_SEEDS:
-        result, world = run_spark_seed(seed, SWEEP_STEPS, tolerate=frozenset(open_holes))
+        result, world = run_spark_seed(seed, SWEEP_STEPS, tolerate=frozenset(open_holes),
+                                       rollback_crash=SWEEP_ROLLBACK_CRASH)
         assert not result["violations"], (seed, result["violations"], world.minimal_trace())
         for k, v in result["events"].items():
             events[k] = events.get(k, 0) + v
