@@ -40,7 +40,8 @@ SWEEP_SEEDS = range(3001, 3004)
 SWEEP_STEPS = 1200
 #: A rollback is cut short after a quarter of its deletes, not the soak's 8%: three short
 #: seeds then reach an interrupted rollback whatever path a change to the code sends
-#: them down (at 8%, a change to how verify reads operator metadata once left all three without one).
+#: them down (at 8%, a change to how verify reads operator metadata once left all
+#: three without one).
 SWEEP_ROLLBACK_CRASH = 0.25
 #: Seeds within which each planted bug must be found (today at seeds 0, 0, 0, 0, 1 and 2:
 #: (a), (b), (c), (d), (e), (f); the bound leaves room for the runs to change with the code).
