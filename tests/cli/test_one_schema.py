@@ -6,6 +6,7 @@ the same JSON types, the keys of the verb's model in `statehold.format.results`.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
+import statehold
 from statehold.cli import app
 from statehold.format import results
 from statehold.storage import open_storage
@@ -82,3 +84,23 @@ def test_a_copy_has_one_schema(locations: dict[str, str], tmp_path: Path) -> Non
     assert set(job) == set(spark) == set(results.CopyReport.model_fields)
     assert job["verified"] is spark["verified"] is True
     assert (job["location_kind"], spark["location_kind"]) == ("job", "spark")
+
+
+def test_the_report_has_one_schema_and_one_frame(locations: dict[str, str],
+                                                 tmp_path: Path) -> None:
+    """``report``: one `ReportSummary` in both worlds, and one page frame (its style and
+    heading shared, the sections each kind's); the Python verb says what the CLI says."""
+    pages = {}
+    for where, heading in (("job", "Job directory"), ("spark", "Spark checkpoint")):
+        html = tmp_path / f"{where}.html"
+        doc = run_json("report", "--html", str(html), locations[where])
+        assert doc["location_kind"] == where and doc["html"] == str(html)
+        assert set(doc) == set(results.ReportSummary.model_fields)
+        pages[where] = html.read_text(encoding="utf-8")
+        assert f"<h1>{heading}: " in pages[where]
+        with statehold.open(locations[where]) as location:
+            made = location.report()
+        assert made.summary.model_dump() == {**doc, "html": ""}
+        assert '<table id="problems">' not in made.page and 'id="problems"' in made.page
+    style = [re.search(r"<style>(.*?)</style>", page, re.S) for page in pages.values()]
+    assert style[0] is not None and style[1] is not None and style[0][1] == style[1][1]

@@ -16,8 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from statehold.cli.app import app
-from statehold.cli.spark_webview import page
-from statehold.cli.webview import page_server
+from statehold.cli.webview import make_server
 from statehold.spark_checkpoints import open_spark_checkpoint
 from tests.support.spark_checkpoint_files import logs, rocksdb_changelog_store
 
@@ -68,8 +67,7 @@ def test_report_of_a_spark_checkpoint_in_chromium(tmp_path: Path) -> None:
 def test_ui_serves_the_spark_page_and_only_reads(tmp_path: Path) -> None:
     root = make(tmp_path / "ckpt")
     before = sorted((p.relative_to(root), p.stat().st_mtime) for p in root.rglob("*"))
-    location = open_spark_checkpoint(str(root))
-    server = page_server(lambda: page(location)[0], 0)
+    server = make_server(str(root), None, 0)
     Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/"
     try:

@@ -18,14 +18,16 @@ from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
 from statehold import tools
-from statehold.cli import app, charts
-from statehold.cli.webview import gather, make_server, render_html
+from statehold.cli import app
+from statehold.cli.webview import make_server
 from statehold.examples import running_totals
 from statehold.examples.running_totals import generate_demo
 from statehold.job import history
 from statehold.job.directory import open_job
 from statehold.spark import StatefulJob
 from statehold.storage import Storage, open_storage
+from statehold.tools.web_page import gather, render_html
+from statehold.web_page import charts
 from tests.support.minipipeline import MiniPipeline, make_batch
 
 CHROMIUM = shutil.which("chromium")
@@ -188,7 +190,7 @@ def test_report_of_a_spark_pipeline_in_chromium(
     assert set(r[1] for r in rows(dom, "checkpoints")) == {
         "chk-1", "chk-2", "chk-3", "savepoints/after-demo"}  # retain 3: chk-0 is gone
     assert any("savepoints/after-demo" in r[3] for r in rows(dom, "shared"))
-    assert re.search(rf"<h1>statehold: [a-z0-9:/]*{re.escape(job_uri)}</h1>", dom)
+    assert re.search(rf"<h1>Job directory: [a-z0-9:/]*{re.escape(job_uri)}</h1>", dom)
 
 
 def test_verify_problems_and_s3(storage: Storage, tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ import typer
 from statehold.cli.common import HaOption, JobArg, JsonOption, emit, handle_errors, opened
 from statehold.cli.output import say, size, table, when
 from statehold.cli.spark_checkpoints import show_spark_history
-from statehold.spark_checkpoints import SparkLocation
 from statehold.spark_checkpoints.history import SparkHistory
 from statehold.tools.results import JobHistory
 
@@ -68,17 +67,8 @@ def report_command(
     the checkpoint history, retained checkpoints and savepoints, storage, cleanup, verify
     problems; no network needed to view it). On a Spark checkpoint location: per batch,
     its time, watermark, input offsets and state per operator; the stores; verify."""
-    from statehold.cli.spark_webview import page
-    from statehold.cli.webview import gather, render_html
-
     with handle_errors(as_json), opened(job_dir, ha) as location:
-        if isinstance(location, SparkLocation):
-            text, summary = page(location)
-            summary = summary.model_copy(update={"html": str(html)})
-        else:
-            view = gather(location.job)
-            text, summary = render_html(view), view.summary(str(html))
-        html.write_text(text, encoding="utf-8")
+        summary = location.report().write(html)
 
     emit(summary, as_json, lambda: say(f"wrote {html}"))
 
@@ -90,16 +80,10 @@ def ui_command(
 ) -> None:
     """Serve the web view on http://127.0.0.1:PORT/ (built afresh on every load) until
     interrupted."""
-    from statehold.cli.spark_webview import page
-    from statehold.cli.webview import make_server, page_server, serve
+    from statehold.cli.webview import make_server, serve
 
     with handle_errors(False):
-        with opened(job_dir, ha) as location:
-            spark = location if isinstance(location, SparkLocation) else None
-        if spark is not None:
-            server = page_server(lambda: page(spark)[0], port)
-        else:
-            server = make_server(job_dir, ha, port)
+        server = make_server(job_dir, ha, port)
         serve(server, job_dir, announce=say)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TextIO
 
@@ -38,6 +37,8 @@ from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from statehold.tools import DiffReport, DiskUsage, Inspection, JobListing, Problem
+from statehold.web_page import size as size
+from statehold.web_page import when as when
 
 #: The help formatter's width: wide enough that click never wraps a help text.
 UNWRAPPED = 1_000_000
@@ -176,23 +177,6 @@ class PlainWhenPiped(TyperGroup):
 
 
 # -- formatting ----------------------------------------------------------------------------
-def when(ts: float | None) -> str:
-    """A timestamp in local time with its UTC offset (unambiguous on any machine)."""
-    if not ts:
-        return "-"
-    return datetime.fromtimestamp(ts, UTC).astimezone().isoformat(sep=" ", timespec="seconds")
-
-
-def size(n: int) -> str:
-    """Bytes for people: ``812 B``, ``1.5 KiB`` ... ``3.0 TiB``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
 # -- the tables of the commands -----------------------------------------------------------
 def show_problems(problems: list[Problem]) -> None:
     table(("path", "problem"), [(p.path, p.problem) for p in problems], title="problems")

@@ -1,5 +1,6 @@
 """One result model per verb, whatever the location: the ``--json`` schemas of ``statehold
-list``, ``inspect``, ``verify``, ``du``, ``gc``, ``history`` and ``export``/``savepoint``.
+list``, ``inspect``, ``verify``, ``du``, ``gc``, ``history``, ``report`` and
+``export``/``savepoint``.
 
 Each model here declares every key of its verb, so a script reads one shape: the keys of
 a statehold job directory (``location_kind`` ``"job"``) and of a Spark checkpoint location
@@ -10,6 +11,7 @@ a statehold job directory (``location_kind`` ``"job"``) and of a Spark checkpoin
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, model_validator
@@ -212,6 +214,31 @@ class CopyReport(_Located):
     source_bytes: int | None = None
 
 
+class ReportSummary(_Located):
+    """``statehold report``: the web page's numbers (``--json``). `checkpoints` counts a
+    job's checkpoints or a Spark location's batches; `html` is where the page went."""
+
+    job_uri: str
+    html: str = ""
+    checkpoints: int
+    savepoints: int
+    history_records: int
+    problems: int
+
+
+class WebReport(BaseModel):
+    """A location's web page (`JobLocation.report`, `SparkLocation.report`): the page, one
+    self-contained HTML text, and its numbers."""
+
+    page: str
+    summary: ReportSummary
+
+    def write(self, path: Path) -> ReportSummary:
+        """Write the page to `path` (a local file); the summary then names it."""
+        path.write_text(self.page, encoding="utf-8")
+        return self.summary.model_copy(update={"html": str(path)})
+
+
 __all__ = [
     "CopyReport",
     "GcReport",
@@ -220,6 +247,8 @@ __all__ = [
     "Listing",
     "LocationKind",
     "Problem",
+    "ReportSummary",
     "UsageReport",
     "VerifyReport",
+    "WebReport",
 ]

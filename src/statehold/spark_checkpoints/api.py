@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from statehold.format.location_kind import SPARK_NEEDS, AmbiguousLocationError, location_kind
+from statehold.format.results import WebReport
 from statehold.progress import Progress
+from statehold.spark_checkpoints import web_page
 from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
 from statehold.spark_checkpoints.gc import Progress as GcProgress
 from statehold.spark_checkpoints.gc import SparkGcReport, gc
@@ -100,6 +102,11 @@ class SparkLocation(SparkCheckpoint):
 
     def history(self, limit: int | None = None) -> SparkHistory:
         return history(self, limit)
+
+    def report(self) -> WebReport:
+        """The web page (`statehold.web_page`): per batch its time, watermark, input offsets
+        and state per operator; the stores; bytes by kind; verify."""
+        return web_page.report(self)
 
     def gc(
         self,

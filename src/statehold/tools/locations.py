@@ -6,6 +6,7 @@ a Spark checkpoint location.
     with statehold.open("s3://bucket/jobs/orders") as location:
         location.verify().ok
         location.gc(dry_run=True).orphan_count
+        location.report().write(Path("orders.html"))
 
 Each verb returns its one result model (`statehold.format.results`); the verbs only one
 world has (`dispose`, `set_ha`, a running job's requests; `rollback`, `relocate`,
@@ -24,6 +25,7 @@ from statehold.cleanup.gc import gc as gc_job
 from statehold.errors import InvalidArgumentError
 from statehold.format.location_kind import JOB_NEEDS, SPARK_NEEDS, location_kind
 from statehold.format.requests import Action, OperatorRequest
+from statehold.format.results import WebReport
 from statehold.ha.base import HAState
 from statehold.job.directory import JobDirectory, NotAJobDirectoryError, change_ha_store
 from statehold.job.history import read_history
@@ -32,6 +34,7 @@ from statehold.progress import Progress
 from statehold.spark_checkpoints.api import SparkLocation
 from statehold.spark_checkpoints.errors import NotASparkCheckpointError
 from statehold.storage import LocalStorage, Storage, StorageError, open_storage
+from statehold.tools import web_page
 from statehold.tools.operations import dispose, export
 from statehold.tools.reports import inspect, list_checkpoints, verify
 from statehold.tools.results import (
@@ -96,6 +99,11 @@ class JobLocation:
     def history(self, limit: int | None = None) -> JobHistory:
         return JobHistory(job_uri=self.job.storage.uri, records=read_history(self.job.storage,
                                                                              limit))
+
+    def report(self) -> WebReport:
+        """The web page (`statehold.web_page`): history charts, retained checkpoints and
+        savepoints, shared files and their holders, storage, cleanup, verify of sizes."""
+        return web_page.report(self.job)
 
     def gc(self, *, dry_run: bool = False, grace: float | None = None,
            progress: GcProgress | None = None) -> GcReport:

@@ -1,21 +1,19 @@
-"""The web view of a Spark checkpoint location (``statehold report --html CKPT``,
-``statehold ui CKPT``): the same self-contained page as a job directory's (inline CSS and
-SVG, no script), built from the read-only views: per batch its time, watermark, input
-offsets and state bytes and files per operator; the stores; bytes by kind; verify."""
+"""A Spark checkpoint location's sections of the one web view (`SparkLocation.report`,
+``statehold report --html CKPT``, ``statehold ui CKPT``), built from the read-only views:
+per batch its time, watermark, input offsets and state bytes and files per operator; the
+stores; bytes by kind; verify."""
 
 from __future__ import annotations
 
 import json
 import time
-from html import escape
 
-from statehold.cli import charts
-from statehold.cli.output import size, when
-from statehold.cli.webview import CSS, ReportSummary, html_table
+from statehold.format.results import ReportSummary, WebReport
 from statehold.spark_checkpoints import reports
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.history import SparkHistory, history
 from statehold.spark_checkpoints.location import SparkCheckpoint
+from statehold.web_page import charts, html_table, page, size, when
 
 
 def _charts(found: SparkHistory) -> str:
@@ -47,8 +45,8 @@ def _charts(found: SparkHistory) -> str:
     return f'<div class="grid-2">{cards}</div>'
 
 
-def page(checkpoint: SparkCheckpoint) -> tuple[str, ReportSummary]:
-    """The page and what ``report --json`` says of it."""
+def report(checkpoint: SparkCheckpoint) -> WebReport:
+    """The page and its numbers, read from the location's read-only views."""
     listed = reports.listing(checkpoint)
     usage = reports.du(checkpoint)
     found = history(checkpoint)
@@ -66,11 +64,9 @@ def page(checkpoint: SparkCheckpoint) -> tuple[str, ReportSummary]:
          r.problem or ""]
         for r in reversed(found.records)
     ]
+    subtitle = (f"query {listed.query_id} · newest committed batch {listed.newest_committed} "
+                f"· restart after {listed.restart_batch} · generated {when(time.time())}")
     sections = [
-        f"<h1>Spark checkpoint: {escape(checkpoint.uri)}</h1>",
-        f'<p class="muted">query {escape(str(listed.query_id))} · newest committed batch '
-        f"{listed.newest_committed} · restart after {listed.restart_batch} · generated "
-        f"{escape(when(time.time()))}</p>",
         "<h2>State per batch</h2>", _charts(found),
         "<h2>Batches</h2>",
         html_table("batches", ["batch", "committed", "time", "watermark", "input offsets",
@@ -92,11 +88,9 @@ def page(checkpoint: SparkCheckpoint) -> tuple[str, ReportSummary]:
         (html_table("problems", ["path", "problem"], [[p.path, p.problem] for p in problems],
                     set()) if problems else '<p id="problems" class="ok">no problems</p>'),
     ]
-    html = ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>statehold: {escape(checkpoint.uri)}</title><style>{CSS}</style></head>"
-            f"<body>{''.join(sections)}</body></html>\n")
     summary = ReportSummary(
-        job_uri=checkpoint.uri, html="", checkpoints=len(listed.batches), savepoints=0,
-        history_records=len(found.records), problems=len(problems),
+        location_kind="spark", job_uri=checkpoint.uri, checkpoints=len(listed.batches),
+        savepoints=0, history_records=len(found.records), problems=len(problems),
     )
-    return html, summary
+    return WebReport(page=page("Spark checkpoint", checkpoint.uri, subtitle, sections),
+                     summary=summary)
