@@ -5,7 +5,8 @@ rows, each key in the partition Spark's hash rule gives it; DEST verifies; the s
 ``N+1.zip`` of each new partition names SSTs that are there with their sizes, counts its
 keys, and carries the fields the location's Spark writes in a zip's metadata; the SSTs use
 the table format version Spark's do; the source's listing (sizes and mtimes) does not
-change. Refusals (format v2, transformWithState, prefix-scan keys, avro encoding, a table
+change; checkpoint format v2's new snapshots are named by new ids that ``commits/N`` records.
+Refusals (transformWithState, prefix-scan keys, avro encoding, a table
 format RocksDB 8 cannot read) write nothing; a repartition cut short leaves no commit.
 Spark loading these files: test_spark_repartition_live.py."""
 
@@ -32,7 +33,8 @@ from tests.support.spark_fixtures import copy_of, fixture, manifests
 
 ROCKSDB = [(v, loc["query"], loc["provider"]) for v, m in sorted(manifests().items())
            for loc in m["locations"]
-           if loc["provider"] in ("rocksdb", "rocksdb_changelog") and loc["query"] in PARTITIONING]
+           if loc["provider"] in ("rocksdb", "rocksdb_changelog", "rocksdb_v2")
+           and loc["query"] in PARTITIONING]
 
 
 def _rows(location: Any, operator: int, store: str) -> collections.Counter[str]:
@@ -71,6 +73,18 @@ def _check(root: Path, dest: Path, report: Any, query: str, partitions: int) -> 
     meta = (dest / "offsets" / str(report.batch)).read_text().split("\n")[1]
     assert json.loads(meta)["conf"]["spark.sql.shuffle.partitions"] == str(partitions)
     n = report.batch + 1
+    # checkpoint format v2: commits/N names each new snapshot by a new id, one per store
+    ids = out.commit(report.batch).stateUniqueIds
+    source_ids = source.commit(report.batch).stateUniqueIds
+    if source_ids:
+        assert ids and set(ids) == set(source_ids)
+        fresh = [i for op_ids in ids.values() for part in op_ids for i in part]
+        old = {i for op_ids in source_ids.values() for part in op_ids for i in part}
+        assert len(set(fresh)) == len(fresh) and not set(fresh) & old
+        assert {len(part) for op_ids in ids.values() for part in op_ids} == {
+            len(source_ids[op][0]) for op in source_ids}
+    else:
+        assert not ids
     source_zips = sorted(root.glob("state/*/*/**/*.zip"))
     spark_extra = {k for k in _zip_metadata(source_zips[0]) if k not in ("sstFiles", "numKeys")}
     spark_version = _footer_version(next(iter(
@@ -92,9 +106,13 @@ def _check(root: Path, dest: Path, report: Any, query: str, partitions: int) -> 
                 sid = StoreId(op, p, store)
                 directory = dest / sid.prefix
                 # one snapshot, no changelog: the restart loads the zip alone
+                stem = str(n)
+                if ids:
+                    order = out.store_order(found, op)
+                    stem = f"{n}_{ids[str(op)][p][order.index(store)]}"
                 assert sorted(f.name for f in directory.iterdir() if f.is_file()
-                              and not f.name.startswith(".")) == [f"{n}.zip"]
-                doc = _zip_metadata(directory / f"{n}.zip")
+                              and not f.name.startswith(".")) == [f"{stem}.zip"]
+                doc = _zip_metadata(directory / f"{stem}.zip")
                 assert doc["numKeys"] == store_plan.per_partition[p]
                 assert set(doc) - {"sstFiles", "numKeys"} == spark_extra
                 listed = {f["dfsSstFileName"]: f["sizeBytes"] for f in doc["sstFiles"]}
@@ -147,7 +165,6 @@ def test_rocksdb_refusals_write_nothing(extracted: Callable[[str], Path], tmp_pa
     version = "4.3.0"
     root = extracted(version)
     refusals: list[tuple[Path, str]] = [
-        (fixture(root, version, "window", "rocksdb_v2").checkpoint, "format v2"),
         (fixture(root, version, "transform", "rocksdb").checkpoint, "transformWithState"),
         (fixture(root, version, "transform", "rocksdb_changelog").checkpoint,
          "transformWithState"),

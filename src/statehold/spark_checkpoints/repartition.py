@@ -19,9 +19,9 @@ stores: the four join stores, a session window's key ending in ``sessionStartTim
 other single ``default`` store as the whole key. Refused in one line, with nothing
 written: a global limit or an operator not listed (transformWithState among them), a
 location recorded with ``useStrictDistribution=false`` (its shuffle may have used fewer
-columns) or with row checksums, a codec other than lz4, checkpoint format v2 ids; for
-RocksDB, keys encoded for prefix scans (a session window's), state encoded as avro, a
-table format version RocksDB 8 cannot read.
+columns) or with row checksums, a codec other than lz4; for RocksDB, keys encoded for
+prefix scans (a session window's), state encoded as avro, a table format version RocksDB 8
+cannot read.
 
 DEST holds what `savepoint` copies for a restart at N, except: the offsets' recorded
 shuffle partitions and the operator metadata's ``numPartitions`` rewritten to M, each
@@ -29,7 +29,9 @@ store's schema file in partition 0 only, and every store's state as one snapshot
 partition (an empty one where no key goes), its records copied byte for byte: an
 HDFS-backed store's ``N+1.snapshot``, a RocksDB store's ``N+1.zip`` and the SSTs it names
 (`rocksdb_writer`; with changelog checkpointing on too: a restart loads the snapshot and
-writes changelogs after it).
+writes changelogs after it). Checkpoint format v2: each new snapshot is ``N+1_<id>.zip``
+under a new id, and ``commits/N`` names those ids (Spark loads a version's own snapshot as
+the whole truth, with no lineage before it).
 ``commits/N`` is written last, then DEST is verified; an interrupted repartition leaves
 no commit, so no location a query would restart from.
 """
@@ -40,6 +42,7 @@ import json
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,18 +206,24 @@ def repartition(
         data = text.encode("utf-8")
         _write(out, key, data, written, crc=crc_of(key) in found.files)
 
+    v2 = bool(checkpoint.commit(n).stateUniqueIds)
+    ids: dict[StoreId, str] | None = {} if v2 else None
     reports = []
     for op, (op_name, known_from, stores) in sorted(plans.items()):
         store_reports = []
         for store in stores:
             report = _repartition_store(checkpoint, found, out, op, store, n, partitions,
-                                        written, with_crc, progress)
+                                        written, with_crc, progress, ids)
             store_reports.append(report)
         reports.append(OperatorPlan(operator=op, name=op_name, known_from=known_from,
                                     stores=store_reports))
-    for key in commit_files:
-        _copy(checkpoint, out, key)
-        written[key] = files[key]
+    if ids is None:
+        for key in commit_files:
+            _copy(checkpoint, out, key)
+            written[key] = files[key]
+    else:
+        _write(out, last, _commit_text(checkpoint, found, n, partitions, ids), written,
+               crc=crc_of(last) in files)
     verify_copy(out, written, n)
     return RepartitionReport(
         source=checkpoint.uri, dest=out.uri, batch=n, partitions_before=before,
@@ -237,11 +246,11 @@ def _refuse_unsupported(checkpoint: SparkCheckpoint, found: Scan, batch: int) ->
         raise SparkCheckpointError(
             f"the offsets record {_ROW_CHECKSUM}=true: state rows with checksums are not "
             "repartitioned yet")
-    commit = checkpoint.commit(batch)
-    if commit.stateUniqueIds:
+    if checkpoint.commit(batch).stateUniqueIds and any(
+            f.provider != "rocksdb" for f in found.stores.values()):
         raise SparkCheckpointError(
-            "the commit log holds state unique ids (checkpoint format v2): not "
-            "repartitioned yet")
+            "the commit log holds state unique ids (checkpoint format v2) for a store that "
+            "is not RocksDB's")
     if any(f.provider == "rocksdb" for f in found.stores.values()):
         encoding = conf.get(_ENCODING, "unsaferow")
         if encoding != "unsaferow":
@@ -461,11 +470,13 @@ def _file_crc(path: Path) -> bytes:
 def _repartition_store(
     checkpoint: SparkCheckpoint, found: Scan, out: Storage, op: int, store: _Store,
     batch: int, partitions: int, written: dict[str, int], with_crc: bool, progress: Progress,
+    ids: dict[StoreId, str] | None,
 ) -> StorePlan:
-    """Route every record of the store's partitions to its new partition's snapshot."""
+    """Route every record of the store's partitions to its new partition's snapshot
+    (`ids`: checkpoint format v2, where each new snapshot's unique id is recorded)."""
     if store.provider == "rocksdb":
         return _repartition_rocksdb(checkpoint, found, out, op, store, batch, partitions,
-                                    written, with_crc, progress)
+                                    written, with_crc, progress, ids)
     with tempfile.TemporaryDirectory(prefix="statehold-repartition-") as tmp:
         paths = [Path(tmp) / f"{p}.snapshot" for p in range(partitions)]
         handles = [p.open("wb") for p in paths]
@@ -487,10 +498,13 @@ def _repartition_store(
 def _repartition_rocksdb(
     checkpoint: SparkCheckpoint, found: Scan, out: Storage, op: int, store: _Store,
     batch: int, partitions: int, written: dict[str, int], with_crc: bool, progress: Progress,
+    ids: dict[StoreId, str] | None,
 ) -> StorePlan:
     """Route every record to its new partition's staging file, then build each new
     partition's RocksDB from it, one at a time, and write it as the snapshot ``N+1.zip``
-    with its SSTs (uploaded first: the zip names them)."""
+    with its SSTs (uploaded first: the zip names them). Checkpoint format v2: the zip is
+    ``N+1_<new id>.zip``, the id recorded in `ids` for ``commits/N``; Spark takes a
+    version's own snapshot as the whole truth, so no lineage goes with it."""
     conf = checkpoint.offsets(batch).metadata.conf
     format_version = int(conf.get(_ROCKSDB_FORMAT, str(DEFAULT_FORMAT_VERSION)))
     with tempfile.TemporaryDirectory(prefix="statehold-repartition-") as tmp:
@@ -512,8 +526,11 @@ def _repartition_rocksdb(
             path.unlink()
             for sst in built.ssts:
                 _upload(out, sst.path, f"{sid.prefix}/SSTs/{sst.dfs}", written, crc=with_crc)
-            _upload(out, built.zip_path, version_file(sid, batch + 1, "zip"), written,
-                    crc=with_crc)
+            unique_id = None
+            if ids is not None:
+                unique_id = ids[sid] = str(uuid.uuid4())
+            _upload(out, built.zip_path, version_file(sid, batch + 1, "zip", unique_id),
+                    written, crc=with_crc)
             shutil.rmtree(work, ignore_errors=True)
     return _store_plan(store, counts)
 
@@ -541,6 +558,21 @@ def _route(
             counts[target] += 1
         progress.advance(1)
     return counts
+
+
+def _commit_text(checkpoint: SparkCheckpoint, found: Scan, batch: int, partitions: int,
+                 ids: dict[StoreId, str]) -> bytes:
+    """``commits/N`` of checkpoint format v2 naming the new snapshots: per operator, per
+    new partition, the ids of its stores in Spark's order; every other field as read."""
+    key = f"{COMMITS_DIR}/{batch}"
+    head, _, body = checkpoint.read(key).partition(b"\n")
+    doc = load_json(body, where=key, error=SparkCheckpointError)
+    doc["stateUniqueIds"] = {
+        str(op): [[ids[StoreId(op, p, name)] for name in checkpoint.store_order(found, op)]
+                  for p in range(partitions)]
+        for op in sorted({sid.operator for sid in ids})
+    }
+    return head + b"\n" + json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
 
 def _store_plan(store: _Store, counts: list[int]) -> StorePlan:
