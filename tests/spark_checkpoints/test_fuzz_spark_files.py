@@ -56,7 +56,7 @@ from statehold.spark_checkpoints.state_reader import arrow_batch
 from statehold.spark_checkpoints.state_records import changelog_records
 from statehold.spark_checkpoints.state_records import records as read_records
 from statehold.spark_checkpoints.state_schema import StateSchema, read_state_schema
-from statehold.spark_checkpoints.unsafe_row import decode_row
+from statehold.spark_checkpoints.unsafe_row import decode_row, row_decoder
 from tests.support.fuzz import (
     FUZZ,
     JSONISH,
@@ -162,6 +162,15 @@ def _decode_value(data: bytes) -> object:
     return arrow_batch([("k", None, *row)], _STATE.arrow(), "store")
 
 
+#: A flat row (fixed-width, string and binary fields): `row_decoder`'s own fast path.
+_FLAT = Struct(tuple(Field(f"f{i}", Atomic(t)) for i, t in enumerate(
+    ["long", "string", "integer", "binary", "boolean", "double", "short", "string"])))
+
+
+def _flat_row() -> bytes:
+    return encode_row((-5, "héllo", 7, b"\x00\xff", False, 2.5, -2, None), _FLAT)
+
+
 def _schema_file() -> bytes:
     key = json.dumps({"type": "struct", "fields": [
         {"name": "key", "type": "string", "nullable": True, "metadata": {}},
@@ -251,6 +260,7 @@ DECODERS = [
     Decoder("lineage", _lineage, lambda d: lineage(d, f"{STORE}/12_u.changelog")),
     Decoder("unsafe-row-key", _key_row, lambda d: decode_row(d, _KEY, f"{STORE}/3.delta")),
     Decoder("unsafe-row-value", _value_row, _decode_value),
+    Decoder("unsafe-row-flat", _flat_row, row_decoder(_FLAT, f"{STORE}/3.delta (a value)")),
     Decoder("state-schema", _schema_file,
             lambda d: read_state_schema(d, f"{STORE}/_metadata/schema")),
     Decoder("delta-records", _delta, _decode_delta),

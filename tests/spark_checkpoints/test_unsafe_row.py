@@ -26,7 +26,7 @@ from statehold.spark_checkpoints.spark_types import (
 )
 from statehold.spark_checkpoints.state_reader import arrow_batch
 from statehold.spark_checkpoints.state_schema import StateSchema
-from statehold.spark_checkpoints.unsafe_row import BadRow, decode_row
+from statehold.spark_checkpoints.unsafe_row import BadRow, decode_row, row_decoder
 from tests.support.unsafe_rows import encode_array, encode_row
 
 
@@ -102,12 +102,19 @@ def test_a_struct_nested_three_deep() -> None:
 
 
 def _bad(data: bytes, schema: Struct) -> str:
-    with pytest.raises(BadRow) as caught:
-        decode_row(data, schema, "state/0/0/3.delta (a key)")
-    message = str(caught.value)
-    assert "\n" not in message and message.startswith("state/0/0/3.delta (a key): ")
-    assert isinstance(caught.value, SparkCheckpointError)
-    return message
+    """The one-line refusal of `data`, the same from `decode_row` and from the decoder
+    `row_decoder` makes for the schema (a flat one's own fast path)."""
+    messages = []
+    for decode in (lambda d: decode_row(d, schema, "state/0/0/3.delta (a key)"),
+                   row_decoder(schema, "state/0/0/3.delta (a key)")):
+        with pytest.raises(BadRow) as caught:
+            decode(data)
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith("state/0/0/3.delta (a key): ")
+        assert isinstance(caught.value, SparkCheckpointError)
+        messages.append(message)
+    assert messages[0] == messages[1]
+    return messages[0]
 
 
 def test_damaged_rows_are_refused_in_one_line() -> None:

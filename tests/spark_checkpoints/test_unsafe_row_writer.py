@@ -30,7 +30,7 @@ from statehold.spark_checkpoints.spark_types import (
 from statehold.spark_checkpoints.state_files import decompressed
 from statehold.spark_checkpoints.state_records import records
 from statehold.spark_checkpoints.state_schema import read_state_schema
-from statehold.spark_checkpoints.unsafe_row import decode_row
+from statehold.spark_checkpoints.unsafe_row import decode_row, row_decoder
 from statehold.spark_checkpoints.unsafe_row_writer import UnencodableValue, encode_row
 from tests.support.spark_fixtures import fixture, manifests
 
@@ -58,11 +58,13 @@ def test_every_record_spark_wrote_is_written_again_byte_for_byte(
                         data = f.read_bytes()
                         for key, value in records(decompressed(iter([data]), str(f)), str(f),
                                                   deletes=True):
-                            assert encode_row(decode_row(key, schema.key, "k"),
-                                              schema.key) == key, f
+                            decoded = decode_row(key, schema.key, "k")
+                            assert encode_row(decoded, schema.key) == key, f
+                            assert row_decoder(schema.key, "k")(key) == decoded, f
                             if value is not None:
-                                assert encode_row(decode_row(value, schema.value, "v"),
-                                                  schema.value) == value, f
+                                decoded = decode_row(value, schema.value, "v")
+                                assert encode_row(decoded, schema.value) == value, f
+                                assert row_decoder(schema.value, "v")(value) == decoded, f
                             count += 1
     assert count > 500
 
@@ -130,6 +132,7 @@ def test_hypothesis_rows_round_trip(data: st.DataObject, schema: Struct) -> None
     row = encode_row(values, schema)
     assert len(row) % 8 == 0
     assert decode_row(row, schema, "r") == values
+    assert row_decoder(schema, "r")(row) == values  # a flat schema's fast path too
 
 
 def test_a_null_large_decimal_reserves_its_16_bytes() -> None:
