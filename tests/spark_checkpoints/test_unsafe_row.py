@@ -103,17 +103,20 @@ def test_a_struct_nested_three_deep() -> None:
 
 def _bad(data: bytes, schema: Struct) -> str:
     """The one-line refusal of `data`, the same from `decode_row` and from the decoder
-    `row_decoder` makes for the schema (a flat one's own fast path)."""
+    `row_decoder` makes for the schema (a flat one's own fast path), of the row alone or
+    after a version byte."""
     messages = []
+    prefixed = row_decoder(schema, "state/0/0/3.delta (a key)", 1)
     for decode in (lambda d: decode_row(d, schema, "state/0/0/3.delta (a key)"),
-                   row_decoder(schema, "state/0/0/3.delta (a key)")):
+                   row_decoder(schema, "state/0/0/3.delta (a key)"),
+                   lambda d: prefixed(b"\x00" + d)):
         with pytest.raises(BadRow) as caught:
             decode(data)
         message = str(caught.value)
         assert "\n" not in message and message.startswith("state/0/0/3.delta (a key): ")
         assert isinstance(caught.value, SparkCheckpointError)
         messages.append(message)
-    assert messages[0] == messages[1]
+    assert messages[0] == messages[1] == messages[2]
     return messages[0]
 
 

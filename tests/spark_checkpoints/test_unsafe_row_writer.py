@@ -133,6 +133,7 @@ def test_hypothesis_rows_round_trip(data: st.DataObject, schema: Struct) -> None
     assert len(row) % 8 == 0
     assert decode_row(row, schema, "r") == values
     assert row_decoder(schema, "r")(row) == values  # a flat schema's fast path too
+    assert row_decoder(schema, "r", 3)(b"\x00\x01\x02" + row) == values  # after a prefix
 
 
 def test_a_null_large_decimal_reserves_its_16_bytes() -> None:

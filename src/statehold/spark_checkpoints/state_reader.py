@@ -171,7 +171,7 @@ def file_records(location: SparkCheckpoint, key: str, store: StoreId, tmp: Path,
 
 
 def _decoder(schema: Struct, where: str, skip: int) -> Callable[[bytes], tuple[Any, ...]]:
-    decode = row_decoder(schema, where)
+    decode = row_decoder(schema, where, skip)
     if not skip:
         return decode
 
@@ -179,7 +179,7 @@ def _decoder(schema: Struct, where: str, skip: int) -> Callable[[bytes], tuple[A
         if data[:1] != b"\x00":
             raise SparkCheckpointError(
                 f"{where}: state encoding version {data[:1].hex() or 'missing'}, not 00")
-        return decode(data[1:])
+        return decode(data)
 
     return versioned
 

@@ -32,17 +32,30 @@ def records(blocks: Iterator[bytes], key: str, *, deletes: bool) -> Iterator[
 
 def _records(stream: _Stream, key: str, *, deletes: bool) -> Iterator[
         tuple[bytes, bytes | None]]:
+    # The hot loop of every offline read: sizes unpacked in place from the stream's
+    # buffer, which is only refilled (and compacted) when a record runs past its end.
     count = 0
+    unpack = _INT.unpack_from
     while True:
-        size = stream.int()
+        stream.need(4)
+        (size,) = unpack(stream.buffer, stream.at)
         if size == -1:
+            stream.at += 4
             break
-        row = stream.take(_checked(size, key, count, "key"))
-        value_size = stream.int()
+        _checked(size, key, count, "key")
+        stream.need(8 + size)
+        buffer, at = stream.buffer, stream.at
+        row = bytes(buffer[at + 4 : at + 4 + size])
+        (value_size,) = unpack(buffer, at + 4 + size)
         if value_size == -1 and deletes:
+            stream.at = at + 8 + size
             yield row, None
         else:
-            yield row, stream.take(_checked(value_size, key, count, "value"))
+            _checked(value_size, key, count, "value")
+            stream.need(8 + size + value_size)
+            buffer, at = stream.buffer, stream.at
+            stream.at = at + 8 + size + value_size
+            yield row, bytes(buffer[at + 8 + size : stream.at])
         count += 1
     if not stream.at_end():
         raise SparkCheckpointError(f"{key}: data after the end of the records")
@@ -74,34 +87,41 @@ def _checked(size: int, key: str, index: int, what: str) -> int:
 
 
 class _Stream:
+    """The decompressed blocks as one byte stream: `buffer` from `at` holds what is read
+    and not yet taken (at most a record and a block)."""
+
     def __init__(self, blocks: Iterator[bytes], key: str) -> None:
         self._blocks = blocks
-        self._buffer = bytearray()
-        self._at = 0
+        self.buffer = bytearray()
+        self.at = 0
         self._key = key
 
     def _fill(self, n: int) -> bool:
-        while len(self._buffer) - self._at < n:
+        while len(self.buffer) - self.at < n:
             block = next(self._blocks, None)
             if block is None:
                 return False
-            if self._at:
-                del self._buffer[: self._at]
-                self._at = 0
-            self._buffer += block
+            if self.at:
+                del self.buffer[: self.at]
+                self.at = 0
+            self.buffer += block
         return True
 
-    def take(self, n: int) -> bytes:
-        if not self._fill(n):
+    def need(self, n: int) -> None:
+        """At least `n` bytes from `at` (the buffer may be compacted: read `at` again)."""
+        if len(self.buffer) - self.at < n and not self._fill(n):
             raise SparkCheckpointError(f"{self._key}: the records are cut short")
-        out = bytes(self._buffer[self._at : self._at + n])
-        self._at += n
+
+    def take(self, n: int) -> bytes:
+        self.need(n)
+        out = bytes(self.buffer[self.at : self.at + n])
+        self.at += n
         return out
 
     def peek(self, n: int) -> bytes:
         """Up to `n` next bytes, left to be read."""
         self._fill(n)
-        return bytes(self._buffer[self._at : self._at + n])
+        return bytes(self.buffer[self.at : self.at + n])
 
     def utf(self) -> str:
         (length,) = struct.unpack(">H", self.take(2))
@@ -119,9 +139,9 @@ class _Stream:
 
     def drain_to_end_record(self, end: bytes) -> None:
         """Read the rest (memory: one block); refused unless it ends with `end`."""
-        last = bytes(self._buffer[self._at:])[-len(end):]
-        self._buffer.clear()
-        self._at = 0
+        last = bytes(self.buffer[self.at:])[-len(end):]
+        self.buffer.clear()
+        self.at = 0
         for block in self._blocks:
             last = (last + block)[-len(end):]
         if last != end:

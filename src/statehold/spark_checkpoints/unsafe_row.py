@@ -60,14 +60,17 @@ def decode_row(data: bytes, schema: Struct, where: str) -> tuple[Any, ...]:
     return _struct(data, 0, len(data), schema, where)
 
 
-def row_decoder(schema: Struct, where: str) -> Callable[[bytes], tuple[Any, ...]]:
-    """`decode_row` for one schema and place; a flat schema's (fixed-width, string and
-    binary fields: most keys and values) reads its null words and every slot in one
-    unpack, the same values and refusals at several times the speed."""
-    flat = _flat_decoder(schema, where)
+def row_decoder(schema: Struct, where: str, start: int = 0
+                ) -> Callable[[bytes], tuple[Any, ...]]:
+    """`decode_row` for one schema and place, of the row from byte `start` of the data
+    (RocksDB's rows follow a version byte: no copy to skip it); a flat schema's
+    (fixed-width, string and binary fields: most keys and values) reads its null words
+    and every slot in one unpack, the same values and refusals at several times the
+    speed."""
+    flat = _flat_decoder(schema, where, start)
     if flat is not None:
         return flat
-    return lambda data: _struct(data, 0, len(data), schema, where)
+    return lambda data: _struct(data, start, len(data) - start, schema, where)
 
 
 #: A fixed-width value's unpack format within its 8-byte slot.
@@ -76,7 +79,8 @@ _SLOT_UNPACK = {"boolean": "?7x", "byte": "b7x", "short": "h6x", "integer": "i4x
                 "timestamp": "q", "timestamp_ntz": "q"}
 
 
-def _flat_decoder(schema: Struct, where: str) -> Callable[[bytes], tuple[Any, ...]] | None:
+def _flat_decoder(schema: Struct, where: str, start: int
+                  ) -> Callable[[bytes], tuple[Any, ...]] | None:
     """The decoder of a schema whose fields are all fixed-width, string or binary; None
     for any other (nested, decimal, void: `_struct` decodes those)."""
     names = [f.type.name for f in schema.fields if isinstance(f.type, Atomic)
@@ -93,11 +97,12 @@ def _flat_decoder(schema: Struct, where: str) -> Callable[[bytes], tuple[Any, ..
     text = set(strings)
 
     def decode(data: bytes) -> tuple[Any, ...]:
-        size = len(data)
+        size = len(data) - start
         if size < fixed:
             raise BadRow(f"{where}: a row of {n} fields needs {fixed} bytes, it has {size}")
-        unpacked = layout.unpack_from(data)
-        nulls = unpacked[0] if words == 1 else int.from_bytes(data[: 8 * words], "little")
+        unpacked = layout.unpack_from(data, start)
+        nulls = unpacked[0] if words == 1 else int.from_bytes(
+            data[start : start + 8 * words], "little")
         values = list(unpacked[words:])
         for i in variable:
             if (nulls >> i) & 1:
@@ -108,7 +113,7 @@ def _flat_decoder(schema: Struct, where: str) -> Callable[[bytes], tuple[Any, ..
                 raise BadRow(
                     f"{where}: a value at offset {offset}, {length} bytes, lies outside its "
                     f"{size}-byte region (variable part from {fixed})")
-            raw = data[offset : offset + length]
+            raw = data[start + offset : start + offset + length]
             values[i] = raw.decode("utf-8", "replace") if i in text else raw
         if nulls:
             for i in range(n):
