@@ -68,13 +68,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def write_inputs(folder: Path, keys: int, batches: int, value_bytes: int) -> None:
     """Batch i: its share of the keys, one JSON line each; the payload, where asked, is
-    the key's digits repeated (distinct per key, so the state holds every byte)."""
+    random hex (distinct per key and not compressible by lz4, so the files hold about
+    `value_bytes` per key)."""
     folder.mkdir(parents=True)
     share = -(-keys // batches)
     for i in range(batches):
         with (folder / f"in-{i:04d}.json").open("w") as f:
             for k in range(i * share, min(keys, (i + 1) * share)):
-                payload = (f"{k:09d}" * (value_bytes // 9 + 1))[:value_bytes]
+                payload = os.urandom(-(-value_bytes // 2)).hex()[:value_bytes]
                 f.write(f'{{"key":"k{k:09d}","value":{k % 97},"payload":"{payload}"}}\n')
 
 

@@ -37,25 +37,32 @@ def _records(stream: _Stream, key: str, *, deletes: bool) -> Iterator[
     count = 0
     unpack = _INT.unpack_from
     while True:
-        stream.need(4)
-        (size,) = unpack(stream.buffer, stream.at)
+        buffer, at = stream.buffer, stream.at
+        if len(buffer) - at < 4:
+            stream.need(4)
+            buffer, at = stream.buffer, stream.at
+        (size,) = unpack(buffer, at)
         if size == -1:
-            stream.at += 4
+            stream.at = at + 4
             break
         _checked(size, key, count, "key")
-        stream.need(8 + size)
-        buffer, at = stream.buffer, stream.at
+        if len(buffer) - at < 8 + size:
+            stream.need(8 + size)
+            buffer, at = stream.buffer, stream.at
         row = bytes(buffer[at + 4 : at + 4 + size])
         (value_size,) = unpack(buffer, at + 4 + size)
+        end = at + 8 + size
         if value_size == -1 and deletes:
-            stream.at = at + 8 + size
+            stream.at = end
             yield row, None
         else:
             _checked(value_size, key, count, "value")
-            stream.need(8 + size + value_size)
-            buffer, at = stream.buffer, stream.at
-            stream.at = at + 8 + size + value_size
-            yield row, bytes(buffer[at + 8 + size : stream.at])
+            if len(buffer) - at < 8 + size + value_size:
+                stream.need(8 + size + value_size)
+                buffer, at = stream.buffer, stream.at
+                end = at + 8 + size
+            stream.at = end + value_size
+            yield row, bytes(buffer[end : end + value_size])
         count += 1
     if not stream.at_end():
         raise SparkCheckpointError(f"{key}: data after the end of the records")
