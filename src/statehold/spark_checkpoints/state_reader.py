@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from statehold.spark_checkpoints.columnar_rows import flat_columns, is_flat
 from statehold.spark_checkpoints.errors import SparkCheckpointError, StateSchemaUnreadable
 from statehold.spark_checkpoints.layout import StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint, unique_id
@@ -77,6 +78,21 @@ def read_store(
     schema = schema or store_schema(location, found, store)
     arrow = schema.arrow()
     decode_key, decode_value = row_decoders(schema, store, needs.version, files.provider)
+    if is_flat(schema.key) and is_flat(schema.value):
+        skip = 1 if files.provider == "rocksdb" else 0
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        for k, value in _merged_records(location, store, needs):
+            keys.append(k)
+            values.append(value)
+            if len(keys) >= batch_rows:
+                yield _columnar_batch(keys, values, schema, arrow, skip,
+                                      (decode_key, decode_value), store)
+                keys, values = [], []
+        if keys:
+            yield _columnar_batch(keys, values, schema, arrow, skip, (decode_key, decode_value),
+                                  store)
+        return
     rows: list[tuple[Any, ...]] = []
     for k, value in _merged_records(location, store, needs):
         rows.append(decode_key(k) + decode_value(value))
@@ -85,6 +101,26 @@ def read_store(
             rows = []
     if rows:
         yield arrow_batch(rows, arrow, store)
+
+
+def _columnar_batch(
+    keys: list[bytes], values: list[bytes], schema: StateSchema, arrow: pa.Schema, skip: int,
+    decoders: tuple[Callable[[bytes], tuple[Any, ...]], Callable[[bytes], tuple[Any, ...]]],
+    store: StoreId,
+) -> pa.RecordBatch:
+    """Flat keys and values decoded column by column; where any row is not taken as it
+    is there, the batch's rows one by one (which refuse or replace as they always have)."""
+    types = list(arrow.types)
+    width = len(schema.key.fields)
+    key_columns = flat_columns(keys, schema.key, types[:width], skip)
+    value_columns = (flat_columns(values, schema.value, types[width:], skip)
+                     if key_columns is not None else None)
+    if key_columns is None or value_columns is None:
+        decode_key, decode_value = decoders
+        return arrow_batch([decode_key(k) + decode_value(v) for k, v in zip(keys, values,
+                                                                             strict=True)],
+                           arrow, store)
+    return pa.RecordBatch.from_arrays([*key_columns, *value_columns], schema=arrow)
 
 
 def store_records(

@@ -1,0 +1,114 @@
+"""Many UnsafeRows of one flat schema (fixed-width, string, binary and void fields: most
+state keys and values) decoded column by column into Arrow arrays, with numpy over the rows'
+bytes instead of a Python call per value: the offline read's fast path.
+
+The rows are joined into one buffer; every row's null words and slots are gathered into
+one matrix of 64-bit words (a row's slots lie at the same place from its start), each
+fixed-width column is a view of its word, and each string or binary column's bytes are
+joined into Arrow's value buffer by the offsets and sizes in its slots. Anything this
+path does not take as it is, a row too short, an offset outside its row, a state
+encoding version byte that is not 0, a string that is not UTF-8, makes `flat_columns`
+answer None: the caller decodes those rows one by one (`unsafe_row.row_decoder`), which
+refuses in one line or replaces what is not UTF-8, as it always has.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from statehold.spark_checkpoints.spark_types import Atomic, Struct
+
+#: The numpy type each fixed-width value is read as from the low bytes of its word.
+_NUMPY = {"byte": np.int8, "short": np.int16, "integer": np.int32, "date": np.int32,
+          "float": np.float32, "long": np.int64, "timestamp": np.int64,
+          "timestamp_ntz": np.int64, "double": np.float64}
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_VARIABLE = ("string", "binary")
+_MAX_VALUES = (1 << 31) - 1  # an Arrow string or binary array's 32-bit offsets
+
+
+def is_flat(schema: Struct) -> bool:
+    """Whether every field is fixed-width, a string, a binary or void (``dropDuplicates``'
+    value), and there is one."""
+    return bool(schema.fields) and all(
+        isinstance(f.type, Atomic) and (f.type.name in _NUMPY or f.type.name in _VARIABLE
+                                        or f.type.name in ("boolean", "void"))
+        for f in schema.fields)
+
+
+def flat_columns(rows: list[bytes], schema: Struct, arrow: list[pa.DataType], skip: int
+                 ) -> list[pa.Array] | None:
+    """The columns of `rows` (each after `skip` bytes, a byte 0 where `skip` is 1) as
+    Arrow arrays of the types `arrow`; None where a row must be decoded alone."""
+    n = len(schema.fields)
+    words = (n + 63) // 64
+    fixed = 8 * (words + n)
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    if not len(rows) or int(lengths.min()) < skip + fixed:
+        return None
+    joined = b"".join(rows)
+    data = np.frombuffer(joined, dtype=np.uint8)
+    starts = np.zeros(len(rows), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    if skip and np.any(data[starts] != 0):
+        return None
+    slots = data[(starts + skip)[:, None] + np.arange(fixed)].view("<u8")
+    sizes = lengths - skip
+    columns = []
+    for i, field in enumerate(schema.fields):
+        assert isinstance(field.type, Atomic)
+        name = field.type.name
+        nulls = ((slots[:, i // 64] >> np.uint64(i % 64)) & np.uint64(1)).astype(bool)
+        word = slots[:, words + i]
+        if name == "void":
+            columns.append(pa.nulls(len(rows), arrow[i]))
+            continue
+        if name in _VARIABLE:
+            column = _variable(joined, word, nulls, starts + skip, sizes, fixed, arrow[i])
+            if column is None:
+                return None
+        elif name == "boolean":
+            column = pa.array((word & np.uint64(0xFF)) != 0, mask=nulls)
+        else:
+            kind = _NUMPY[name]
+            width = np.dtype(kind).itemsize
+            values = word.astype(_UNSIGNED[width]).view(kind) if width < 8 else word.view(kind)
+            column = pa.array(values, mask=nulls)
+        if column.type != arrow[i]:
+            column = column.view(arrow[i])
+        columns.append(column)
+    return columns
+
+
+def _variable(joined: bytes, word: np.ndarray, nulls: np.ndarray, row_starts: np.ndarray,
+              sizes: np.ndarray, fixed: int, arrow: pa.DataType) -> pa.Array | None:
+    """A string or binary column gathered into one values buffer; None where an offset
+    lies outside its row or a string is not UTF-8."""
+    offsets = (word >> np.uint64(32)).astype(np.int64)
+    lengths = (word & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    lengths[nulls] = 0
+    present = ~nulls
+    if np.any(present & ((offsets < fixed) | (offsets + lengths > sizes))):
+        return None
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    if total > _MAX_VALUES:
+        return None
+    firsts = (row_starts + offsets).tolist()  # each value's first byte in `joined`
+    # one slice per value: cheaper than a numpy index per byte once values pass a few bytes
+    values = b"".join([joined[f : f + n] for f, n in zip(firsts, lengths.tolist(),
+                                                          strict=True)])
+    arrow_offsets = np.concatenate(([0], ends)).astype(np.int32)
+    validity = pa.py_buffer(np.packbits(present, bitorder="little")) if nulls.any() else None
+    column = pa.Array.from_buffers(arrow, len(word), [
+        validity, pa.py_buffer(arrow_offsets), pa.py_buffer(values)],
+        null_count=int(nulls.sum()))
+    try:
+        column.validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    return column
+
+
+__all__ = ["flat_columns", "is_flat"]
