@@ -14,6 +14,8 @@ refuses in one line or replaces what is not UTF-8, as it always has.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 
@@ -37,35 +39,75 @@ def is_flat(schema: Struct) -> bool:
         for f in schema.fields)
 
 
+@dataclass
+class FlatRows:
+    """Rows of one flat schema joined, with every row's null words and slots gathered
+    into one matrix of 64-bit words (`slots`, a row per line)."""
+
+    joined: bytes
+    data: np.ndarray
+    #: Where each row starts in `joined` (after its `skip` bytes), and its size from there.
+    starts: np.ndarray
+    sizes: np.ndarray
+    slots: np.ndarray
+    words: int
+    fixed: int
+
+    @classmethod
+    def gather(cls, rows: list[bytes], fields: int, skip: int) -> FlatRows | None:
+        """None where a row is too short or (`skip` 1) its version byte is not 0."""
+        words = (fields + 63) // 64
+        fixed = 8 * (words + fields)
+        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        if not len(rows) or int(lengths.min()) < skip + fixed:
+            return None
+        joined = b"".join(rows)
+        data = np.frombuffer(joined, dtype=np.uint8)
+        starts = np.zeros(len(rows), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        if skip and np.any(data[starts] != 0):
+            return None
+        starts += skip
+        slots = data[starts[:, None] + np.arange(fixed)].view("<u8")
+        return cls(joined, data, starts, lengths - skip, slots, words, fixed)
+
+    def nulls(self, i: int) -> np.ndarray:
+        return ((self.slots[:, i // 64] >> np.uint64(i % 64)) & np.uint64(1)).astype(bool)
+
+    def word(self, i: int) -> np.ndarray:
+        """Field `i`'s 8-byte slot of every row."""
+        return self.slots[:, self.words + i]
+
+    def extents(self, i: int, nulls: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """A string or binary field's first byte in `joined` and size, per row (0 for a
+        null); None where one lies outside its row."""
+        word = self.word(i)
+        offsets = (word >> np.uint64(32)).astype(np.int64)
+        lengths = (word & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        lengths[nulls] = 0
+        if np.any(~nulls & ((offsets < self.fixed) | (offsets + lengths > self.sizes))):
+            return None
+        return self.starts + offsets, lengths
+
+
 def flat_columns(rows: list[bytes], schema: Struct, arrow: list[pa.DataType], skip: int
                  ) -> list[pa.Array] | None:
     """The columns of `rows` (each after `skip` bytes, a byte 0 where `skip` is 1) as
     Arrow arrays of the types `arrow`; None where a row must be decoded alone."""
-    n = len(schema.fields)
-    words = (n + 63) // 64
-    fixed = 8 * (words + n)
-    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-    if not len(rows) or int(lengths.min()) < skip + fixed:
+    flat = FlatRows.gather(rows, len(schema.fields), skip)
+    if flat is None:
         return None
-    joined = b"".join(rows)
-    data = np.frombuffer(joined, dtype=np.uint8)
-    starts = np.zeros(len(rows), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    if skip and np.any(data[starts] != 0):
-        return None
-    slots = data[(starts + skip)[:, None] + np.arange(fixed)].view("<u8")
-    sizes = lengths - skip
     columns = []
     for i, field in enumerate(schema.fields):
         assert isinstance(field.type, Atomic)
         name = field.type.name
-        nulls = ((slots[:, i // 64] >> np.uint64(i % 64)) & np.uint64(1)).astype(bool)
-        word = slots[:, words + i]
+        nulls = flat.nulls(i)
+        word = flat.word(i)
         if name == "void":
             columns.append(pa.nulls(len(rows), arrow[i]))
             continue
         if name in _VARIABLE:
-            column = _variable(joined, word, nulls, starts + skip, sizes, fixed, arrow[i])
+            column = _variable(flat, i, nulls, arrow[i])
             if column is None:
                 return None
         elif name == "boolean":
@@ -81,27 +123,24 @@ def flat_columns(rows: list[bytes], schema: Struct, arrow: list[pa.DataType], sk
     return columns
 
 
-def _variable(joined: bytes, word: np.ndarray, nulls: np.ndarray, row_starts: np.ndarray,
-              sizes: np.ndarray, fixed: int, arrow: pa.DataType) -> pa.Array | None:
-    """A string or binary column gathered into one values buffer; None where an offset
-    lies outside its row or a string is not UTF-8."""
-    offsets = (word >> np.uint64(32)).astype(np.int64)
-    lengths = (word & np.uint64(0xFFFFFFFF)).astype(np.int64)
-    lengths[nulls] = 0
-    present = ~nulls
-    if np.any(present & ((offsets < fixed) | (offsets + lengths > sizes))):
+def _variable(flat: FlatRows, i: int, nulls: np.ndarray, arrow: pa.DataType
+              ) -> pa.Array | None:
+    """A string or binary column's values joined into one buffer; None where one lies
+    outside its row or a string is not UTF-8."""
+    extents = flat.extents(i, nulls)
+    if extents is None:
         return None
+    firsts, lengths = extents
     ends = np.cumsum(lengths)
-    total = int(ends[-1]) if len(ends) else 0
-    if total > _MAX_VALUES:
+    if int(ends[-1]) > _MAX_VALUES:
         return None
-    firsts = (row_starts + offsets).tolist()  # each value's first byte in `joined`
     # one slice per value: cheaper than a numpy index per byte once values pass a few bytes
-    values = b"".join([joined[f : f + n] for f, n in zip(firsts, lengths.tolist(),
+    joined = flat.joined
+    values = b"".join([joined[f : f + n] for f, n in zip(firsts.tolist(), lengths.tolist(),
                                                           strict=True)])
     arrow_offsets = np.concatenate(([0], ends)).astype(np.int32)
-    validity = pa.py_buffer(np.packbits(present, bitorder="little")) if nulls.any() else None
-    column = pa.Array.from_buffers(arrow, len(word), [
+    validity = pa.py_buffer(np.packbits(~nulls, bitorder="little")) if nulls.any() else None
+    column = pa.Array.from_buffers(arrow, len(nulls), [
         validity, pa.py_buffer(arrow_offsets), pa.py_buffer(values)],
         null_count=int(nulls.sum()))
     try:
@@ -111,4 +150,4 @@ def _variable(joined: bytes, word: np.ndarray, nulls: np.ndarray, row_starts: np
     return column
 
 
-__all__ = ["flat_columns", "is_flat"]
+__all__ = ["FlatRows", "flat_columns", "is_flat"]
