@@ -260,7 +260,6 @@ def hadoop_crc(data: bytes) -> bytes:
     """Hadoop's ChecksumFileSystem ``.NAME.crc``: ``crc\\0``, the bytes per checksum,
     then a CRC-32 of every 512-byte chunk."""
     step = _HADOOP_BYTES_PER_CHECKSUM
-    sums = b"".join(
-        struct.pack(">I", zlib.crc32(data[i : i + step])) for i in range(0, len(data), step)
-    )
-    return b"crc\x00" + struct.pack(">i", step) + sums
+    view = memoryview(data)  # chunks without copies, their sums packed at once
+    sums = [zlib.crc32(view[i : i + step]) for i in range(0, len(data), step)]
+    return b"crc\x00" + struct.pack(f">i{len(sums)}I", step, *sums)
