@@ -201,12 +201,13 @@ def test_the_documented_command_runs_from_the_repository_root() -> None:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
+    from tests.support.paths import ROOT
+
     env = {**os.environ, "PYTHONHASHSEED": "0"}  # (else the script starts itself again)
     out = subprocess.run(
         [sys.executable, "tests/simulate.py", "--world", "spark", "--seeds", "2", "--steps",
          "100", "--json", "--tolerate", ",".join(sorted(KINDS))],
-        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
