@@ -16,12 +16,12 @@ from hypothesis import settings
 
 from statehold.storage import Storage
 from tests.support.cluster import StandaloneCluster, standalone_cluster
-from tests.support.faultproxy import FaultProxy
-from tests.support.infra.object_stores import azurite_server, azurite_tls_server, gcs_server
+from tests.support.fault_injection_proxy import FaultProxy
+from tests.support.infra.object_store_servers import azurite_server, azurite_tls_server, gcs_server
 from tests.support.kafka import kafka_broker
 from tests.support.s3 import S3Server
 from tests.support.spark_session import spark, use_subprocess_jvm_opts
-from tests.support.storages import StorageFactory, storage_factory_for
+from tests.support.storage_roots import StorageFactory, storage_factory_for
 from tests.support.zk import ZooKeeperServer, zk_server
 
 # Session fixtures, for every test module, defined here once: a session fixture imported

@@ -323,7 +323,7 @@ def test_a_lagging_abort_delete_never_removes_the_retried_checkpoint(storage: St
     import threading as th
 
     from statehold.checkpoint.coordinator import CheckpointCoordinator
-    from tests.support.faulty import FaultyStorage
+    from tests.support.fault_injection_storage import FaultyStorage
     from tests.support.simulated_tasks import RANGES, SimulatedTask
 
     go = th.Event()

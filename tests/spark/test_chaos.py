@@ -38,7 +38,7 @@ import pytest
 
 from statehold.storage import Storage, open_storage
 from tests.support.chaos import HANG, Chaos, RunPlan, RunResult
-from tests.support.faultproxy import FaultProxy
+from tests.support.fault_injection_proxy import FaultProxy
 from tests.support.infra import jvm
 from tests.support.kafka import KafkaBroker
 from tests.support.kafka_runs import (

@@ -23,8 +23,8 @@ from statehold.job.directory import open_job
 from statehold.spark import BatchResult, StatefulJob
 from statehold.storage import open_storage
 from statehold.tools import locate, verify
-from tests.support.faultproxy import FaultProxy
-from tests.support.faults import bounded
+from tests.support.fault_injection_proxy import FaultProxy
+from tests.support.hang_detector import bounded
 from tests.support.keyed_totals import (
     MAXP,
     OUT,

@@ -14,8 +14,8 @@ import pytest
 
 from statehold.storage import AlreadyExistsError, Storage, StorageError, open_storage
 from statehold.storage.base import ConflictError
-from tests.support.faultproxy import CutAction, FaultProxy
-from tests.support.faults import bounded
+from tests.support.fault_injection_proxy import CutAction, FaultProxy
+from tests.support.hang_detector import bounded
 from tests.support.s3 import S3Server
 
 #: The client's per-request timeout in these tests: a stalled request fails after this

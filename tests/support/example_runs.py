@@ -24,7 +24,7 @@ from statehold.job.directory import open_job
 from statehold.storage import Storage
 from statehold.tools import locate, verify
 from tests.support.paths import ROOT, SRC, SUPPORT
-from tests.support.pausing import PAUSE_ENV, PAUSE_MARK_ENV
+from tests.support.pause_hooks import PAUSE_ENV, PAUSE_MARK_ENV
 
 Totals = dict[str, tuple[int, int]]
 

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python tests/support/paused_example.py [example arguments]
 
-Spark's Python workers import the hook by name (`tests.support.pausing`): the repository's
+Spark's Python workers import the hook by name (`tests.support.pause_hooks`): the repository's
 root goes on their PYTHONPATH before Spark starts.
 """
 
@@ -13,7 +13,7 @@ import sys
 
 from statehold.examples import running_totals
 from tests.support.paths import ROOT, python_path
-from tests.support.pausing import pause_when_asked
+from tests.support.pause_hooks import pause_when_asked
 
 if __name__ == "__main__":
     os.environ["PYTHONPATH"] = python_path([ROOT])

@@ -33,7 +33,7 @@ from statehold.spark import (
     local_session,
     replace_output,
 )
-from tests.support.pausing import pause_when_asked
+from tests.support.pause_hooks import pause_when_asked
 
 
 def main(argv: list[str]) -> int:

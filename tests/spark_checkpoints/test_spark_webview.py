@@ -19,7 +19,7 @@ from statehold.cli.app import app
 from statehold.cli.spark_webview import page
 from statehold.cli.webview import page_server
 from statehold.spark_checkpoints import open_spark_checkpoint
-from tests.support.spark_checkpoint_files import logs, rocksdb_changelog_store
+from tests.support.spark_locations.handmade_files import logs, rocksdb_changelog_store
 
 CHROMIUM = shutil.which("chromium")
 
