@@ -44,8 +44,8 @@ from statehold.job.result import read_result
 from statehold.storage import Storage, open_storage
 from statehold.tools import locate, verify
 from tests.support import crash_driver as drv
+from tests.support.infra.object_store_servers import S3Server
 from tests.support.paths import ROOT, SUPPORT, python_path
-from tests.support.s3 import S3Server
 from tests.support.zk import ZooKeeperServer
 
 pytestmark = pytest.mark.crash

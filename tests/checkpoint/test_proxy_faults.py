@@ -33,8 +33,8 @@ from statehold.storage import Storage, StorageError, open_storage
 from tests.support import zombie_driver as zd
 from tests.support.fault_injection_proxy import FaultProxy
 from tests.support.hang_detector import bounded
+from tests.support.infra.object_store_servers import S3Server
 from tests.support.job_dir_contents import assert_reconciled_exact, data_files, referenced
-from tests.support.s3 import S3Server
 from tests.support.zk import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper

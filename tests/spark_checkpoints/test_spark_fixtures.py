@@ -1,9 +1,9 @@
-"""Every query of tests.support.spark_locations.queries on every state store layout, as
-each supported PySpark (3.5, 4.0, the newest) wrote it: the committed fixtures
-(tests/fixtures/spark/, tests.support.spark_locations.committed_fixtures), read without starting Spark. What
-`listing` and `verify` say of each location, how each store's version is held, the formats
-that Spark wrote (commit log, operator metadata, state schema, snapshot zips, changelog
-versions), and what gc, a savepoint, a rollback and a relocation do to it.
+"""Every query of tests.support.spark_locations.queries on every state store layout, as each
+supported PySpark (3.5, 4.0, the newest) wrote it: the committed fixtures
+(tests/fixtures/spark/, tests.support.spark_locations.committed_fixtures), read without
+starting Spark. What `listing` and `verify` say of each location, how each store's version
+is held, the formats that Spark wrote (commit log, operator metadata, state schema, snapshot
+zips, changelog versions), and what gc, a savepoint, a rollback and a relocation do to it.
 
 That a query restarts from what these wrote is tested live on each PySpark
 (test_spark_real_queries, test_spark_gc, test_spark_savepoint, test_spark_rollback: the

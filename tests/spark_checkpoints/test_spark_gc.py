@@ -28,7 +28,7 @@ import pytest
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.gc import SparkGcReport, gc
 from statehold.storage import open_storage
-from tests.support.s3 import S3Server
+from tests.support.infra.object_store_servers import S3Server
 from tests.support.spark_locations.committed_fixtures import (
     FILES,
     copy_of,

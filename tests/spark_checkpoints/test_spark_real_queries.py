@@ -1,10 +1,11 @@
 """What a savepoint, a rollback and a gc of Spark's own checkpoint locations do to a query
 that restarts from them, on the running PySpark: each pair's location is the committed
-fixture this PySpark wrote (tests/fixtures/spark/, tests.support.spark_locations.committed_fixtures), relocated
-to a fresh copy of its input (statehold's relocate: so every restart here also restarts a
-relocated location); its reference rows are those the fixture's query wrote. What statehold
-reads of every pair of every PySpark, and what gc, savepoint, rollback and relocate do to
-its files, is tested without Spark in test_spark_fixtures.
+fixture this PySpark wrote (tests/fixtures/spark/,
+tests.support.spark_locations.committed_fixtures), relocated to a fresh copy of its input
+(statehold's relocate: so every restart here also restarts a relocated location); its
+reference rows are those the fixture's query wrote. What statehold reads of every pair of
+every PySpark, and what gc, savepoint, rollback and relocate do to its files, is tested
+without Spark in test_spark_fixtures.
 
 Restarts (one Spark run each) only for the pairs below, so that every query and every
 layout restarts at least once on each PySpark (`matrix`: .ci/spark-matrix runs this module

@@ -1,8 +1,8 @@
-"""The UnsafeRow decoder (statehold.spark_checkpoints.unsafe_row) on rows built by hand:
-one literal row written byte by byte from Spark's layout, then every type Spark allows in
-state (with nulls, extremes, nesting) through tests/support/spark_locations/unsafe_rows.py's writer, then
-damaged rows refused in one line. The state schema types' parsing and Arrow types too.
-"""
+"""The UnsafeRow decoder (statehold.spark_checkpoints.unsafe_row) on rows built by hand: one
+literal row written byte by byte from Spark's layout, then every type Spark allows in state
+(with nulls, extremes, nesting) through tests/support/spark_locations/unsafe_rows.py's
+writer, then damaged rows refused in one line. The state schema types' parsing and Arrow
+types too."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from statehold.storage.base import check_prefix
 from statehold.storage.s3 import S3Storage
 
 if TYPE_CHECKING:
-    from tests.support.s3 import S3Server
+    from tests.support.infra.object_store_servers import S3Server
     from tests.support.storage_roots import StorageFactory
 
 BACKENDS = ["local", "s3", "gcs", "azure"]

@@ -1,6 +1,6 @@
 """The running-totals example (``python -m statehold.examples.running_totals``) in
 subprocesses: its environment and command line, a plain-Python reference of its output
-and state, and runs killed -9 where the example pauses (tests/support/paused_example.py)."""
+and state, and runs killed -9 where the example pauses (tests/support/pause_hooks.py)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def read_output(output: Path) -> list[Totals]:
 
 
 START_TIMEOUT = 300.0
-PAUSED_EXAMPLE = SUPPORT / "paused_example.py"
+PAUSED_EXAMPLE = SUPPORT / "pause_hooks.py"
 
 
 def group_alive(pgid: int) -> bool:

@@ -408,7 +408,7 @@ def start_query(
     output: Path,
     pause: Path | None = None,
 ) -> StreamingQuery:
-    """`pause`: read the input in union with `spark_pause_source`'s source, armed by that
+    """`pause`: read the input in union with `pause_source`'s source, armed by that
     file (its mark: the same name with ``.paused``), for a driver to be killed between
     the file source's log write and the offsets write (PySpark 4)."""
     spec = QUERIES[query]
@@ -587,7 +587,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--s3-endpoint", help="the S3 endpoint of an s3a:// checkpoint")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--pause-source", type=Path,
-                   help="read through spark_pause_source's source, armed by this file")
+                   help="read through pause_source.py's source, armed by this file")
     args = p.parse_args(argv)
     single = (args.provider, args.checkpoint, args.input, args.output, args.until_batch)
     if args.serve:
