@@ -16,19 +16,24 @@ from hypothesis import settings
 
 from statehold.storage import Storage
 from tests.support.cluster import StandaloneCluster, standalone_cluster
-from tests.support.faultproxy import FaultProxy
-from tests.support.infra.object_stores import azurite_server, azurite_tls_server, gcs_server
+from tests.support.fault_injection_proxy import FaultProxy
+from tests.support.infra.object_store_servers import (
+    S3Server,
+    azurite_server,
+    azurite_tls_server,
+    gcs_server,
+    s3_server,
+)
 from tests.support.kafka import kafka_broker
-from tests.support.s3 import S3Server
 from tests.support.spark_session import spark, use_subprocess_jvm_opts
-from tests.support.storages import StorageFactory, storage_factory_for
+from tests.support.storage_roots import StorageFactory, storage_factory_for
 from tests.support.zk import ZooKeeperServer, zk_server
 
 # Session fixtures, for every test module, defined here once: a session fixture imported
 # into several test modules is a new definition in each, so each module would start its
 # own server (and keep it until the session ends).
-__all__ = ["azurite_server", "azurite_tls_server", "gcs_server", "kafka_broker", "spark",
-           "zk_server"]
+__all__ = ["azurite_server", "azurite_tls_server", "gcs_server", "kafka_broker", "s3_server",
+           "spark", "zk_server"]
 
 # Property tests check results, never speed: a machine busy with Spark and servers must not
 # turn a slow example into a failure (Hypothesis' default deadline is 200 ms per example).
@@ -55,29 +60,6 @@ def _byte_compile_the_tree() -> None:
 
 
 _byte_compile_the_tree()
-
-
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    """A moto S3 server on 127.0.0.1 (a real HTTP server speaking the S3 protocol)."""
-    import boto3
-
-    from tests.support.moto_server import AtomicConditionalMotoServer
-
-    server = AtomicConditionalMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    info = S3Server(endpoint=f"http://{host}:{port}", bucket="statehold-test")
-    client = boto3.client(
-        "s3",
-        endpoint_url=info.endpoint,
-        aws_access_key_id=info.access_key_id,
-        aws_secret_access_key=info.secret_access_key,
-        region_name=info.region,
-    )
-    client.create_bucket(Bucket=info.bucket)
-    yield info
-    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -410,7 +410,7 @@ def test_seed_10084_a_failed_whole_job_dispose_leaves_no_savepoint_without_its_f
     from statehold.format.metadata import read_metadata, referenced_keys
     from statehold.storage.local import LocalStorage
     from statehold.tools import ToolError
-    from tests.support.faulty import FaultyStorage
+    from tests.support.fault_injection_storage import FaultyStorage
 
     storage = LocalStorage(Path(str(tmp_path)))
     _stopped_job_with_a_savepoint(storage, "sp26")

@@ -14,7 +14,7 @@ from sim.world import PLANTS, grown, run_seed
 
 from statehold.errors import StateholdError
 from statehold.storage.base import FileInfo, Storage
-from tests.support.faulty import FaultyStorage
+from tests.support.fault_injection_storage import FaultyStorage
 
 STEPS = 2500
 #: Seeds within which each planted bug must be found (each is found at its first seed or

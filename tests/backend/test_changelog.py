@@ -263,7 +263,7 @@ def test_subsumed_checkpoints_release_their_changelogs_and_nothing_named(
     import statehold.backend.rocks as rocks
     from statehold.checkpoint.coordinator import CheckpointCoordinator
     from statehold.ha.embedded import EmbeddedHAStore
-    from tests.support.stored import data_files, listing, referenced
+    from tests.support.job_dir_contents import data_files, listing, referenced
 
     monkeypatch.setattr(rocks, "MAX_CHANGELOGS", 3)
     coord = CheckpointCoordinator.start(storage, EmbeddedHAStore(storage), job_id="job",

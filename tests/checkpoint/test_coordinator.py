@@ -16,8 +16,8 @@ from statehold.ha.base import FencedError, HAStoreError
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.job.directory import OWNER_KEY
 from statehold.storage import Storage, StorageError
-from tests.support.faulty import FaultyStorage
-from tests.support.forwarding import ForwardingStorage
+from tests.support.fault_injection_storage import FaultyStorage
+from tests.support.forwarding_storage import ForwardingStorage
 from tests.support.simulated_tasks import (
     MAX_PARALLELISM,
     RANGES,

@@ -44,8 +44,8 @@ from statehold.job.result import read_result
 from statehold.storage import Storage, open_storage
 from statehold.tools import locate, verify
 from tests.support import crash_driver as drv
+from tests.support.infra.object_store_servers import S3Server
 from tests.support.paths import ROOT, SUPPORT, python_path
-from tests.support.s3 import S3Server
 from tests.support.zk import ZooKeeperServer
 
 pytestmark = pytest.mark.crash
@@ -323,7 +323,7 @@ def test_a_lagging_abort_delete_never_removes_the_retried_checkpoint(storage: St
     import threading as th
 
     from statehold.checkpoint.coordinator import CheckpointCoordinator
-    from tests.support.faulty import FaultyStorage
+    from tests.support.fault_injection_storage import FaultyStorage
     from tests.support.simulated_tasks import RANGES, SimulatedTask
 
     go = th.Event()

@@ -25,9 +25,9 @@ from statehold.ha.open import open_ha_store
 from statehold.storage import LocalStorage, Storage
 from statehold.storage.local import TEMP_MARKER
 from tests.support import zombie_driver as zd
-from tests.support.faults import bounded
+from tests.support.hang_detector import bounded
+from tests.support.job_dir_contents import assert_reconciled_exact, listing
 from tests.support.small_fs import small_fs
-from tests.support.stored import assert_reconciled_exact, listing
 
 BOUND = 120.0
 

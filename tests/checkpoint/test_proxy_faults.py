@@ -31,10 +31,10 @@ from statehold.ha.base import FencedError
 from statehold.job.owner import write_owner
 from statehold.storage import Storage, StorageError, open_storage
 from tests.support import zombie_driver as zd
-from tests.support.faultproxy import FaultProxy
-from tests.support.faults import bounded
-from tests.support.s3 import S3Server
-from tests.support.stored import assert_reconciled_exact, data_files, referenced
+from tests.support.fault_injection_proxy import FaultProxy
+from tests.support.hang_detector import bounded
+from tests.support.infra.object_store_servers import S3Server
+from tests.support.job_dir_contents import assert_reconciled_exact, data_files, referenced
 from tests.support.zk import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper

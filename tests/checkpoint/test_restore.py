@@ -19,8 +19,8 @@ from statehold.format.metadata import (
 )
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.storage import LocalStorage, Storage, open_storage
+from tests.support.infra.object_store_servers import S3Server
 from tests.support.minipipeline import MiniPipeline, make_batch, reference
-from tests.support.s3 import S3Server
 
 
 def contents(storage: Storage) -> dict[str, bytes]:

@@ -12,7 +12,7 @@ import pytest
 from statehold.cleanup.bulk_delete import BulkDeleter
 from statehold.ha.base import FencedError
 from statehold.storage import open_storage
-from tests.support.faulty import FaultyStorage
+from tests.support.fault_injection_storage import FaultyStorage
 
 
 def names(count: int) -> list[str]:

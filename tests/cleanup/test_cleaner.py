@@ -15,7 +15,7 @@ from statehold.cleanup.cleaner import SyncCleaner
 from statehold.cleanup.discard import Discard
 from statehold.ha.base import FencedError, HAStoreError
 from statehold.storage import LocalStorage, Storage
-from tests.support.faulty import FaultyStorage
+from tests.support.fault_injection_storage import FaultyStorage
 
 FAST: dict[str, Any] = {"initial_delay": 0.001, "max_delay": 0.02, "jitter": 0.5, "seed": 3}
 

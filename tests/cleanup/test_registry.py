@@ -34,7 +34,7 @@ from statehold.format.metadata import (
     read_metadata,
 )
 from statehold.storage import LocalStorage, Storage, UnsafePathError
-from tests.support.stored import bytes_checksum, write_metadata
+from tests.support.job_dir_contents import bytes_checksum, write_metadata
 
 S, X, T = Scope.SHARED, Scope.EXCLUSIVE, Scope.TASKOWNED
 

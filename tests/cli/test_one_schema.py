@@ -19,7 +19,7 @@ from statehold.cli import app
 from statehold.format import results
 from statehold.storage import open_storage
 from tests.support.jobs import build_job
-from tests.support.spark_fixtures import extract, fixture
+from tests.support.spark_locations.committed_fixtures import extract, fixture
 
 VERBS: list[tuple[list[str], type[BaseModel]]] = [
     (["list"], results.Listing),

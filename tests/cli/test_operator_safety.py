@@ -56,8 +56,8 @@ from statehold.ha.embedded import EmbeddedHAStore
 from statehold.ha.zookeeper import ZooKeeperHAStore
 from statehold.job.directory import OWNER_KEY, HAStoreMismatchError, open_job, read_owner
 from statehold.storage import Storage, open_storage
+from tests.support.job_dir_contents import bytes_checksum
 from tests.support.jobs import MAX_PARALLELISM, RANGES, Task
-from tests.support.stored import bytes_checksum
 from tests.support.zk import ZooKeeperServer
 
 runner = CliRunner()

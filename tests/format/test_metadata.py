@@ -25,7 +25,7 @@ from statehold.format.metadata import (
     StateFile,
 )
 from statehold.storage import Storage, UnsafePathError
-from tests.support.stored import write_metadata
+from tests.support.job_dir_contents import write_metadata
 
 # -- strategies -----------------------------------------------------------------------------
 ids = st.integers(min_value=0, max_value=2**53)

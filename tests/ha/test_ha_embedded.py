@@ -14,7 +14,7 @@ from statehold.ha import CheckpointPointer, EmbeddedHAStore, FencedError, HAStat
 from statehold.ha.embedded import FORMAT_VERSION, pointer_key
 from statehold.storage import Storage
 from statehold.storage.base import FileInfo
-from tests.support.forwarding import ForwardingStorage
+from tests.support.forwarding_storage import ForwardingStorage
 from tests.support.ha_contract import (
     ALL_CHECKS,
     StoreFactory,

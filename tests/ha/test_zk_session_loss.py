@@ -26,7 +26,7 @@ from statehold.format import layout
 from statehold.ha import HAStoreError, ZooKeeperHAStore
 from statehold.storage import LocalStorage, Storage
 from tests.support import zombie_driver as zd
-from tests.support.stored import data_files, listing, referenced
+from tests.support.job_dir_contents import data_files, listing, referenced
 from tests.support.zk import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper

@@ -16,7 +16,7 @@ from statehold.cli import app
 from statehold.job import history
 from statehold.job.directory import open_job
 from statehold.storage import Storage, UnsafePathError, open_storage
-from tests.support.faulty import FaultyStorage
+from tests.support.fault_injection_storage import FaultyStorage
 from tests.support.minipipeline import MiniPipeline, make_batch
 
 

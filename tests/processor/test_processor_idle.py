@@ -21,7 +21,7 @@ from statehold.processor import (
     TimerValues,
 )
 from statehold.spark import StatefulJob, replace_output
-from tests.support.spark_queries import write_batch
+from tests.support.spark_reference_queries import write_batch
 
 pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 

@@ -16,7 +16,7 @@ import pytest
 
 from statehold import processor as sh
 from statehold.spark import StatefulJob, replace_output
-from tests.support.spark_queries import rocksdb_session, run_query, write_batch
+from tests.support.spark_reference_queries import rocksdb_session, run_query, write_batch
 from tests.support.spark_versions import SparkProcessor, needs_transform_with_state
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from statehold.format.metadata import (
     StateFile,
     referenced_keys,
 )
-from tests.support.stored import bytes_checksum
+from tests.support.job_dir_contents import bytes_checksum
 
 MAX_PARALLELISM = 8
 RANGES = [KeyGroupRange(start=0, end=3), KeyGroupRange(start=4, end=7)]

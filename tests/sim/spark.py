@@ -60,7 +60,7 @@ from sim.world import Stepping, Stop, Violation
 from statehold.errors import StateholdError
 from statehold.spark_checkpoints import SparkCheckpointLocation
 from statehold.storage.base import StorageError
-from tests.support.spark_checkpoint_files import (
+from tests.support.spark_locations.handmade_files import (
     commit_file,
     file_log,
     lineage_header,

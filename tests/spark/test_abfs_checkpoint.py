@@ -27,7 +27,7 @@ from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.layout import Kind, parse
 from statehold.storage import open_storage
 from tests.support.example_runs import check_retained_intact
-from tests.support.infra.object_stores import AZURITE_ACCOUNT
+from tests.support.infra.object_store_servers import AZURITE_ACCOUNT
 from tests.support.processor_stream_runs import scenario
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]

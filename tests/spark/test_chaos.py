@@ -38,8 +38,9 @@ import pytest
 
 from statehold.storage import Storage, open_storage
 from tests.support.chaos import HANG, Chaos, RunPlan, RunResult
-from tests.support.faultproxy import FaultProxy
+from tests.support.fault_injection_proxy import FaultProxy
 from tests.support.infra import jvm
+from tests.support.infra.object_store_servers import S3Server
 from tests.support.kafka import KafkaBroker
 from tests.support.kafka_runs import (
     MAX_PARALLELISM,
@@ -53,7 +54,6 @@ from tests.support.kafka_runs import (
     records,
 )
 from tests.support.paths import ROOT, SRC
-from tests.support.s3 import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash, pytest.mark.zookeeper,
               pytest.mark.timeout(3600)]  # per seed

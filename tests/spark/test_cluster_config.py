@@ -27,8 +27,8 @@ from statehold.format.metadata import read_metadata
 from statehold.ha.zookeeper import ZooKeeperHAStore
 from statehold.storage import open_storage
 from statehold.tools import verify
+from tests.support.infra.object_store_servers import S3Server
 from tests.support.paths import SRC
-from tests.support.s3 import S3Server
 from tests.support.zk import ZooKeeperServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.zookeeper, pytest.mark.scenario]

@@ -11,7 +11,7 @@ S3 (moto server), Spark's checkpoint in ``<job>/_spark/`` through s3a, its HA po
 a real ZooKeeper. The spark-sql-kafka and hadoop-aws jars come from the Maven cache
 (tests/support/infra/jvm.py) onto the driver's and the executors' class path (``--jars``,
 as ``spark.*.extraClassPath``); nothing is downloaded by Spark. In batch 1 one task pauses
-while updating state (tests/support/pause_once.py); the test finds the executor JVM
+while updating state (tests/support/pause_hooks.py); the test finds the executor JVM
 running it (``CoarseGrainedExecutorBackend``, an ancestor of the paused Python worker) and
 kills it with SIGKILL. Spark runs the task again elsewhere; the run must end normally with
 every batch's output and the final state equal to a plain-Python computation over the
@@ -41,6 +41,7 @@ from statehold.job.history import read_history
 from statehold.storage import open_storage
 from tests.support.cluster import StandaloneCluster, alive, executor_of
 from tests.support.infra import jvm
+from tests.support.infra.object_store_servers import S3Server
 from tests.support.kafka import KafkaBroker
 from tests.support.kafka_runs import (
     PER_BATCH,
@@ -51,8 +52,7 @@ from tests.support.kafka_runs import (
     records,
 )
 from tests.support.paths import ROOT, SRC, SUPPORT
-from tests.support.pause_once import MARK_ENV, PAUSE_ENV
-from tests.support.s3 import S3Server
+from tests.support.pause_hooks import PAUSE_MARK_ENV, PAUSE_ONCE_ENV
 from tests.support.zk import ZooKeeperServer
 
 # Three batches with Spark starts take minutes on a loaded 2-core machine (10 at load 30).
@@ -70,7 +70,7 @@ def driver_env(tmp: Path, s3: S3Server, mark: Path) -> dict[str, str]:
     """The driver's environment; what the executors need goes to them as
     ``spark.executorEnv`` (a standalone worker's executors do not inherit the driver's)."""
     path = os.pathsep.join([str(SRC), str(ROOT)])
-    executor_env = {"PYTHONPATH": path, PAUSE_ENV: str(KILL_BATCH), MARK_ENV: str(mark),
+    executor_env = {"PYTHONPATH": path, PAUSE_ONCE_ENV: str(KILL_BATCH), PAUSE_MARK_ENV: str(mark),
                     **s3.env}
     conf = " ".join(f"--conf spark.executorEnv.{k}={v}" for k, v in executor_env.items())
     env = {k: v for k, v in os.environ.items() if k != "STATEHOLD_LOCAL_DIR"}
@@ -105,7 +105,7 @@ def run_killing_executor(cwd: Path, args: list[str], env: dict[str, str], mark: 
     """The example (paused once in batch ``KILL_BATCH``) to its normal end, with the
     paused task's executor killed -9 meanwhile; the driver's output."""
     with open(log, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, str(SUPPORT / "pause_once.py"), *args],
+        proc = subprocess.Popen([sys.executable, str(SUPPORT / "pause_hooks.py"), *args],
                                 cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:

@@ -228,7 +228,7 @@ def test_register_data_source_and_pyspark_without_data_sources(spark: Any) -> No
 # -- a Spark checkpoint location ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def spark_location(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
-    from tests.support.spark_checkpoint_queries import run_query, write_inputs
+    from tests.support.spark_locations.queries import run_query, write_inputs
 
     root = tmp_path_factory.mktemp("spark-ckpt")
     write_inputs(root / "input", 0, 3)

@@ -55,7 +55,7 @@ def test_kill_driver_kafka_s3_zookeeper(
     replaced; here the first batch, restored from nothing), and after a checkpoint
     completed but before Spark committed the batch (Spark replays it: skipped). Then more
     records and a run to the end."""
-    from tests.support.s3 import S3Server
+    from tests.support.infra.object_store_servers import S3Server
 
     assert isinstance(s3_server, S3Server)
     topic = new_topic(kafka_broker, "crash")

@@ -25,7 +25,7 @@ from tests.support.keyed_totals import (
     to_df,
     totals,
 )
-from tests.support.storages import OBJECT_STORES, object_store_server
+from tests.support.storage_roots import OBJECT_STORES, object_store_server
 
 pytestmark = pytest.mark.spark
 

@@ -43,9 +43,9 @@ from tests.support.example_runs import (
     reference,
     reference_state,
 )
+from tests.support.infra.object_store_servers import S3Server
 from tests.support.operated_stream import KEYS, OUTPUT_SCHEMA, count
 from tests.support.paths import SUPPORT
-from tests.support.s3 import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from pyspark.sql import functions as F
 
-from tests.support.spark_queries import rocksdb_session, run_query, write_batch
+from tests.support.spark_reference_queries import rocksdb_session, run_query, write_batch
 from tests.support.spark_versions import SparkProcessor, needs_transform_with_state
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.scenario]
 def s3_client(server: object) -> object:
     import boto3
 
-    from tests.support.s3 import S3Server
+    from tests.support.infra.object_store_servers import S3Server
 
     assert isinstance(server, S3Server)
     return boto3.client(
@@ -54,7 +54,7 @@ def test_job_directory_with_sparks_checkpoint_relocates(
     s3_server: object,
     tmp_path: Path,
 ) -> None:
-    from tests.support.s3 import S3Server
+    from tests.support.infra.object_store_servers import S3Server
 
     assert isinstance(s3_server, S3Server)
     client = s3_client(s3_server)

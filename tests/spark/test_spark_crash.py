@@ -1,7 +1,7 @@
 """Exactly once under kill -9 of the example's driver.
 
-The example runs in a subprocess (tests/support/paused_example.py: the example with the
-`pausing` phase hook) with ``STATEHOLD_TEST_PAUSE_AT=<phase>:<batch>``: it stops at that
+The example runs in a subprocess (tests/support/pause_hooks.py: the example with the
+`pause_when_asked` phase hook) with ``STATEHOLD_TEST_PAUSE_AT=<phase>:<batch>``: it stops at that
 point of that batch and says so in a marker file; the test then kills the driver with
 SIGKILL (Spark's JVM and Python workers die with it) and starts it again on the same
 input, job directory, output and task-local state directory. Phases: ``in-task`` (the
@@ -117,7 +117,7 @@ def test_kill_driver_on_s3(tmp_path: Path, s3_server: object) -> None:
     kept in the S3 checkpoints (batch 1 restored from S3 and redone). Of the local test's
     phases only this one: what differs on S3 is the storage under the restore, which one
     kill and one restore cover."""
-    from tests.support.s3 import S3Server
+    from tests.support.infra.object_store_servers import S3Server
 
     assert isinstance(s3_server, S3Server)
     uri = f"s3://{s3_server.bucket}/crash-{os.getpid()}-{tmp_path.name}"

@@ -23,8 +23,9 @@ from statehold.job.directory import open_job
 from statehold.spark import BatchResult, StatefulJob
 from statehold.storage import open_storage
 from statehold.tools import locate, verify
-from tests.support.faultproxy import FaultProxy
-from tests.support.faults import bounded
+from tests.support.fault_injection_proxy import FaultProxy
+from tests.support.hang_detector import bounded
+from tests.support.infra.object_store_servers import S3Server
 from tests.support.keyed_totals import (
     MAXP,
     OUT,
@@ -35,7 +36,6 @@ from tests.support.keyed_totals import (
     to_df,
     totals,
 )
-from tests.support.s3 import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.zookeeper]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.spark_fixtures import extractor
+from tests.support.spark_locations.committed_fixtures import extractor
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from statehold.spark_checkpoints.spark_hash import partition_of
 from statehold.spark_checkpoints.spark_types import Atomic, Decimal, Field, Struct
 from statehold.spark_checkpoints.unsafe_row import decode_row
 from tests.spark_checkpoints.test_columnar_rows import _schemas, _value
-from tests.support.unsafe_rows import encode_row
+from tests.support.spark_locations.unsafe_rows import encode_row
 
 
 def _one_by_one(rows: list[bytes], schema: Struct, columns: tuple[int, ...], partitions: int,

@@ -20,7 +20,7 @@ from statehold.spark_checkpoints.spark_types import Atomic, Decimal, Field, Stru
 from statehold.spark_checkpoints.state_reader import arrow_batch
 from statehold.spark_checkpoints.unsafe_row import decode_row
 from tests.spark_checkpoints.test_unsafe_row_writer import _INTS, _values
-from tests.support.unsafe_rows import encode_row
+from tests.support.spark_locations.unsafe_rows import encode_row
 
 _FLAT = [*_INTS, "boolean", "float", "double", "string", "binary", "void"]
 

@@ -67,7 +67,7 @@ from tests.support.fuzz import (
     json_mutations,
     peaks_over,
 )
-from tests.support.spark_checkpoint_files import (
+from tests.support.spark_locations.handmade_files import (
     lineage_header,
     logs,
     lz4_stream,
@@ -77,7 +77,7 @@ from tests.support.spark_checkpoint_files import (
     utf,
     write,
 )
-from tests.support.unsafe_rows import encode_row
+from tests.support.spark_locations.unsafe_rows import encode_row
 
 STORE = "state/0/0"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from statehold.spark_checkpoints import SparkCheckpointLocation, open_spark_checkpoint
-from tests.support.spark_checkpoint_files import logs, rocksdb_changelog_store, write
+from tests.support.spark_locations.handmade_files import logs, rocksdb_changelog_store, write
 
 
 def test_one_object_every_operation(tmp_path: Path) -> None:

@@ -21,9 +21,9 @@ from statehold.spark_checkpoints.rollback import rollback
 from statehold.spark_checkpoints.savepoint import savepoint
 from statehold.storage import StorageError
 from statehold.storage.local import LocalStorage
-from tests.support.spark_checkpoint_files import hdfs_store, rocksdb_changelog_store, write
-from tests.support.spark_checkpoint_trees import backdate, copy_tree
-from tests.support.spark_checkpoint_trees import listing as tree
+from tests.support.spark_locations.disk_trees import backdate, copy_tree
+from tests.support.spark_locations.disk_trees import listing as tree
+from tests.support.spark_locations.handmade_files import hdfs_store, rocksdb_changelog_store, write
 
 STORE = "state/0/0"
 

@@ -1,9 +1,9 @@
-"""Every query of tests.support.spark_checkpoint_queries on every state store layout, as
-each supported PySpark (3.5, 4.0, the newest) wrote it: the committed fixtures
-(tests/fixtures/spark/, tests.support.spark_fixtures), read without starting Spark. What
-`listing` and `verify` say of each location, how each store's version is held, the formats
-that Spark wrote (commit log, operator metadata, state schema, snapshot zips, changelog
-versions), and what gc, a savepoint, a rollback and a relocation do to it.
+"""Every query of tests.support.spark_locations.queries on every state store layout, as each
+supported PySpark (3.5, 4.0, the newest) wrote it: the committed fixtures
+(tests/fixtures/spark/, tests.support.spark_locations.committed_fixtures), read without
+starting Spark. What `listing` and `verify` say of each location, how each store's version
+is held, the formats that Spark wrote (commit log, operator metadata, state schema, snapshot
+zips, changelog versions), and what gc, a savepoint, a rollback and a relocation do to it.
 
 That a query restarts from what these wrote is tested live on each PySpark
 (test_spark_real_queries, test_spark_gc, test_spark_savepoint, test_spark_rollback: the
@@ -25,20 +25,20 @@ from statehold.spark_checkpoints.relocate import absolute_paths, relocate
 from statehold.spark_checkpoints.rollback import rollback
 from statehold.spark_checkpoints.savepoint import savepoint
 from statehold.spark_checkpoints.state_files import check_stream, read_zip_metadata
-from tests.support.spark_checkpoint_trees import (
-    gc_removes_only_orphans,
-    listing,
-    needs_of_restartable,
-    newest_log,
-    restartable_batches,
-)
-from tests.support.spark_fixtures import (
+from tests.support.spark_locations.committed_fixtures import (
     FILES,
     Fixture,
     copy_of,
     fixture,
     manifests,
     pairs,
+)
+from tests.support.spark_locations.disk_trees import (
+    gc_removes_only_orphans,
+    listing,
+    needs_of_restartable,
+    newest_log,
+    restartable_batches,
 )
 
 PAIRS = pairs()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.spark.make import CHECK_QUERY, check
-from tests.support.spark_checkpoint_queries import PROVIDERS
+from tests.support.spark_locations.queries import PROVIDERS
 
 pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 

@@ -1,5 +1,5 @@
 """gc of Spark's own checkpoint locations, written by a real Structured Streaming query
-(the windowed aggregation of tests.support.spark_checkpoint_queries, as each supported
+(the windowed aggregation of tests.support.spark_locations.queries, as each supported
 PySpark wrote it: the committed fixtures, tests/fixtures/spark/; the other queries' gc is
 in test_spark_fixtures and test_spark_real_queries) on every state store layout
 (HDFS-backed and RocksDB providers, changelog off and on, checkpoint format v2): planted
@@ -28,20 +28,20 @@ import pytest
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.gc import SparkGcReport, gc
 from statehold.storage import open_storage
-from tests.support.s3 import S3Server
-from tests.support.spark_checkpoint_trees import (
-    TWO_HOURS,
-    copy_tree,
-    listing,
-    needs_of_restartable,
-    plant,
-)
-from tests.support.spark_fixtures import (
+from tests.support.infra.object_store_servers import S3Server
+from tests.support.spark_locations.committed_fixtures import (
     FILES,
     copy_of,
     make_old,
     manifests,
     rebind,
+)
+from tests.support.spark_locations.disk_trees import (
+    TWO_HOURS,
+    copy_tree,
+    listing,
+    needs_of_restartable,
+    plant,
 )
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def base(spark: SparkSession, extracted: Callable[[str], Path],
     to its input beside it, ``../inputs``), every input file read, every file two hours old."""
     import pyspark
 
-    from tests.support.spark_checkpoint_queries import PROVIDERS as HERE
+    from tests.support.spark_locations.queries import PROVIDERS as HERE
 
     version = pyspark.__version__
     assert version in manifests(), (
@@ -131,7 +131,7 @@ def test_gc_removes_orphans_keeps_needs_and_the_query_continues(
     tmp_path: Path,
     provider: str,
 ) -> None:
-    from tests.support.spark_checkpoint_queries import all_rows, run_query, write_inputs
+    from tests.support.spark_locations.queries import all_rows, run_query, write_inputs
 
     if provider not in base:
         pytest.skip(f"PySpark {spark.version} has no checkpoint format v2")

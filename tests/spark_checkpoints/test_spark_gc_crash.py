@@ -1,6 +1,6 @@
 """gc in a loop beside running Spark queries whose driver is killed -9.
 
-The query (tests/support/spark_checkpoint_queries, `multi`: dropDuplicates then a windowed
+The query (tests/support/spark_locations/queries, `multi`: dropDuplicates then a windowed
 aggregation, two operators of two partitions) runs once per state store provider
 (RocksDB with changelogs, RocksDB with checkpoint format v2, HDFS), the three side by side
 in one driver process of their own (one JVM, `run_queries`), each on its own location,
@@ -49,8 +49,8 @@ from statehold.spark_checkpoints.gc import SAMPLE
 from statehold.spark_checkpoints.layout import Kind, parse
 from statehold.spark_checkpoints.policy import KEPT_KINDS
 from statehold.spark_checkpoints.reports import batches
-from tests.support.spark_checkpoint_files import hdfs_store, logs
-from tests.support.spark_checkpoint_queries import (
+from tests.support.spark_locations.handmade_files import hdfs_store, logs
+from tests.support.spark_locations.queries import (
     PROVIDERS,
     Row,
     all_rows,

@@ -13,7 +13,7 @@ import pytest
 
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.gc import SparkGcInterruptedError
-from tests.support.spark_checkpoint_files import hdfs_store, logs, write
+from tests.support.spark_locations.handmade_files import hdfs_store, logs, write
 
 STORE = "state/0/0"
 OLD = time.time() - 86_400

@@ -5,7 +5,7 @@ that rollback killed at every step of its plan, each finished by a second run.
 Spark's file source writes ``sources/0/K`` inside ``latestOffset``, before ``offsets/N``:
 a driver that dies between the two leaves the log an entry ahead, the restart writes the
 next entry for the same batch, and from then on ``offsets/N`` records a logOffset above
-N. The window is opened by the test's own source (`tests.support.spark_pause_source`),
+N. The window is opened by the test's own source (`tests.support.spark_locations.pause_source`),
 read in union with the file source, which pauses right after the file source's write.
 """
 
@@ -27,7 +27,8 @@ from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.reports import verify
 from statehold.spark_checkpoints.rollback import rollback
 from statehold.spark_checkpoints.savepoint import savepoint
-from tests.support.spark_checkpoint_queries import (
+from tests.support.spark_locations.disk_trees import copy_tree, newest_log
+from tests.support.spark_locations.queries import (
     SPARK_4,
     driver_cmd,
     driver_env,
@@ -35,7 +36,6 @@ from tests.support.spark_checkpoint_queries import (
     run_query,
     write_inputs,
 )
-from tests.support.spark_checkpoint_trees import copy_tree, newest_log
 
 pytestmark = [
     pytest.mark.spark,
@@ -123,7 +123,7 @@ def test_a_driver_killed_between_a_source_log_and_its_offsets(spark, tmp_path: P
     assert "sources/0/4" in uninterrupted.deleted and "sources/0/3" in uninterrupted.deleted
     expected = _sizes(whole)
     rollbacks = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.paused_rollback"], env=driver_env(),
+        [sys.executable, "-m", "tests.support.spark_locations.paused_rollback"], env=driver_env(),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
     )
     assert rollbacks.stdin and rollbacks.stdout

@@ -1,10 +1,11 @@
 """What a savepoint, a rollback and a gc of Spark's own checkpoint locations do to a query
 that restarts from them, on the running PySpark: each pair's location is the committed
-fixture this PySpark wrote (tests/fixtures/spark/, tests.support.spark_fixtures), relocated
-to a fresh copy of its input (statehold's relocate: so every restart here also restarts a
-relocated location); its reference rows are those the fixture's query wrote. What statehold
-reads of every pair of every PySpark, and what gc, savepoint, rollback and relocate do to
-its files, is tested without Spark in test_spark_fixtures.
+fixture this PySpark wrote (tests/fixtures/spark/,
+tests.support.spark_locations.committed_fixtures), relocated to a fresh copy of its input
+(statehold's relocate: so every restart here also restarts a relocated location); its
+reference rows are those the fixture's query wrote. What statehold reads of every pair of
+every PySpark, and what gc, savepoint, rollback and relocate do to its files, is tested
+without Spark in test_spark_fixtures.
 
 Restarts (one Spark run each) only for the pairs below, so that every query and every
 layout restarts at least once on each PySpark (`matrix`: .ci/spark-matrix runs this module
@@ -33,7 +34,15 @@ import pytest
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.rollback import rollback
 from statehold.spark_checkpoints.savepoint import savepoint
-from tests.support.spark_checkpoint_queries import (
+from tests.support.spark_locations.committed_fixtures import copy_of, manifests, rebind, rows
+from tests.support.spark_locations.disk_trees import (
+    copy_tree,
+    gc_removes_only_orphans,
+    listing,
+    newest_log,
+    restartable_batches,
+)
+from tests.support.spark_locations.queries import (
     PROVIDERS,
     QUERIES,
     Row,
@@ -42,14 +51,6 @@ from tests.support.spark_checkpoint_queries import (
     run_query,
     unsupported,
 )
-from tests.support.spark_checkpoint_trees import (
-    copy_tree,
-    gc_removes_only_orphans,
-    listing,
-    newest_log,
-    restartable_batches,
-)
-from tests.support.spark_fixtures import copy_of, manifests, rebind, rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.matrix]
 

@@ -10,7 +10,7 @@ import pytest
 
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.relocate import absolute_paths, relocate
-from tests.support.spark_checkpoint_queries import all_rows, run_query, write_inputs
+from tests.support.spark_locations.queries import all_rows, run_query, write_inputs
 
 pytestmark = [pytest.mark.spark]
 

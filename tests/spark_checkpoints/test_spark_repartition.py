@@ -33,8 +33,8 @@ from statehold.spark_checkpoints.state_reader import store_records, store_schema
 from statehold.spark_checkpoints.state_records import records
 from statehold.spark_checkpoints.state_writer import SnapshotWriter
 from statehold.spark_checkpoints.unsafe_row import decode_row
-from tests.support.spark_checkpoint_trees import listing
-from tests.support.spark_fixtures import copy_of, fixture, manifests
+from tests.support.spark_locations.committed_fixtures import copy_of, fixture, manifests
+from tests.support.spark_locations.disk_trees import listing
 
 #: The partitioning columns each query's operators hash (operator -> store -> columns).
 PARTITIONING = {

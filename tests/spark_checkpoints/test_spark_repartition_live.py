@@ -29,8 +29,8 @@ from statehold.spark_checkpoints.spark_types import (
     Struct,
 )
 from tests.spark_checkpoints.test_spark_savepoint import copy_output
-from tests.support.spark_checkpoint_trees import restartable_batches
-from tests.support.spark_fixtures import rows, running
+from tests.support.spark_locations.committed_fixtures import rows, running
+from tests.support.spark_locations.disk_trees import restartable_batches
 
 pytestmark = pytest.mark.spark
 
@@ -123,7 +123,7 @@ def test_a_join_repartitioned_2_to_5_restarts_with_the_uninterrupted_output(
     SSTs and RocksDB's MANIFEST, in its own rocksdbjni; v2's by the new ids ``commits/N``
     names), runs the rest of the input with 5 partitions and writes the uninterrupted
     run's rows; its state at the end is the uninterrupted run's, read offline."""
-    from tests.support.spark_checkpoint_queries import QueryRun, all_rows, run_queries
+    from tests.support.spark_locations.queries import QueryRun, all_rows, run_queries
 
     runs, cases = [], []
     for provider in ("hdfs", "rocksdb_changelog", "rocksdb_v2"):

@@ -28,8 +28,8 @@ from statehold.spark_checkpoints.spark_hash import partition_of
 from statehold.spark_checkpoints.state_reader import store_records, store_schema
 from statehold.spark_checkpoints.unsafe_row import decode_row
 from tests.spark_checkpoints.test_spark_repartition import PARTITIONING
-from tests.support.spark_checkpoint_trees import listing
-from tests.support.spark_fixtures import copy_of, fixture, manifests
+from tests.support.spark_locations.committed_fixtures import copy_of, fixture, manifests
+from tests.support.spark_locations.disk_trees import listing
 
 ROCKSDB = [(v, loc["query"], loc["provider"]) for v, m in sorted(manifests().items())
            for loc in m["locations"]

@@ -1,4 +1,4 @@
-"""Rollbacks of real queries' checkpoint locations (tests.support.spark_checkpoint_queries,
+"""Rollbacks of real queries' checkpoint locations (tests.support.spark_locations.queries,
 as each supported PySpark wrote them: the committed fixtures, tests/fixtures/spark/): a
 rollback to an earlier batch k then a rerun writes the rows of the run before it (live, on
 the running PySpark's fixture: `matrix`, one query per layout); a rollback to a batch whose
@@ -17,8 +17,14 @@ import pytest
 
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.rollback import rollback
-from tests.support.spark_checkpoint_trees import newest_log, restartable_batches
-from tests.support.spark_fixtures import copy_of, make_old, manifests, rows, running
+from tests.support.spark_locations.committed_fixtures import (
+    copy_of,
+    make_old,
+    manifests,
+    rows,
+    running,
+)
+from tests.support.spark_locations.disk_trees import newest_log, restartable_batches
 
 #: A representative subset of queries x providers, to keep the Spark time modest.
 CASES = [
@@ -46,7 +52,7 @@ def _listing(root: Path) -> dict[str, int]:
 def test_rollback_then_rerun_gives_the_same_output(
     spark: Any, extracted: Callable[[str], Path], tmp_path: Path, query: str, provider: str
 ) -> None:
-    from tests.support.spark_checkpoint_queries import all_rows, run_query
+    from tests.support.spark_locations.queries import all_rows, run_query
 
     fx, inputs = running(extracted, query, provider, tmp_path)
     ckpt, out = fx.checkpoint, tmp_path / "out"

@@ -30,8 +30,8 @@ import pytest
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.layout import Kind, parse
 from tests.support.cli_process import statehold_cli
-from tests.support.s3 import S3Server
-from tests.support.spark_checkpoint_queries import (
+from tests.support.infra.object_store_servers import S3Server
+from tests.support.spark_locations.queries import (
     ServingDriver,
     all_rows,
     read_output,

@@ -1,4 +1,4 @@
-"""Savepoints of real queries' checkpoint locations (tests.support.spark_checkpoint_queries,
+"""Savepoints of real queries' checkpoint locations (tests.support.spark_locations.queries,
 as each supported PySpark wrote them: the committed fixtures, tests/fixtures/spark/): a
 savepoint of an earlier batch k, started elsewhere, writes the rows of the query that
 never stopped (live, on the running PySpark's fixture); on S3 too. The window, dedup and
@@ -16,13 +16,13 @@ import pytest
 
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.savepoint import savepoint
-from tests.support.spark_checkpoint_trees import newest_log, restartable_batches
-from tests.support.spark_fixtures import (
+from tests.support.spark_locations.committed_fixtures import (
     copy_of,
     manifests,
     rows,
     running,
 )
+from tests.support.spark_locations.disk_trees import newest_log, restartable_batches
 
 #: A representative subset of queries x providers (every provider with the window, the
 #: others on two each); the window's run on the older PySparks too (`matrix`: one query
@@ -43,7 +43,7 @@ PROVIDER = "rocksdb_changelog"
 
 def copy_output(reference: Path, out: Path, upto: int) -> None:
     """`out` holds the reference's outputs of batches 0..upto, as before the savepoint."""
-    from tests.support.spark_checkpoint_queries import read_output
+    from tests.support.spark_locations.queries import read_output
 
     out.mkdir()
     for batch in read_output(reference):
@@ -58,7 +58,7 @@ def copy_output(reference: Path, out: Path, upto: int) -> None:
 def test_savepoint_of_batch_k_restarts_elsewhere_with_the_same_output(
     spark: Any, extracted: Callable[[str], Path], tmp_path: Path, query: str, provider: str
 ) -> None:
-    from tests.support.spark_checkpoint_queries import all_rows, run_query
+    from tests.support.spark_locations.queries import all_rows, run_query
 
     fx, inputs = running(extracted, query, provider, tmp_path)
     ckpt = fx.checkpoint
@@ -139,7 +139,7 @@ def test_savepoint_local_to_s3_and_back(
 def test_savepoint_local_to_s3_and_back_restarts_locally(
     spark: Any, extracted: Callable[[str], Path], tmp_path: Path, s3_server: Any
 ) -> None:
-    from tests.support.spark_checkpoint_queries import all_rows, run_query
+    from tests.support.spark_locations.queries import all_rows, run_query
 
     fx, inputs = running(extracted, "window", PROVIDER, tmp_path)
     k = restartable_batches(fx.checkpoint)[0]

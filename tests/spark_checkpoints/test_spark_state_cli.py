@@ -18,8 +18,8 @@ from typer.testing import CliRunner, Result
 
 from statehold.cli.app import app
 from statehold.spark_checkpoints import open_spark_checkpoint
-from tests.support.spark_checkpoint_files import big_hdfs_store
-from tests.support.spark_fixtures import Fixture, copy_of, fixture, manifests
+from tests.support.spark_locations.committed_fixtures import Fixture, copy_of, fixture, manifests
+from tests.support.spark_locations.handmade_files import big_hdfs_store
 from tests.support.traced_peak import traced_peaks
 
 runner = CliRunner()

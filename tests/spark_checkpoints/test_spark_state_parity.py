@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from statehold.spark_checkpoints import open_spark_checkpoint
-from tests.support.spark_fixtures import Fixture, fixture, manifests
+from tests.support.spark_locations.committed_fixtures import Fixture, fixture, manifests
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

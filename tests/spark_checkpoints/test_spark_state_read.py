@@ -3,7 +3,7 @@ fixtures (tests/fixtures/spark/, written by real Spark 3.5, 4.0 and the newest 4
 every state store layout (HDFS-backed; RocksDB with changelogs off, on, and checkpoint
 format v2), without a JVM: at every batch a location can restart from, the rows of every
 partition equal the state the query's input implies, computed here from the input files
-(tests.support.spark_checkpoint_queries.input_rows: batch i reads file i) and the
+(tests.support.spark_locations.queries.input_rows: batch i reads file i) and the
 watermark they imply (checked against the one Spark recorded in the offsets).
 
 Then what is refused, in one line: transformWithState's state (no schema file; its
@@ -28,9 +28,9 @@ from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import Kind
 from statehold.spark_checkpoints.location import unique_id
 from statehold.spark_checkpoints.stores import resolve
-from tests.support.spark_checkpoint_files import big_hdfs_store
-from tests.support.spark_checkpoint_queries import STEP, input_rows
-from tests.support.spark_fixtures import Fixture, copy_of, fixture, manifests
+from tests.support.spark_locations.committed_fixtures import Fixture, copy_of, fixture, manifests
+from tests.support.spark_locations.handmade_files import big_hdfs_store
+from tests.support.spark_locations.queries import STEP, input_rows
 from tests.support.traced_peak import traced_peaks
 
 #: Spark's watermark delay of the queries (10 minutes), in ms.

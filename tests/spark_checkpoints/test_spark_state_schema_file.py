@@ -15,8 +15,8 @@ import pytest
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.spark_types import Atomic, Struct
 from statehold.spark_checkpoints.state_schema import read_state_schema
-from tests.support.spark_checkpoint_files import utf
-from tests.support.spark_fixtures import manifests
+from tests.support.spark_locations.committed_fixtures import manifests
+from tests.support.spark_locations.handmade_files import utf
 
 KEY = {"type": "struct", "fields": [{"name": "key", "type": "string", "nullable": True,
                                      "metadata": {}}]}

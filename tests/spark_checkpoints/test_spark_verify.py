@@ -16,7 +16,7 @@ from statehold.spark_checkpoints.errors import NotASparkCheckpointError
 from statehold.spark_checkpoints.layout import Kind, StoreId, parse
 from statehold.spark_checkpoints.reports import listing, verify
 from statehold.spark_checkpoints.state_files import check_stream
-from tests.support.spark_checkpoint_files import (
+from tests.support.spark_locations.handmade_files import (
     hdfs_store,
     lineage_header,
     logs,
@@ -101,8 +101,8 @@ def test_format_v2_version_1_is_held_from_an_empty_store(tmp_path: Path) -> None
     retained, once a zip at version 2 left no later version needing it (found by the
     simulation's Spark world, `--gc-race` on format v2)."""
     from statehold.spark_checkpoints.gc import gc
-    from tests.support.spark_checkpoint_files import commit_file
-    from tests.support.spark_checkpoint_trees import backdate
+    from tests.support.spark_locations.disk_trees import backdate
+    from tests.support.spark_locations.handmade_files import commit_file
 
     logs(tmp_path, range(3))
     ids = {v: f"id{v}" for v in range(1, 4)}
@@ -243,7 +243,7 @@ def test_a_job_directory_or_an_empty_one_is_no_spark_checkpoint(tmp_path: Path) 
 
 def test_a_typed_changelog_ends_with_a_record_type_of_zero() -> None:
     """Changelogs with column families (v2, v4: transformWithState) end with type 0."""
-    from tests.support.spark_checkpoint_files import utf
+    from tests.support.spark_locations.handmade_files import utf
 
     typed = utf("v2") + b"\x01" + records([(b"k", b"v")])[:-4] + b"\x00"
     assert check_stream(iter([lz4_stream(typed)]), "1.changelog") is not None

@@ -22,7 +22,7 @@ from statehold.cli.app import app
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.api import SparkCheckpointLocation
 from statehold.spark_checkpoints.stores import Needs
-from tests.support.spark_fixtures import copy_of, fixture, manifests
+from tests.support.spark_locations.committed_fixtures import copy_of, fixture, manifests
 
 VERSIONS = sorted(manifests())
 runner = CliRunner()

@@ -1,8 +1,8 @@
-"""The UnsafeRow decoder (statehold.spark_checkpoints.unsafe_row) on rows built by hand:
-one literal row written byte by byte from Spark's layout, then every type Spark allows in
-state (with nulls, extremes, nesting) through tests/support/unsafe_rows.py's writer, then
-damaged rows refused in one line. The state schema types' parsing and Arrow types too.
-"""
+"""The UnsafeRow decoder (statehold.spark_checkpoints.unsafe_row) on rows built by hand: one
+literal row written byte by byte from Spark's layout, then every type Spark allows in state
+(with nulls, extremes, nesting) through tests/support/spark_locations/unsafe_rows.py's
+writer, then damaged rows refused in one line. The state schema types' parsing and Arrow
+types too."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from statehold.spark_checkpoints.spark_types import (
 from statehold.spark_checkpoints.state_reader import arrow_batch
 from statehold.spark_checkpoints.state_schema import StateSchema
 from statehold.spark_checkpoints.unsafe_row import BadRow, decode_row, row_decoder
-from tests.support.unsafe_rows import encode_array, encode_row
+from tests.support.spark_locations.unsafe_rows import encode_array, encode_row
 
 
 def struct_of(*types: Any) -> Struct:

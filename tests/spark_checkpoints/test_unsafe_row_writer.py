@@ -32,7 +32,7 @@ from statehold.spark_checkpoints.state_records import records
 from statehold.spark_checkpoints.state_schema import read_state_schema
 from statehold.spark_checkpoints.unsafe_row import decode_row, row_decoder
 from statehold.spark_checkpoints.unsafe_row_writer import UnencodableValue, encode_row
-from tests.support.spark_fixtures import fixture, manifests
+from tests.support.spark_locations.committed_fixtures import fixture, manifests
 
 _EXACT = Context(prec=80)
 _INTS = {"byte": 8, "short": 16, "integer": 32, "date": 32, "long": 64, "timestamp": 64,

@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 from statehold.storage import DeleteError, Storage
-from tests.support.faulty import FaultyStorage, InjectedFault, PermissionDeniedFault
+from tests.support.fault_injection_storage import (
+    FaultyStorage,
+    InjectedFault,
+    PermissionDeniedFault,
+)
 
 StorageFactory = Callable[[], Storage]
 

@@ -20,7 +20,7 @@ import pytest
 from statehold.storage import LocalStorage, UnsafePathError, check_key, open_storage
 
 if TYPE_CHECKING:
-    from tests.support.s3 import S3Server
+    from tests.support.infra.object_store_servers import S3Server
 
 Snapshot = dict[str, tuple[int, bytes, int]]
 

@@ -14,9 +14,9 @@ import pytest
 
 from statehold.storage import AlreadyExistsError, Storage, StorageError, open_storage
 from statehold.storage.base import ConflictError
-from tests.support.faultproxy import CutAction, FaultProxy
-from tests.support.faults import bounded
-from tests.support.s3 import S3Server
+from tests.support.fault_injection_proxy import CutAction, FaultProxy
+from tests.support.hang_detector import bounded
+from tests.support.infra.object_store_servers import S3Server
 
 #: The client's per-request timeout in these tests: a stalled request fails after this
 #: and is retried (statehold's default is 15 minutes, for large state files).

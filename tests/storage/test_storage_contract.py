@@ -36,8 +36,8 @@ from statehold.storage.base import check_prefix
 from statehold.storage.s3 import S3Storage
 
 if TYPE_CHECKING:
-    from tests.support.s3 import S3Server
-    from tests.support.storages import StorageFactory
+    from tests.support.infra.object_store_servers import S3Server
+    from tests.support.storage_roots import StorageFactory
 
 BACKENDS = ["local", "s3", "gcs", "azure"]
 
@@ -46,14 +46,14 @@ BACKENDS = ["local", "s3", "gcs", "azure"]
 def storage_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StorageFactory:
     """Here every backend, the object stores' emulators included (conftest's default
     covers local disk and S3 only, to keep the rest of the suite short)."""
-    from tests.support.storages import storage_factory_for
+    from tests.support.storage_roots import storage_factory_for
 
     return storage_factory_for(request, tmp_path, request.param)
 
 
 def backend_env(request: pytest.FixtureRequest, storage: Storage) -> dict[str, str]:
     """The environment a subprocess needs to open `storage` from its URI alone."""
-    from tests.support.storages import OBJECT_STORES, object_store_server
+    from tests.support.storage_roots import OBJECT_STORES, object_store_server
 
     backend = next((b for b, (_, scheme) in OBJECT_STORES.items()
                     if storage.uri.startswith(f"{scheme}://")), None)

@@ -1,5 +1,5 @@
 """Chaos runs of the Kafka pipeline (tests/spark/test_chaos.py): a seeded scheduler of
-faults on the fault proxies (tests/support/faultproxy.py) and of kill -9 of executor JVMs
+faults on the fault proxies (tests/support/fault_injection_proxy.py) and of kill -9 of executor JVMs
 and of the driver, and one driver run of the running-totals example watched until it
 progresses, exits or hangs.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tests.support.cluster import EXECUTOR_CLASS, alive, cmdline
 from tests.support.example_runs import example_cmd, group_alive
-from tests.support.faultproxy import FaultProxy
+from tests.support.fault_injection_proxy import FaultProxy
 
 #: ZooKeeper's session timeout for the driver's client (statehold's HA timeout, 10 s,
 #: within the test server's 2..20 ticks of 500 ms).

@@ -40,7 +40,7 @@ from statehold.ha.base import CheckpointPointer, HAState, HAStore
 from statehold.ha.open import open_ha_store
 from statehold.job.result import JobOutcome, RetentionPolicy
 from statehold.storage import Storage, StorageError, open_storage
-from tests.support.faulty import FaultyStorage
+from tests.support.fault_injection_storage import FaultyStorage
 
 JOB_ID = "crash-job"
 OPERATOR = "agg"

@@ -1,6 +1,6 @@
 """The running-totals example (``python -m statehold.examples.running_totals``) in
 subprocesses: its environment and command line, a plain-Python reference of its output
-and state, and runs killed -9 where the example pauses (tests/support/paused_example.py)."""
+and state, and runs killed -9 where the example pauses (tests/support/pause_hooks.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from statehold.job.directory import open_job
 from statehold.storage import Storage
 from statehold.tools import locate, verify
 from tests.support.paths import ROOT, SRC, SUPPORT
-from tests.support.pausing import PAUSE_ENV, PAUSE_MARK_ENV
+from tests.support.pause_hooks import PAUSE_ENV, PAUSE_MARK_ENV
 
 Totals = dict[str, tuple[int, int]]
 
@@ -99,7 +99,7 @@ def read_output(output: Path) -> list[Totals]:
 
 
 START_TIMEOUT = 300.0
-PAUSED_EXAMPLE = SUPPORT / "paused_example.py"
+PAUSED_EXAMPLE = SUPPORT / "pause_hooks.py"
 
 
 def group_alive(pgid: int) -> bool:

@@ -24,7 +24,7 @@ from statehold.format.metadata import (
 )
 from statehold.ha.embedded import EmbeddedHAStore
 from statehold.storage import Storage
-from tests.support.stored import bytes_checksum
+from tests.support.job_dir_contents import bytes_checksum
 
 MAX_PARALLELISM = 4
 RANGES = [KeyGroupRange(start=0, end=1), KeyGroupRange(start=2, end=3)]

@@ -8,7 +8,7 @@
         [--azure-ca PEM] [--java-options OPTS]
 
 One file per micro-batch (Spark's file source takes files in modification-time order);
-the job's phase hook is `pausing.pause_when_asked`, so ``STATEHOLD_TEST_PAUSE_AT`` stops the
+the job's phase hook is `pause_hooks.pause_when_asked`, so ``STATEHOLD_TEST_PAUSE_AT`` stops the
 driver where a test kills it. Prints one ``batch <checkpoint id> ...`` line per batch.
 
 On an ``az://`` job directory Spark's own checkpoint goes through Hadoop's ABFS connector:
@@ -33,7 +33,7 @@ from statehold.spark import (
     local_session,
     replace_output,
 )
-from tests.support.pausing import pause_when_asked
+from tests.support.pause_hooks import pause_when_asked
 
 
 def main(argv: list[str]) -> int:

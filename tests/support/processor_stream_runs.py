@@ -17,7 +17,7 @@ import pytest
 from statehold.storage import Storage
 from tests.support.example_runs import check_retained_intact, example_env, group_alive, latest_id
 from tests.support.paths import SUPPORT
-from tests.support.pausing import PAUSE_ENV, PAUSE_MARK_ENV
+from tests.support.pause_hooks import PAUSE_ENV, PAUSE_MARK_ENV
 from tests.support.sessions_reference import DELAY, GAP, check_end, generate
 
 DRIVER = SUPPORT / "processor_stream.py"

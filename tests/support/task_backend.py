@@ -18,8 +18,8 @@ from statehold.format.metadata import (
     read_metadata,
 )
 from statehold.storage import Storage
-from tests.support.forwarding import ForwardingStorage
-from tests.support.stored import write_metadata
+from tests.support.forwarding_storage import ForwardingStorage
+from tests.support.job_dir_contents import write_metadata
 
 MAXP = 64
 OP = "counts"

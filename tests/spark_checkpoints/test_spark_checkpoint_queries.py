@@ -1,4 +1,4 @@
-"""Spark's own stateful queries on their checkpoints (tests/support/spark_checkpoint_queries):
+"""Spark's own stateful queries on their checkpoints (tests/support/spark_locations/queries):
 every query on every state store layout it runs on stops after a few batches, restarts on
 the same checkpoint with more input, and writes the same rows as one uninterrupted run. The
 baseline of the tests that inspect, savepoint, roll back and collect Spark's checkpoints:
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.spark_checkpoint_queries import (
+from tests.support.spark_locations.queries import (
     PROVIDERS,
     QUERIES,
     QueryFailed,

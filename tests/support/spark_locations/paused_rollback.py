@@ -1,7 +1,7 @@
 """statehold's rollback of a Spark checkpoint location in a process of its own, paused
 before one of its deletes so a test can kill it there (kill -9).
 
-    python -m tests.support.paused_rollback
+    python -m tests.support.spark_locations.paused_rollback
 
 reads one rollback a line on standard input, ``CKPT TO_BATCH KEEP STEP MARK``, and runs
 each in a child process forked for it (statehold is imported once, so a test can kill a

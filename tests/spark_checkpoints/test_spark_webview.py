@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from statehold.cli.app import app
 from statehold.cli.webview import make_server
 from statehold.spark_checkpoints import open_spark_checkpoint
-from tests.support.spark_checkpoint_files import logs, rocksdb_changelog_store
+from tests.support.spark_locations.handmade_files import logs, rocksdb_changelog_store
 
 CHROMIUM = shutil.which("chromium")
 

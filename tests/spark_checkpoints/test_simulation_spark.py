@@ -24,7 +24,7 @@ from statehold.errors import StateholdError
 from statehold.spark_checkpoints import SparkCheckpointLocation, open_spark_checkpoint
 from statehold.storage.base import StorageError
 from statehold.storage.local import LocalStorage
-from tests.support.spark_checkpoint_files import (
+from tests.support.spark_locations.handmade_files import (
     commit_file,
     file_log,
     hdfs_store,
@@ -201,12 +201,13 @@ def test_the_documented_command_runs_from_the_repository_root() -> None:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
+    from tests.support.paths import ROOT
+
     env = {**os.environ, "PYTHONHASHSEED": "0"}  # (else the script starts itself again)
     out = subprocess.run(
         [sys.executable, "tests/simulate.py", "--world", "spark", "--seeds", "2", "--steps",
          "100", "--json", "--tolerate", ",".join(sorted(KINDS))],
-        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
@@ -250,8 +251,8 @@ def test_planted_gc_without_recheck_deletes_a_rewritten_file(
     and the query's rerun of batch 4 write ``5.delta`` anew, which batch 4 needs; the
     planted gc, without its re-check, deletes it. The real gc leaves it."""
     import statehold.spark_checkpoints.gc as spark_gc
-    from tests.support.spark_checkpoint_files import logs, lz4_stream, records
-    from tests.support.spark_checkpoint_trees import backdate
+    from tests.support.spark_locations.disk_trees import backdate
+    from tests.support.spark_locations.handmade_files import logs, lz4_stream, records
 
     def location(root: Path) -> Path:
         logs(root, range(5))

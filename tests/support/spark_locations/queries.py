@@ -13,7 +13,7 @@ as one that ran through, only possibly in other batches: a stop may add a batch 
 data (the watermark's) that an uninterrupted run folds into its next data batch. Compare
 runs with `all_rows`; `read_output` keeps the batches apart.
 
-``python -m tests.support.spark_checkpoint_queries`` (`main`) runs one in a driver process of
+``python -m tests.support.spark_locations.queries`` (`main`) runs one in a driver process of
 its own, for the tests that kill it; or one query on several checkpoints side by side in
 that one driver (`run_queries`), so that a test of several state store providers starts
 one JVM rather than one per provider; or, with ``--serve`` (`ServingDriver`), one run after
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyspark
 
-from tests.support.spark_queries import write_batch
+from tests.support.spark_reference_queries import write_batch
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -408,7 +408,7 @@ def start_query(
     output: Path,
     pause: Path | None = None,
 ) -> StreamingQuery:
-    """`pause`: read the input in union with `spark_pause_source`'s source, armed by that
+    """`pause`: read the input in union with `pause_source`'s source, armed by that
     file (its mark: the same name with ``.paused``), for a driver to be killed between
     the file source's log write and the offsets write (PySpark 4)."""
     spec = QUERIES[query]
@@ -417,7 +417,7 @@ def start_query(
         .json(str(inputs))
     )
     if pause is not None:
-        from tests.support.spark_pause_source import pause_stream
+        from tests.support.spark_locations.pause_source import pause_stream
 
         source = source.union(pause_stream(session, checkpoint, str(pause), f"{pause}.paused"))
     return (
@@ -567,7 +567,7 @@ def driver_session(checkpoint: str, s3_endpoint: str | None) -> SparkSession:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m tests.support.spark_checkpoint_queries",
+        prog="python -m tests.support.spark_locations.queries",
         description="Run one of Spark's stateful queries on a checkpoint until a batch "
         "(or on several checkpoints at once, each given with --run).",
     )
@@ -587,7 +587,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--s3-endpoint", help="the S3 endpoint of an s3a:// checkpoint")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--pause-source", type=Path,
-                   help="read through spark_pause_source's source, armed by this file")
+                   help="read through pause_source.py's source, armed by this file")
     args = p.parse_args(argv)
     single = (args.provider, args.checkpoint, args.input, args.output, args.until_batch)
     if args.serve:
@@ -712,7 +712,7 @@ class ServingDriver:
 
 
 def driver_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tests.support.spark_checkpoint_queries", *args]
+    return [sys.executable, "-m", "tests.support.spark_locations.queries", *args]
 
 
 def driver_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -725,6 +725,6 @@ def driver_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 if __name__ == "__main__":
     # Run main from the module imported by name, so that the functions Spark pickles are
     # imported by the Python workers rather than pickled from __main__.
-    from tests.support.spark_checkpoint_queries import main as named_main
+    from tests.support.spark_locations.queries import main as named_main
 
     sys.exit(named_main())

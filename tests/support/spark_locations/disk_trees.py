@@ -1,4 +1,4 @@
-"""Real queries' checkpoint locations on a local disk (`tests.support.spark_checkpoint_queries`
+"""Real queries' checkpoint locations on a local disk (`tests.support.spark_locations.queries`
 writes them): copies that share the bytes, listings with sizes and mtimes, files planted
 old, and the batches a restart can start from, for the tests that savepoint, roll back and
 collect them and must compare what was there before with what is there after."""

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from statehold.storage import Storage, open_storage
-from tests.support.infra.object_stores import AzuriteServer, GCSServer
-from tests.support.s3 import S3Server
+from tests.support.infra.object_store_servers import AzuriteServer, GCSServer, S3Server
 
 _counter = itertools.count()
 

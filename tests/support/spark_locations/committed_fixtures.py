@@ -3,7 +3,7 @@ real Spark, one archive per supported PySpark, for the tests that read, verify, 
 savepoint, roll back and relocate Spark's formats without starting that Spark.
 
 ``tests/fixtures/spark/pyspark-<version>.tar.gz`` holds, per query and state store layout
-of tests.support.spark_checkpoint_queries that this PySpark runs, ``<query>-<provider>/ckpt``
+of tests.support.spark_locations.queries that this PySpark runs, ``<query>-<provider>/ckpt``
 (the checkpoint location as the stopped query left it) and ``<query>-<provider>/output``
 (the rows its sink wrote, ``batch-N.json``). ``pyspark-<version>.json`` beside it is the
 manifest: which PySpark, Java and settings wrote each location, its input folder as the
@@ -28,7 +28,7 @@ from typing import Any
 
 from statehold.spark_checkpoints.layout import Kind, parse
 from tests.support.paths import TESTS
-from tests.support.spark_checkpoint_trees import TWO_HOURS
+from tests.support.spark_locations.disk_trees import TWO_HOURS
 
 FIXTURES = TESTS / "fixtures" / "spark"
 #: The input files each query read (one per batch).
@@ -212,7 +212,7 @@ def rebind(fx: Fixture, inputs: Path) -> Path:
     Spark can restart it; returns `inputs`."""
     from statehold.spark_checkpoints import open_spark_checkpoint
     from statehold.spark_checkpoints.relocate import absolute_paths, relocate
-    from tests.support.spark_checkpoint_queries import write_inputs
+    from tests.support.spark_locations.queries import write_inputs
 
     write_inputs(inputs, 0, int(fx.entry["files"]))
     # force: the fixture was just extracted, so its files look like a live query's
@@ -233,7 +233,7 @@ def running(extracted: Callable[[str], Path], query: str, provider: str, tmp_pat
     import pyspark
     import pytest
 
-    from tests.support.spark_checkpoint_queries import PROVIDERS
+    from tests.support.spark_locations.queries import PROVIDERS
 
     if provider not in PROVIDERS:
         pytest.skip(f"PySpark {pyspark.__version__} has no checkpoint format v2")
