@@ -18,22 +18,24 @@ back to back, on each location in turn, and around each pass lists that location
   gc deleted the SSTs it lists would show here).
 
 At a seeded random moment, once every query has committed a seeded batch, the driver's
-process group is killed -9 (the JVM is a child), every query in flight; the driver is
-restarted on the same three checkpoints with the rest of their input while the passes go
-on, and runs to the end. The run is shared by the module (`killed_and_restarted`); one
-test per provider then checks its location: its rows equal one uninterrupted run's (in
-the shared session), a last gc leaves no orphan (every state file is needed by a batch in
-the commit log, or a kind gc keeps, or the checksum of one of them), and verify is ok.
+process group is killed -9 (the JVM is a child), every query in flight; the three queries
+restart on the same checkpoints with the rest of their input while the passes go on, and
+run to the end: in the test process's shared session (nothing kills them, so they need no
+driver of their own), side by side as in the killed driver. The run is shared by the
+module (`killed_and_restarted`); one test per provider then checks its location: its rows
+equal one uninterrupted run's (in the shared session), a last gc leaves no orphan (every
+state file is needed by a batch in the commit log, or a kind gc keeps, or the checksum of
+one of them), and verify is ok.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,10 +54,13 @@ from statehold.spark_checkpoints.reports import batches
 from tests.support.spark_checkpoint_files import hdfs_store, logs
 from tests.support.spark_checkpoint_queries import (
     PROVIDERS,
+    QueryFailed,
+    QueryRun,
     Row,
     all_rows,
     driver_cmd,
     driver_env,
+    run_queries,
     run_query,
     write_inputs,
 )
@@ -206,6 +211,9 @@ class Case:
         return ["--run", self.provider, str(self.ckpt), str(self.inputs), str(self.output),
                 str(until)]
 
+    def run(self, until: int) -> QueryRun:
+        return QueryRun(self.provider, str(self.ckpt), self.inputs, self.output, until)
+
 
 @dataclass
 class SharedRun:
@@ -214,8 +222,10 @@ class SharedRun:
     cases: dict[str, Case]
     kill_after_batch: int
     kill_delay: float
+    #: The killed driver's output.
     log: Path
-    returncode: int | None = None
+    #: Why the restarted queries failed (None: each ran to its end).
+    failure: str | None = "not run"
 
 
 def start_driver(cases: list[Case], log: IO[str], until: Callable[[Case], int]
@@ -227,6 +237,30 @@ def start_driver(cases: list[Case], log: IO[str], until: Callable[[Case], int]
         driver_cmd("--query", QUERY, *runs, "--timeout", "600"),
         env=driver_env(), stdout=log, stderr=log, text=True, start_new_session=True,
     )
+
+
+def restart_in_session(spark: Any, cases: list[Case], turns: GcTurns) -> list[int]:
+    """Every case's query restarted side by side in `spark` (a thread of this process),
+    each until it is idle with the batch after its kill committed, gc passes going on in
+    turn until all have stopped; their last batches (QueryFailed with Spark's error)."""
+    outcome: list[list[int] | BaseException] = []
+
+    def restarted() -> None:
+        try:
+            outcome.append(run_queries(
+                spark, QUERY, [case.run(case.killed_at + 1) for case in cases], timeout=600))
+        except BaseException as error:  # handed to the test's thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=restarted, name="gc-crash-restart", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        turns.one_pass()
+    thread.join()
+    (result,) = outcome
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 class GcTurns:
@@ -252,10 +286,11 @@ class GcTurns:
 
 @pytest.fixture(scope="module")
 def killed_and_restarted(
-    reference: Callable[[], list[Row]], tmp_path_factory: pytest.TempPathFactory
+    spark: Any, reference: Callable[[], list[Row]], tmp_path_factory: pytest.TempPathFactory
 ) -> SharedRun:
     """Every provider's query in one driver, fed a file at a time with gc passes beside
-    them, killed -9 at a seeded moment, restarted on the same checkpoints, run to the end."""
+    them, killed -9 at a seeded moment, restarted on the same checkpoints (in `spark`), run
+    to the end."""
     assert reference()  # in the shared session, before the driver competes for the CPU
     root = tmp_path_factory.mktemp("gc-crash")
     rng = random.Random(f"{SEED}-shared")
@@ -297,28 +332,27 @@ def killed_and_restarted(
                 case.killed_at = committed(case.ckpt)
                 assert case.watch is not None and case.written < FILES, (
                     f"{case.provider}: the driver ended before its kill")
-                # the rest of the input; the driver again on the same checkpoints
+                # the rest of the input, for the queries again on the same checkpoints
                 write_inputs(case.inputs, case.written, FILES - case.written)
-            driver = start_driver(cases, log, lambda case: case.killed_at + 1)
-            while driver.poll() is None:
-                turns.one_pass()
         finally:
             if driver.poll() is None:
                 os.killpg(driver.pid, signal.SIGKILL)
                 driver.wait()
-    shared.returncode = driver.returncode
-    tail = shared.log.read_text()[-5000:]
-    if driver.returncode == 0:
-        last = json.loads(tail.strip().splitlines()[-1])["last_batches"]
-        for case, batch in zip(cases, last, strict=True):
-            case.last_batch = batch
+    try:
+        last = restart_in_session(spark, cases, turns)
+    except QueryFailed as error:
+        shared.failure = str(error)
+        return shared
+    shared.failure = None
+    for case, batch in zip(cases, last, strict=True):
+        case.last_batch = batch
     return shared
 
 
 @pytest.mark.spark
 @pytest.mark.crash
 # A guard against a hang, never a measure: the first of these tests also runs the shared
-# fixture (a reference run, two driver JVMs of three queries each, gc passes). One
+# fixture (a reference run, a driver JVM of three queries, their restart, gc passes). One
 # provider's run with the reference passed 600 s on a 2-core machine loaded by other jobs
 # (2026-11-29), when each provider had drivers of its own.
 @pytest.mark.timeout(1200)
@@ -329,7 +363,7 @@ def test_gc_in_a_loop_beside_a_query_killed_and_restarted(
     shared = killed_and_restarted
     case = shared.cases[provider]
     watch = case.watch
-    assert shared.returncode == 0, shared.log.read_text()[-5000:]
+    assert shared.failure is None, shared.failure
     assert watch is not None
     print(
         f"{provider}: killed after batch {case.killed_at} (every query past "
