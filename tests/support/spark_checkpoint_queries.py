@@ -375,13 +375,19 @@ def restart_state_store_maintenance(spark: SparkSession) -> None:
     getattr(getattr(package, "StateStore$"), "MODULE$").unloadAll()
     deadline = time.monotonic() + 60
     while _maintenance_busy(jvm) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(_POLL)
     store.stop()
     # The stop does not wait for a maintenance run in progress, which may still write a
     # snapshot or delete old versions (seen with PySpark 3.5): wait for its threads to end.
     deadline = time.monotonic() + 60
     while _maintenance_threads(jvm) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(_POLL)
+
+
+#: Seconds between two looks at the JVM's threads while waiting for maintenance to end.
+#: A look costs tens of milliseconds of CPU (a py4j call per thread), so a wait polled
+#: every 50 ms kept a core more than half busy: waits add up over the suite's queries.
+_POLL = 0.2
 
 
 def _maintenance_busy(jvm: Any) -> bool:
@@ -399,8 +405,9 @@ def _maintenance_threads(jvm: Any) -> list[str]:
     """The JVM's live state store maintenance threads (Spark names them
     ``state-store-maintenance-...``)."""
     threads = jvm.java.lang.Thread.getAllStackTraces().keySet().toArray()
-    return [str(t.getName()) for t in threads
-            if str(t.getName()).startswith("state-store-maintenance") and t.isAlive()]
+    named = ((t, str(t.getName())) for t in threads)  # one py4j call a thread
+    return [name for t, name in named
+            if name.startswith("state-store-maintenance") and t.isAlive()]
 
 
 def start_query(
