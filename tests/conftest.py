@@ -119,7 +119,8 @@ MODULE_NEEDS = {
     "test_object_stores": ("azurite",),
     "test_kafka": ("kafka-broker", "spark-kafka", "hadoop-aws"),
     "test_s3a": ("hadoop-aws",),
-    "test_spark_s3a": ("hadoop-aws",),
+    # its driver process is the only Spark it starts (no `spark` fixture)
+    "test_spark_s3a": ("java", "spark-classes", "hadoop-aws"),
     "test_abfs_checkpoint": ("hadoop-azure",),
     "test_webview": ("chromium",),
     "test_spark_webview": ("chromium",),

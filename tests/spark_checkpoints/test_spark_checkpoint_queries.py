@@ -4,27 +4,36 @@ the same checkpoint with more input, and writes the same rows as one uninterrupt
 baseline of the tests that inspect, savepoint, roll back and collect Spark's checkpoints:
 their interventions must keep this equality.
 
-Every pair runs on the newest PySpark (23 pairs; about 2 minutes on 2 cores); the older
-ones (.ci/spark-matrix) run the window on every layout they have (`MATRIX`). The
-reference run of each query is shared by its layouts, whose output does not depend on the
-state store. The driver process with its checkpoint on S3 through S3A is tested in
-tests/spark_checkpoints/test_spark_s3a.py.
+The uninterrupted run of each pair is its committed fixture (tests/fixtures/spark/, written
+by this PySpark with the same settings over the same `FILES` input files, to its end): so
+each pair costs Spark only its own two runs. That the running Spark still writes those rows
+is checked live in tests/spark_checkpoints/test_spark_fixtures_live.py.
+
+Every pair runs on the newest PySpark (23 pairs); the older ones (.ci/spark-matrix) run the
+window on every layout they have (`MATRIX`). The driver process with its checkpoint on S3
+through S3A is tested in tests/spark_checkpoints/test_spark_s3a.py.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
 
+from tests.support.spark_locations.committed_fixtures import (
+    FILES,
+    extractor,
+    fixture,
+    manifests,
+    rows,
+)
 from tests.support.spark_locations.queries import (
     PROVIDERS,
     QUERIES,
     QueryFailed,
-    Row,
     all_rows,
     read_output,
     run_query,
@@ -34,34 +43,22 @@ from tests.support.spark_locations.queries import (
 
 pytestmark = [pytest.mark.spark]
 
-FIRST = 4  # input files of the first run
-MORE = 4  # input files added before the restart
+FIRST = 3  # input files of the first run
+MORE = FILES - FIRST  # input files added before the restart: the fixture's FILES in all
 PAIRS = [(q, p) for q in QUERIES for p in PROVIDERS if unsupported(q, p) is None]
-#: What the older PySparks run too (`matrix`): the window on every layout (one reference
-#: run). Every other query restarts on them from its committed fixture
-#: (tests/spark_checkpoints: savepoint, rollback and gc, then a restart equal to the
-#: fixture's uninterrupted run).
+#: What the older PySparks run too (`matrix`): the window on every layout. Every other
+#: query restarts on them from its committed fixture (tests/spark_checkpoints: savepoint,
+#: rollback and gc, then a restart equal to the fixture's uninterrupted run).
 MATRIX = [(q, p) for q, p in PAIRS if q == "window"]
 
 
 @pytest.fixture(scope="module")
-def reference(
-    spark: Any,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Callable[[str], list[Row]]:
-    """The rows of one run of a query over all FIRST + MORE files (each query run once)."""
-    root = tmp_path_factory.mktemp("reference")
-    inputs = root / "input"
-    write_inputs(inputs, 0, FIRST + MORE)
-
-    @functools.cache
-    def rows(query: str) -> list[Row]:
-        provider = next(p for p in PROVIDERS if unsupported(query, p) is None)
-        out = root / query / "output"
-        run_query(spark, query, provider, str(root / query / "checkpoint"), inputs, out, 0)
-        return all_rows(out)
-
-    return rows
+def extracted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """This PySpark's committed fixtures, extracted once for the module."""
+    assert pyspark.__version__ in manifests(), (
+        f"no committed fixture of PySpark {pyspark.__version__}: "
+        "python -m tests.fixtures.spark.make")
+    return extractor(tmp_path_factory.mktemp("spark-fixtures"))
 
 
 def check_batches(output: Path, first_stop: int, last: int) -> None:
@@ -76,19 +73,23 @@ def check_batches(output: Path, first_stop: int, last: int) -> None:
 ])
 def test_stop_and_restart_equals_an_uninterrupted_run(
     spark: Any,
-    reference: Callable[[str], list[Row]],
+    extracted: Callable[[str], Path],
     tmp_path: Path,
     query: str,
     provider: str,
 ) -> None:
+    version = pyspark.__version__
+    uninterrupted = fixture(extracted(version), version, query, provider)
+    assert uninterrupted.entry["files"] == FIRST + MORE
+    expected = rows(uninterrupted)
+    assert expected, f"{query} on {provider}: the uninterrupted run wrote nothing"
+
     inputs, output, checkpoint = tmp_path / "input", tmp_path / "output", tmp_path / "ckpt"
     write_inputs(inputs, 0, FIRST)
     first_stop = run_query(spark, query, provider, str(checkpoint), inputs, output, FIRST - 1)
     write_inputs(inputs, FIRST, MORE)
     last = run_query(spark, query, provider, str(checkpoint), inputs, output, first_stop + MORE)
     check_batches(output, first_stop, last)
-    expected = reference(query)
-    assert expected, f"{query}: the reference run wrote nothing"
     assert all_rows(output) == expected
     assert (checkpoint / "state" / "0").is_dir()
 

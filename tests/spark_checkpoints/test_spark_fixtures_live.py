@@ -1,7 +1,9 @@
 """The committed Spark fixtures (tests/fixtures/spark/) against what the running Spark
 writes today: tests/fixtures/spark/make.py's check runs the window query on every state
 store layout this PySpark has and compares each location's files (names and kinds, the
-commit log's batches; not bytes or times) with the committed manifest's. On the newest
+commit log's batches; not bytes or times) with the committed manifest's, and the rows
+each wrote with the committed output's (which test_spark_checkpoint_queries and
+test_spark_s3a take as an uninterrupted run's). On the newest
 PySpark in the suite and on each older one in .ci/spark-matrix (`matrix`), so a Spark that
 writes something else, or a supported PySpark without a fixture, fails here."""
 

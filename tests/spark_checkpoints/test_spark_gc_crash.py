@@ -56,6 +56,7 @@ from tests.support.spark_locations.queries import (
     all_rows,
     driver_cmd,
     driver_env,
+    read_output,
     run_query,
     write_inputs,
 )
@@ -78,14 +79,18 @@ def reference(
     spark: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Callable[[], list[Row]]:
-    """The rows of one uninterrupted run over all FILES files (run once)."""
+    """The rows of one uninterrupted run over all FILES files (run once), all read in its
+    first batch (the same rows as a file a batch: tests.support.spark_locations.queries
+    says why; the cases' own file-a-batch runs are compared with it)."""
     root = tmp_path_factory.mktemp("reference")
 
     @functools.cache
     def rows() -> list[Row]:
         write_inputs(root / "input", 0, FILES)
         out = root / "output"
-        run_query(spark, QUERY, "rocksdb", str(root / "ckpt"), root / "input", out, 0)
+        run_query(spark, QUERY, "rocksdb", str(root / "ckpt"), root / "input", out, 0,
+                  files_per_trigger=FILES)
+        assert sorted(read_output(out)) == [0, 1]  # the data, then the watermark's batch
         return all_rows(out)
 
     return rows

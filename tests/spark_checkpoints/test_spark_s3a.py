@@ -5,7 +5,10 @@ orphans and nothing else; a savepoint S3 -> S3 (server-side copies) and a rollba
 each restart in the driver process with the rest of the input and write what one
 uninterrupted run writes. The marker objects neither break the listing nor get deleted.
 One driver process serves the three runs in turn (`ServingDriver`): the location is worked
-on while its query is stopped.
+on while its query is stopped. The uninterrupted run their rows are compared with is the
+committed fixture of the same query and layout (tests/fixtures/spark/, written by this
+PySpark over the same input files; test_spark_fixtures_live checks the running Spark
+still writes its rows), so no other Spark run is needed.
 
 The query keeps its state in Spark's HDFS-backed store, whose files go up through S3A's
 output streams. Spark's RocksDB store uploads its snapshot files as whole local files, and
@@ -22,25 +25,29 @@ import json
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
 
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.layout import Kind, parse
 from tests.support.cli_process import statehold_cli
 from tests.support.infra.object_store_servers import S3Server
+from tests.support.spark_locations.committed_fixtures import FILES, fixture, manifests, rows
 from tests.support.spark_locations.queries import (
     ServingDriver,
     all_rows,
     read_output,
-    run_query,
     write_inputs,
 )
 
 QUERY, PROVIDER = "window", "hdfs"
-FIRST, MORE = 6, 4
+#: Input files of the first run, and added before the restarts: the fixture's in all.
+FIRST = 3
+MORE = FILES - FIRST
 
 
 def s3a_keeps_markers() -> bool:
@@ -86,23 +93,25 @@ def test_directory_markers_are_not_operator_files() -> None:
 
 @pytest.mark.spark
 @pytest.mark.matrix  # each Spark through its own hadoop-aws
-@pytest.mark.timeout(900)  # a reference run and a driver JVM with the AWS SDK serving three runs
+@pytest.mark.timeout(900)  # a driver JVM with the AWS SDK serving three runs
 def test_a_checkpoint_spark_wrote_through_s3a(
-    spark: Any,
     s3_server: S3Server,
+    extracted: Callable[[str], Path],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from tests.support.infra import provision
 
+    provision.require("java")  # skips, naming the install command, where it is missing
     provision.require("hadoop-aws")
     for name, value in s3_server.env.items():  # for the savepoint's and rollback's targets
         monkeypatch.setenv(name, value)
-    reference_in = tmp_path / "reference-input"
-    write_inputs(reference_in, 0, FIRST + MORE)
-    run_query(spark, QUERY, PROVIDER, str(tmp_path / "reference-ckpt"), reference_in,
-              tmp_path / "reference-out", 0)
-    expected = all_rows(tmp_path / "reference-out")
+    version = pyspark.__version__
+    assert version in manifests(), (
+        f"no committed fixture of PySpark {version}: python -m tests.fixtures.spark.make")
+    uninterrupted = fixture(extracted(version), version, QUERY, PROVIDER)
+    assert uninterrupted.entry["files"] == FIRST + MORE
+    expected = rows(uninterrupted)
     assert expected
 
     prefix = f"spark-s3a-{uuid.uuid4().hex[:12]}"

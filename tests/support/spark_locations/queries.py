@@ -11,7 +11,10 @@ ever behind the watermark, so no row is dropped as late; and Spark restores the 
 from the commit log on restart. A query stopped and restarted therefore writes the same rows
 as one that ran through, only possibly in other batches: a stop may add a batch without
 data (the watermark's) that an uninterrupted run folds into its next data batch. Compare
-runs with `all_rows`; `read_output` keeps the batches apart.
+runs with `all_rows`; `read_output` keeps the batches apart. For the same reason an
+uninterrupted run that reads all its files in one batch (``files_per_trigger``) writes the
+same rows in two batches (its data, then the watermark's batch without data): a reference
+run that costs Spark two batches rather than one per file.
 
 ``python -m tests.support.spark_locations.queries`` (`main`) runs one in a driver process of
 its own, for the tests that kill it; or one query on several checkpoints side by side in
@@ -372,13 +375,19 @@ def restart_state_store_maintenance(spark: SparkSession) -> None:
     getattr(getattr(package, "StateStore$"), "MODULE$").unloadAll()
     deadline = time.monotonic() + 60
     while _maintenance_busy(jvm) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(_POLL)
     store.stop()
     # The stop does not wait for a maintenance run in progress, which may still write a
     # snapshot or delete old versions (seen with PySpark 3.5): wait for its threads to end.
     deadline = time.monotonic() + 60
     while _maintenance_threads(jvm) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(_POLL)
+
+
+#: Seconds between two looks at the JVM's threads while waiting for maintenance to end.
+#: A look costs tens of milliseconds of CPU (a py4j call per thread), so a wait polled
+#: every 50 ms kept a core more than half busy: waits add up over the suite's queries.
+_POLL = 0.2
 
 
 def _maintenance_busy(jvm: Any) -> bool:
@@ -396,8 +405,9 @@ def _maintenance_threads(jvm: Any) -> list[str]:
     """The JVM's live state store maintenance threads (Spark names them
     ``state-store-maintenance-...``)."""
     threads = jvm.java.lang.Thread.getAllStackTraces().keySet().toArray()
-    return [str(t.getName()) for t in threads
-            if str(t.getName()).startswith("state-store-maintenance") and t.isAlive()]
+    named = ((t, str(t.getName())) for t in threads)  # one py4j call a thread
+    return [name for t, name in named
+            if name.startswith("state-store-maintenance") and t.isAlive()]
 
 
 def start_query(
@@ -407,13 +417,16 @@ def start_query(
     inputs: Path,
     output: Path,
     pause: Path | None = None,
+    files_per_trigger: int = 1,
 ) -> StreamingQuery:
     """`pause`: read the input in union with `pause_source`'s source, armed by that
     file (its mark: the same name with ``.paused``), for a driver to be killed between
-    the file source's log write and the offsets write (PySpark 4)."""
+    the file source's log write and the offsets write (PySpark 4). `files_per_trigger`:
+    input files a batch reads (more than one only for a reference run's rows)."""
     spec = QUERIES[query]
     source = (
-        session.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
+        session.readStream.schema(INPUT_SCHEMA)
+        .option("maxFilesPerTrigger", files_per_trigger)
         .json(str(inputs))
     )
     if pause is not None:
@@ -440,6 +453,7 @@ def run_query(
     until_batch: int,
     timeout: float = 300.0,
     pause: Path | None = None,
+    files_per_trigger: int = 1,
 ) -> int:
     """Run `query` with `provider`'s state store on `checkpoint` (a local path or a Hadoop
     URI such as ``s3a://bucket/prefix``) over the files in `inputs`, writing to `output`,
@@ -457,7 +471,7 @@ def run_query(
     Raises `QueryFailed` with Spark's error if the query fails, or after `timeout` seconds
     (then the query is stopped)."""
     run = QueryRun(provider, checkpoint, inputs, output, until_batch)
-    return run_queries(spark, query, [run], timeout, pause)[0]
+    return run_queries(spark, query, [run], timeout, pause, files_per_trigger)[0]
 
 
 @dataclass(frozen=True)
@@ -486,6 +500,7 @@ def run_queries(
     runs: Sequence[QueryRun],
     timeout: float = 300.0,
     pause: Path | None = None,
+    files_per_trigger: int = 1,
 ) -> list[int]:
     """`run_query` for several checkpoints at once: `query` runs on each of `runs` (each
     in a session of its own, with its provider's settings) side by side in this JVM, and
@@ -515,7 +530,8 @@ def run_queries(
     try:
         for run in runs:
             session = query_session(spark, run.provider)
-            running = start_query(session, query, run.checkpoint, run.inputs, run.output, pause)
+            running = start_query(session, query, run.checkpoint, run.inputs, run.output, pause,
+                                  files_per_trigger)
             started.append((run, session, running))
         timer.start()
         last: dict[int, int] = {}
