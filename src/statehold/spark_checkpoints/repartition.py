@@ -156,9 +156,9 @@ class _Store:
 
 
 #: A source partition's records as written to the new location: (the key's values, key
-#: bytes, value bytes), RocksDB's bytes with their encoding version byte; the second
-#: argument says whether the store is RocksDB's (`versioned`).
-Records = Callable[[StoreId, bool], Iterator[tuple[tuple[Any, ...], bytes, bytes]]]
+#: bytes, value bytes), RocksDB's bytes with their encoding version byte; called with the
+#: partition, the batch, and whether the store is RocksDB's (`versioned`).
+Records = Callable[[StoreId, int, bool], Iterator[tuple[tuple[Any, ...], bytes, bytes]]]
 
 
 @dataclass(frozen=True)
@@ -603,11 +603,11 @@ def _route(
     records per new partition. `versioned`: RocksDB's keys start with Spark's state
     encoding version (00), the row after it."""
     types = [store.schema.fields[i].type for i in store.columns]
-    records = store.records or _source_records(checkpoint, found, op, store, batch)
+    records = store.records or _source_records(checkpoint, found, op, store)
     counts = [0] * len(sinks)
     progress.start(f"operator {op} store {store.name}", len(store.source), "partitions")
     for sid in store.source:
-        for values, key, value in records(sid, versioned):
+        for values, key, value in records(sid, batch, versioned):
             target = partition_of([values[i] for i in store.columns], types, len(sinks))
             sinks[target](key, value)
             counts[target] += 1
@@ -615,14 +615,14 @@ def _route(
     return counts
 
 
-def _source_records(checkpoint: SparkCheckpoint, found: Scan, op: int, store: _Store,
-                    batch: int) -> Records:
+def _source_records(checkpoint: SparkCheckpoint, found: Scan, op: int, store: _Store
+                    ) -> Records:
     """The source's records as they are, each with its key's values."""
     decode = row_decoder(store.schema, f"operator {op} store {store.name} (a key)")
 
-    def records(sid: StoreId, versioned: bool
+    def records(sid: StoreId, at: int, versioned: bool
                 ) -> Iterator[tuple[tuple[Any, ...], bytes, bytes]]:
-        for key, value in store_records(checkpoint, found, sid, batch):
+        for key, value in store_records(checkpoint, found, sid, at):
             if versioned and key[:1] != b"\x00":
                 raise SparkCheckpointError(
                     f"{sid}: a key of state encoding version "
