@@ -399,7 +399,14 @@ def _typed(values: list[Any], t: pa.DataType) -> pa.Array:
     try:
         return pa.array(values, type=t)
     except (pa.ArrowException, TypeError, ValueError):
-        return pa.array(values).cast(t)
+        pass
+    one = []
+    for value in values:
+        try:
+            one.append(pa.array([value], type=t))
+        except (pa.ArrowException, TypeError, ValueError):
+            one.append(pa.array([value]).cast(t))
+    return pa.concat_arrays(one)
 
 
 def _frozen_rows(batch: pa.RecordBatch, count: int) -> list[Any]:
