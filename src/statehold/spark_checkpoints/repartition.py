@@ -323,7 +323,7 @@ def _refuse_unsupported(checkpoint: SparkCheckpoint, found: Scan, batch: int) ->
                 f"table format versions {FORMAT_VERSIONS.start} to {FORMAT_VERSIONS.stop - 1}")
 
 
-def _operator_doc(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
+def operator_doc(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
                   ) -> dict[str, Any] | None:
     """The operator's newest metadata written by `batch` or before (v2, else v1)."""
     v2 = sorted(
@@ -346,7 +346,7 @@ def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int,
           change: StoreChange | None = None) -> tuple[str, str, list[_Store]]:
     """The operator's name, where it came from, and each store's partitioning columns
     (`change`'s store: by its new key schema)."""
-    doc = _operator_doc(checkpoint, found, op, batch)
+    doc = operator_doc(checkpoint, found, op, batch)
     info = (doc.get("operatorInfo") or {}) if doc else {}
     stores_info = {str(s.get("storeName", DEFAULT_STORE)): s
                    for s in ((doc or {}).get("stateStoreInfo") or []) if isinstance(s, dict)}

@@ -40,7 +40,7 @@ from statehold.progress import Progress
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import DEFAULT_STORE, StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint
-from statehold.spark_checkpoints.repartition import StoreChange, rewrite
+from statehold.spark_checkpoints.repartition import StoreChange, operator_doc, rewrite
 from statehold.spark_checkpoints.spark_types import (
     Array,
     Atomic,
@@ -125,6 +125,14 @@ def transform(
         raise SparkCheckpointError(
             f"operator {operator} has stores {', '.join(names) or 'none'}: a transform works "
             "on an operator with one store (not a stream-stream join yet); nothing written")
+    doc = operator_doc(checkpoint, found, operator,
+                       batch if batch is not None else found.newest_committed or 0)
+    info = (doc or {}).get("operatorInfo")
+    name = info.get("operatorName") if isinstance(info, dict) else None
+    if isinstance(name, str) and "transformWithState" in name:
+        raise SparkCheckpointError(
+            f"operator {operator} ({name}): transformWithState's state (column families, "
+            "state schema v3) is not transformed yet; nothing written")
     store = names[0]
     schema_key = found.stores.get(StoreId(operator, 0, store))
     if schema_key is None or schema_key.schema is None:
