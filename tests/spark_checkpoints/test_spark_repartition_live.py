@@ -216,7 +216,6 @@ def test_transformed_state_restarts_with_the_output_it_implies(
     report = source.delete_keys(str(base / "dest"), operator=0, keys=keys, batch=k)
     assert (report.deleted, report.not_found) == (len(deleted), 0)
     copy_output(fx.output, base / "out", k)
-    print("TRACE (a) restart", k, files, flush=True)  # TEMP
     [last] = run_queries(spark, "dedup", [QueryRun("hdfs", str(base / "dest"), inputs,
                                                    base / "out", files - 1)])
     assert last == fx.last_batch
@@ -263,7 +262,6 @@ def test_transformed_state_restarts_with_the_output_it_implies(
 
     monkeypatch.setitem(QUERIES, "window_max", Query(window_max, "append"))
     copy_output(fx.output, base / "out", k)
-    print("TRACE (b) restart", k, files, flush=True)  # TEMP
     [last] = run_queries(spark, "window_max", [QueryRun(
         "rocksdb_changelog", str(base / "dest"), inputs, base / "out", files - 1)])
     assert last == fx.last_batch
