@@ -55,6 +55,7 @@ from statehold.spark_checkpoints.state_reader import read_store
 from statehold.spark_checkpoints.state_schema import (
     KEY_COLUMNS,
     StateSchema,
+    read_state_schema,
     read_state_schema_texts,
     state_schema_file,
     struct_json,
@@ -139,10 +140,9 @@ def transform(
         raise SparkCheckpointError(
             f"operator {operator} store {store}: no state schema file in partition 0; "
             "nothing written")
-    texts = read_state_schema_texts(checkpoint.read(schema_key.schema.key),
-                                    schema_key.schema.key)
-    old = StateSchema(parse_struct(json.loads(texts[0]), "key schema"),
-                      parse_struct(json.loads(texts[1]), "value schema"))
+    data = checkpoint.read(schema_key.schema.key)
+    texts = read_state_schema_texts(data, schema_key.schema.key)
+    old = read_state_schema(data, schema_key.schema.key)
     new_key, key_text = _schema(key_schema, old.key, texts[0], "key_schema")
     new_value, value_text = _schema(value_schema, old.value, texts[1], "value_schema")
     new = StateSchema(new_key, new_value)
