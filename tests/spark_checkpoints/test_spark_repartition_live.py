@@ -1,10 +1,11 @@
-"""Repartition against Spark itself: statehold's Murmur3 (spark_hash) equals Spark's
-``pmod(hash(...), M)`` on many typed values in one query; and a join's HDFS-backed
-and RocksDB (changelog on) locations, repartitioned from 2 to 5 partitions at an early
-batch and restarted by Spark side by side with the rest of their input, write the rows of
-the run that never stopped (a key put in
-the wrong partition loses its matches, so the output would differ). The Spark-free
-checks of every fixture are in test_spark_repartition.py."""
+"""Repartition and transform against Spark itself: statehold's Murmur3 (spark_hash)
+equals Spark's ``pmod(hash(...), M)`` on many typed values in one query; a join's
+HDFS-backed and RocksDB (changelog on) locations, repartitioned from 2 to 5 partitions at
+an early batch and restarted by Spark side by side with the rest of their input, write the
+rows of the run that never stopped (a key put in the wrong partition loses its matches, so
+the output would differ); and transformed state (keys deleted, a schema migrated)
+restarted by Spark writes what the changed state implies. The Spark-free checks of every
+fixture are in test_spark_repartition.py and test_spark_transform.py."""
 
 from __future__ import annotations
 
@@ -168,3 +169,166 @@ def _state(location: Any, store: str, batch: int) -> list[str]:
     return sorted(json.dumps(row, sort_keys=True, default=str)
                   for b in location.read_state(operator=0, store=store, batch=batch)
                   for row in b.to_pylist())
+
+
+def test_transformed_state_restarts_with_the_output_it_implies(
+    spark: Any, extracted: Callable[[str], Path], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Spark restarts on what `transform` wrote (test_spark_transform.py checks the files
+    without Spark):
+
+    (a) keys deleted: the dropDuplicates location (HDFS-backed) at its oldest restartable
+    batch k, without every (key, event time) of one key; restarted, the query emits again
+    exactly the rows of later input that repeat a deleted key (each once), the rest as
+    the run that never stopped;
+    (b) schema migration: the windowed count and sum (RocksDB, changelog on) migrated to
+    count, sum and max, the new column filled by fn with the max of the window's input,
+    restarted with the query that computes all three: Spark accepts DEST's state schema
+    and every row after k is the uninterrupted run's with its exact max;
+    (c) a dropDuplicates key column widened from int to bigint (below)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark.sql import functions as F
+
+    from tests.support.spark_locations.queries import (
+        QUERIES,
+        STEP,
+        Query,
+        QueryRun,
+        _events,
+        all_rows,
+        input_rows,
+        read_output,
+        run_queries,
+    )
+
+    # (a) delete keys
+    base = tmp_path / "dedup"
+    fx, inputs = running(extracted, "dedup", "hdfs", base)
+    k = restartable_batches(fx.checkpoint)[0]
+    files = int(fx.entry["files"])
+    assert k < files - 1
+    source = open_spark_checkpoint(str(fx.checkpoint))
+    victim = input_rows(k)[2]["key"]  # file k + 1 repeats this row of file k
+    state = [r for b in source.read_state(batch=k) for r in b.to_pylist()]
+    deleted = {(r["key"], r["event_time"]) for r in state if r["key"] == victim}
+    assert deleted
+    keys = [{"key": key, "event_time": t.isoformat()} for key, t in sorted(deleted)]
+    report = source.delete_keys(str(base / "dest"), operator=0, keys=keys, batch=k)
+    assert (report.deleted, report.not_found) == (len(deleted), 0)
+    copy_output(fx.output, base / "out", k)
+    [last] = run_queries(spark, "dedup", [QueryRun("hdfs", str(base / "dest"), inputs,
+                                                   base / "out", files - 1)])
+    assert last == fx.last_batch
+    seen: set[tuple[str, int]] = set()
+    again = []
+    epoch = {(key, int(t.timestamp())) for key, t in deleted}
+    for j in range(k + 1, files):
+        for row in input_rows(j):
+            if (row["key"], row["ts"]) in epoch and (row["key"], row["ts"]) not in seen:
+                seen.add((row["key"], row["ts"]))
+                again.append(row)
+    assert again, "no later input repeats a deleted key: the test would prove nothing"
+    expected = sorted(rows(fx) + again, key=lambda r: json.dumps(r, sort_keys=True))
+    assert all_rows(base / "out") == expected
+
+    # (b) migration: count, sum -> count, sum, max
+    base = tmp_path / "window"
+    fx, inputs = running(extracted, "window", "rocksdb_changelog", base)
+    k = restartable_batches(fx.checkpoint)[0]
+    files = int(fx.entry["files"])
+    highest: dict[tuple[str, int], int] = {}
+    for j in range(files):
+        for row in input_rows(j):
+            window = (row["key"], row["ts"] - row["ts"] % STEP)
+            highest[window] = max(highest.get(window, row["value"]), row["value"])
+
+    def with_max(b: pa.RecordBatch) -> pa.RecordBatch:
+        starts = pc.cast(pc.struct_field(b.column("window"), [0]), pa.int64()).to_pylist()
+        values = [highest[(key, start // 1_000_000)]
+                  for key, start in zip(b.column("key").to_pylist(), starts, strict=True)]
+        return b.append_column("max", pa.array(values, pa.int64()))
+
+    new_value = pa.schema([("count", pa.int64()), ("sum", pa.int64()), ("max", pa.int64())])
+    report = open_spark_checkpoint(str(fx.checkpoint)).transform(
+        str(base / "dest"), operator=0, batch=k, fn=with_max, value_schema=new_value)
+    assert report.value_schema_changed and report.rows_written == report.rows_read > 0
+
+    def window_max(source: Any) -> Any:
+        return _events(source).groupBy(F.window("event_time", "5 minutes"), "key").agg(
+            F.count("*").alias("count"), F.sum("value").alias("sum"),
+            F.max("value").alias("max"),
+        ).select("key", F.col("window.start").cast("long").alias("start"), "count", "sum",
+                 "max")
+
+    monkeypatch.setitem(QUERIES, "window_max", Query(window_max, "append"))
+    copy_output(fx.output, base / "out", k)
+    [last] = run_queries(spark, "window_max", [QueryRun(
+        "rocksdb_changelog", str(base / "dest"), inputs, base / "out", files - 1)])
+    assert last == fx.last_batch
+    got, reference = read_output(base / "out"), read_output(fx.output)
+    assert sorted(got) == sorted(reference)
+    after = 0
+    for batch, old in reference.items():
+        if batch <= k:
+            assert got[batch] == old
+            continue
+        assert got[batch] == sorted(
+            ({**r, "max": highest[(r["key"], r["start"])]} for r in old),
+            key=lambda r: json.dumps(r, sort_keys=True))
+        after += len(old)
+    assert after, "no window closed after the restart: the test would prove nothing"
+
+    # (c) a dropDuplicates key column widened from int to bigint (RocksDB): a fresh run
+    # on the first files, the key migrated (each key routed by its bigint's hash), the
+    # widened query restarted on the rest: every later row a key seen before repeats is
+    # dropped, the others written once, as the run that never stopped would
+    from tests.support.spark_locations.queries import write_inputs
+    from tests.support.spark_reference_queries import write_batch
+
+    def dedup_by(kind: str) -> Callable[[Any], Any]:
+        def build(source: Any) -> Any:
+            return source.withColumn("n", F.col("value").cast(kind)).dropDuplicates(
+                ["key", "n"]).select("key", "value", "ts")
+        return build
+
+    monkeypatch.setitem(QUERIES, "dedup_int", Query(dedup_by("int"), "append"))
+    monkeypatch.setitem(QUERIES, "dedup_long", Query(dedup_by("bigint"), "append"))
+    base = tmp_path / "widen"
+    inputs = base / "in"
+    write_inputs(inputs, 0, 3)
+    [first] = run_queries(spark, "dedup_int", [QueryRun(
+        "rocksdb", str(base / "ckpt"), inputs, base / "out", 2)])
+    before = open_spark_checkpoint(str(base / "ckpt"))
+    state = {(r["key"], r["n"]) for b in before.read_state(batch=first) for r in b.to_pylist()}
+    widened = pa.schema([("key", pa.string()), ("n", pa.int64())])
+    report = before.transform(
+        str(base / "dest"), operator=0, batch=first, key_schema=widened,
+        fn=lambda b: b.set_column(1, "n", pc.cast(b.column("n"), pa.int64())))
+    assert report.key_schema_changed and report.rows_written == len(state)
+    # two more files, then one repeating every row the state holds
+    write_inputs(inputs, 3, 2)
+    again = [r for j in range(first + 1) for r in input_rows(j)]
+    write_batch(inputs, 5, again)
+    [last] = run_queries(spark, "dedup_long", [QueryRun(
+        "rocksdb", str(base / "dest"), inputs, base / "out", 5)])
+    assert last == 5
+    seen, expected, repeats = set(state), [], []
+    for row in [*input_rows(3), *input_rows(4), *again]:
+        pair = (row["key"], row["value"])
+        if pair in seen:
+            if pair in state:
+                repeats.append(pair)
+            continue
+        seen.add(pair)
+        expected.append(row)
+    out = read_output(base / "out")
+    assert sorted((r for n in range(first + 1, 6) for r in out.get(n, [])),
+                  key=lambda r: json.dumps(r, sort_keys=True)) == sorted(
+        expected, key=lambda r: json.dumps(r, sort_keys=True))
+    # some repeated keys sit elsewhere by the bigint's hash than by the int's: put by the
+    # old hash, Spark would not have found them and would have written their rows again
+    text, int32, int64 = Atomic("string"), Atomic("integer"), Atomic("long")
+    assert any(partition_of([k, v], [text, int32], 2) != partition_of([k, v], [text, int64], 2)
+               for k, v in repeats), repeats

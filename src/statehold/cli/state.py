@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import typer
 from pydantic import BaseModel
+from typer.core import TyperGroup
 
 from statehold.cli.common import HaOption, JsonOption, emit, fail, handle_errors, job_only, opened
 from statehold.cli.output import RichProgress, say
@@ -416,5 +417,116 @@ def state_command(
     emit(result, as_json, render)
 
 
+class SparkStateDelete(BaseModel):
+    """What ``statehold state delete`` wrote (`transform.DeleteReport`'s keys)."""
+
+    kind: Literal["spark-checkpoint"] = "spark-checkpoint"
+    source: str
+    dest: str
+    batch: int
+    operator: int
+    name: str
+    store: str
+    partitions: int
+    keys_given: int
+    deleted: int
+    not_found: int
+    rows_read: int
+    rows_written: int
+    per_partition: list[int]
+    files: int
+    bytes: int
+    verified: bool
+
+
+def read_keys(path: Path) -> list[dict[str, Any]]:
+    """``--keys FILE``: one JSON object per line (blank lines skipped), the key's column
+    names to values; a line that is not one is refused in one line, naming it."""
+    keys: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    doc = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise SparkCheckpointError(
+                        f"{path} line {number}: not JSON ({e.msg})") from None
+                if not isinstance(doc, dict) or not doc:
+                    raise SparkCheckpointError(
+                        f"{path} line {number}: not a JSON object of the key's columns")
+                keys.append(doc)
+    except OSError as e:
+        raise SparkCheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise SparkCheckpointError(f"{path}: not UTF-8 text") from None
+    if not keys:
+        raise SparkCheckpointError(f"{path}: no keys in it; nothing written")
+    return keys
+
+
+def delete_command(
+    checkpoint: Annotated[str, typer.Argument(
+        help="A Spark checkpoint location (a query's checkpointLocation: path, file://, "
+        "s3://, ...).", show_default=False)],
+    dest: Annotated[str, typer.Argument(
+        help="An empty or absent destination (path, file://, s3://, ...).",
+        show_default=False)],
+    operator: Annotated[int, typer.Option(
+        "--operator", min=0, help="The operator whose keys are deleted (its number; one "
+        "with one store: an aggregation, dropDuplicates, flatMapGroupsWithState, ...).",
+        show_default=False)],
+    keys: Annotated[Path, typer.Option(
+        "--keys", help='The keys to delete: JSON lines, one object per key, the key\'s '
+        'column names to values (timestamps as ISO 8601 text, a window as {"start": ..., '
+        '"end": ...}).', show_default=False)],
+    batch: Annotated[int | None, typer.Option(
+        "--batch", min=0, help="The batch to restart after (default: the newest committed "
+        "one a restart can start after).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write a new checkpoint location at DEST whose state is the source's without the keys
+    given. The operator's other rows, the other operators and the logs are as they were;
+    the source is never modified; DEST's commit is written last and DEST is verified. A
+    query started with checkpointLocation=DEST continues from the next batch as if those
+    keys had never been seen."""
+    from statehold.cli.common import spark_only
+
+    with handle_errors(as_json), RichProgress(not as_json) as progress:
+        given = read_keys(keys)
+        with opened(checkpoint, None) as location:
+            report = spark_only(location, "state delete").delete_keys(
+                dest, operator=operator, keys=given, batch=batch, progress=progress)
+    result = SparkStateDelete(**report.model_dump(include=set(SparkStateDelete.model_fields)))
+
+    def render() -> None:
+        say(f"batch {result.batch}, operator {result.operator} ({result.name}) store "
+            f"{result.store}: {result.deleted} of {result.keys_given} keys deleted "
+            f"({result.not_found} not in the state), {result.rows_written} rows kept -> "
+            f"{result.dest} ({result.files} files)" + (", verified" if result.verified else ""))
+
+    emit(result, as_json, render)
+
+
+class _StateGroup(TyperGroup):
+    """``statehold state CKPT ...`` is ``statehold state read CKPT ...``: what the command
+    was before it had a subcommand."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["read", *args]
+        return super().parse_args(ctx, args)
+
+
+state_app = typer.Typer(
+    cls=_StateGroup, no_args_is_help=True,
+    help="Read or delete keyed state. `statehold state CKPT --out DIR` reads (the read "
+    "command); `statehold state delete CKPT DEST --operator OP --keys FILE` deletes keys of "
+    "a Spark checkpoint location's state into a new location.")
+state_app.command("read")(state_command)
+state_app.command("delete")(delete_command)
+
+
 def register(app: typer.Typer) -> None:
-    app.command("state")(state_command)
+    app.add_typer(state_app, name="state")

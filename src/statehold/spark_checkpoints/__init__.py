@@ -16,7 +16,8 @@ Streaming query, without Spark and without changing the query.
     unsafe_row_writer.py Spark's UnsafeRow written, byte for byte as Spark writes it
     state_writer.py HDFS-backed snapshots written (records, lz4-java's block stream)
     spark_hash.py Spark SQL's Murmur3 hash and HashPartitioning's partition of a key
-    repartition.py a new location whose state is in M partitions (HDFS-backed)
+    repartition.py a new location whose state is in M partitions (the one writing path)
+    transform.py  a new location whose operator's state a caller's function changed
     scan.py       one listing, every key named and grouped
     location.py   `SparkCheckpoint`: reading a location, and what a restart at a batch needs
     savepoint.py  a new location holding exactly what a restart at a batch needs

@@ -9,11 +9,13 @@ one for a Spark location; `open_spark_checkpoint` opens one and refuses anything
     location.gc(dry_run=True)
     for batch in location.read_state(operator=0):  # pyarrow RecordBatches
         ...
+    location.transform("s3://bucket/checkpoints/orders-fixed", operator=0,
+                       fn=lambda batch: batch.filter(...))  # delete, change, migrate
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from statehold.format.location_kind import SPARK_NEEDS, AmbiguousLocationError, location_kind
@@ -48,6 +50,11 @@ if TYPE_CHECKING:
 
     from statehold.spark_checkpoints.repartition import RepartitionReport
     from statehold.spark_checkpoints.state_schema import StateSchema
+    from statehold.spark_checkpoints.transform import (
+        DeleteReport,
+        TransformFn,
+        TransformReport,
+    )
 
 
 class SparkLocation(SparkCheckpoint):
@@ -191,6 +198,42 @@ class SparkLocation(SparkCheckpoint):
 
         return repartition(self, dest, partitions=partitions, batch=batch, progress=progress,
                            dest_options=dest_options or None)
+
+    def transform(
+        self, dest: str, *, operator: int, fn: TransformFn, batch: int | None = None,
+        key_schema: Any = None, value_schema: Any = None, partitions: int | None = None,
+        progress: Progress | None = None, **dest_options: Any,
+    ) -> TransformReport:
+        """A new checkpoint location at `dest` (empty or absent) whose `batch` (default:
+        the newest restartable) holds what `fn` made of `operator`'s state: `fn` gets
+        pyarrow RecordBatches of the store's key columns then value columns (one source
+        partition at a time, so memory does not grow with the state) and returns a
+        RecordBatch or Table of the rows to keep, in the new schema (`key_schema`,
+        `value_schema`: a pyarrow schema or Spark's StructType JSON / a PySpark
+        StructType; default the store's), or None. Each row goes to the partition
+        Spark's hash of its new key sends it to (`partitions`: repartition too); the
+        store's schema file says the new schema, so the query with the changed state
+        restarts on `dest`. Operators with one store only (not a join, not
+        transformWithState). Other operators are copied as they are; the source is only
+        read; `dest`'s commit is written last and `dest` is verified."""
+        from statehold.spark_checkpoints.transform import transform
+
+        return transform(self, dest, operator=operator, fn=fn, batch=batch,
+                         key_schema=key_schema, value_schema=value_schema,
+                         partitions=partitions, progress=progress,
+                         dest_options=dest_options or None)
+
+    def delete_keys(
+        self, dest: str, *, operator: int, keys: Iterable[Mapping[str, Any]],
+        batch: int | None = None, progress: Progress | None = None, **dest_options: Any,
+    ) -> DeleteReport:
+        """`transform` keeping every row but those whose key is in `keys` (each a mapping of
+        the key's column names to values, as JSON gives them: timestamps as ISO 8601
+        text, a window as ``{"start": ..., "end": ...}``)."""
+        from statehold.spark_checkpoints.transform import delete_keys
+
+        return delete_keys(self, dest, operator=operator, keys=keys, batch=batch,
+                           progress=progress, dest_options=dest_options or None)
 
     def state_schema(
         self, *, operator: int = 0, store: str = DEFAULT_STORE, partition: int = 0

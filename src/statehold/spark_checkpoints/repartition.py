@@ -43,7 +43,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +154,39 @@ class _Store:
     provider: str = "hdfs"
     #: RocksDB: the zip metadata's fields after numKeys, as the location's Spark writes them.
     zip_extra: dict[str, Any] | None = None
+    #: A transform's records (`StoreChange.records`); None: the source's, bytes unchanged.
+    records: Records | None = None
+
+
+#: A source partition's records as written to the new location: (the key's values, key
+#: bytes, value bytes), RocksDB's bytes with their encoding version byte; called with the
+#: partition, the batch, and whether the store is RocksDB's (`versioned`).
+Records = Callable[[StoreId, int, bool], Iterator[tuple[tuple[Any, ...], bytes, bytes]]]
+
+
+@dataclass(frozen=True)
+class StoreChange:
+    """What a transform changes: one operator's one store, its rows from `records`, its
+    key schema (what its new keys hash by) and, where the schema changed, the schema
+    file partition 0 gets instead of the source's."""
+
+    operator: int
+    store: str
+    key: Struct
+    records: Records
+    schema_file: bytes | None = None
+
+
+@dataclass
+class Rewritten:
+    """What `rewrite` wrote: where, at which batch, with how many partitions."""
+
+    dest: str
+    batch: int
+    partitions_before: int
+    partitions: int
+    operators: list[OperatorPlan]
+    written: dict[str, int]
 
 
 def repartition(
@@ -168,21 +201,52 @@ def repartition(
     """Write at `dest` (empty or absent) a location whose batch `batch` (default: the
     newest restartable) restarts with `partitions` shuffle partitions. Everything that
     can be refused is refused before the first write; the source is only read."""
-    if not 1 <= partitions <= MAX_PARTITIONS:
+    done = rewrite(checkpoint, dest, partitions=partitions, batch=batch, progress=progress,
+                   dest_options=dest_options)
+    return RepartitionReport(
+        source=checkpoint.uri, dest=done.dest, batch=done.batch,
+        partitions_before=done.partitions_before, partitions=done.partitions,
+        operators=done.operators, files=len(done.written), bytes=sum(done.written.values()),
+        verified=True,
+    )
+
+
+def rewrite(
+    checkpoint: SparkCheckpoint,
+    dest: str | Storage,
+    *,
+    partitions: int | None = None,
+    batch: int | None = None,
+    progress: Progress | None = None,
+    dest_options: Mapping[str, Any] | None = None,
+    change: StoreChange | None = None,
+) -> Rewritten:
+    """The one writing path of repartition and transform: DEST holds what a restart after
+    `batch` needs, every key of the operators rewritten where Spark's hash sends it among
+    `partitions` (default: the recorded number), `change`'s store from its records. With
+    `change` and the recorded number, only its operator is rewritten: the others' files
+    are copied as they are. DEST's commit last, then DEST verified."""
+    if partitions is not None and not 1 <= partitions <= MAX_PARTITIONS:
         raise SparkCheckpointError(f"--partitions must be 1 to {MAX_PARTITIONS}, not {partitions}")
     progress = progress or NoProgress()
     out = open_destination(dest, dest_options)
     found = checkpoint.scan()
-    refuse_unfinished(checkpoint.storage, found, "repartition")
+    refuse_unfinished(checkpoint.storage, found, "transform" if change else "repartition")
     needs = needs_at(checkpoint, found, batch)
     n = needs.batch
     files = restart_files(checkpoint, found, needs)
-    offsets = {k: _offsets_text(checkpoint, k, partitions) for k in files
-               if parse(k).kind is Kind.OFFSETS}
     before = _recorded_partitions(checkpoint, f"{OFFSETS_DIR}/{n}")
+    m = before if partitions is None else partitions
+    if change is not None and change.operator not in found.operators:
+        raise SparkCheckpointError(
+            f"no operator {change.operator} in the location (its operators: "
+            f"{', '.join(map(str, sorted(found.operators))) or 'none'}); nothing written")
+    offsets = {k: _offsets_text(checkpoint, k, m) for k in files
+               if parse(k).kind is Kind.OFFSETS}
     _refuse_unsupported(checkpoint, found, n)
-    plans = {op: _plan(checkpoint, found, op, n) for op in found.operators}
-    metadata = {k: _operator_metadata_text(checkpoint, k, partitions) for k in files
+    ops = (set(found.operators) if change is None or m != before else {change.operator})
+    plans = {op: _plan(checkpoint, found, op, n, change) for op in ops}
+    metadata = {k: _operator_metadata_text(checkpoint, k, m) for k in files
                 if parse(k).kind is Kind.OPERATOR_METADATA}
     check_destination(checkpoint, out)
 
@@ -191,19 +255,27 @@ def repartition(
     commit_files = [k for k in (crc_of(last), f"{last}.crc", last) if k in files]
     schemas = {files_of.schema.key for sid, files_of in found.stores.items()
                if sid.partition == 0 and files_of.schema is not None}
-    rewritten = set(offsets) | set(metadata)
+    new_schema: dict[str, bytes] = {}
+    if change is not None and change.schema_file is not None:
+        schema_of = found.stores[StoreId(change.operator, 0, change.store)].schema
+        assert schema_of is not None  # the change was made from it
+        new_schema[schema_of.key] = change.schema_file
+    rewritten = set(offsets) | set(metadata) | set(new_schema)
     for key in sorted(files):
         parsed = parse(key)
         subject = parse(parsed.of) if parsed.kind is Kind.CRC and parsed.of else parsed
         if key in commit_files or subject.key in rewritten:
             continue
-        if subject.store is not None and subject.key not in schemas:
+        if (subject.store is not None and subject.store.operator in ops
+                and subject.key not in schemas):
             continue  # state: written below
         _copy(checkpoint, out, key)
         written[key] = files[key]
     with_crc = any(parse(k).kind is Kind.CRC for k in found.files if k.startswith("state/"))
     for key, text in {**offsets, **metadata}.items():
         data = text.encode("utf-8")
+        _write(out, key, data, written, crc=crc_of(key) in found.files)
+    for key, data in new_schema.items():
         _write(out, key, data, written, crc=crc_of(key) in found.files)
 
     v2 = bool(checkpoint.commit(n).stateUniqueIds)
@@ -212,7 +284,7 @@ def repartition(
     for op, (op_name, known_from, stores) in sorted(plans.items()):
         store_reports = []
         for store in stores:
-            report = _repartition_store(checkpoint, found, out, op, store, n, partitions,
+            report = _repartition_store(checkpoint, found, out, op, store, n, m,
                                         written, with_crc, progress, ids)
             store_reports.append(report)
         reports.append(OperatorPlan(operator=op, name=op_name, known_from=known_from,
@@ -222,14 +294,11 @@ def repartition(
             _copy(checkpoint, out, key)
             written[key] = files[key]
     else:
-        _write(out, last, _commit_text(checkpoint, found, n, partitions, ids), written,
+        _write(out, last, _commit_text(checkpoint, found, n, m, ids), written,
                crc=crc_of(last) in files)
     verify_copy(out, written, n)
-    return RepartitionReport(
-        source=checkpoint.uri, dest=out.uri, batch=n, partitions_before=before,
-        partitions=partitions, operators=reports, files=len(written),
-        bytes=sum(written.values()), verified=True,
-    )
+    return Rewritten(dest=out.uri, batch=n, partitions_before=before, partitions=m,
+                     operators=reports, written=written)
 
 
 # -- refusals and plans -------------------------------------------------------------------
@@ -263,7 +332,7 @@ def _refuse_unsupported(checkpoint: SparkCheckpoint, found: Scan, batch: int) ->
                 f"table format versions {FORMAT_VERSIONS.start} to {FORMAT_VERSIONS.stop - 1}")
 
 
-def _operator_doc(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
+def operator_doc(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
                   ) -> dict[str, Any] | None:
     """The operator's newest metadata written by `batch` or before (v2, else v1)."""
     v2 = sorted(
@@ -282,10 +351,11 @@ def _operator_doc(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
     return None
 
 
-def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
-          ) -> tuple[str, str, list[_Store]]:
-    """The operator's name, where it came from, and each store's partitioning columns."""
-    doc = _operator_doc(checkpoint, found, op, batch)
+def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int,
+          change: StoreChange | None = None) -> tuple[str, str, list[_Store]]:
+    """The operator's name, where it came from, and each store's partitioning columns
+    (`change`'s store: by its new key schema)."""
+    doc = operator_doc(checkpoint, found, op, batch)
     info = (doc.get("operatorInfo") or {}) if doc else {}
     stores_info = {str(s.get("storeName", DEFAULT_STORE)): s
                    for s in ((doc or {}).get("stateStoreInfo") or []) if isinstance(s, dict)}
@@ -301,9 +371,15 @@ def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
     if not isinstance(name, str):
         known_from = "stores"
         name = _recognised(names, {n: s.key for n, s in schemas.items()})
+    changed = change is not None and change.operator == op
+    if changed and change is not None and names != [change.store]:
+        raise SparkCheckpointError(
+            f"operator {op} ({name}) has stores {', '.join(names)}: a transform works on an "
+            "operator with one store (not a stream-stream join yet); nothing written")
     stores = []
     for store in names:
-        key = schemas[store].key
+        key = change.key if changed and change is not None else schemas[store].key
+        records = change.records if changed and change is not None else None
         prefix = stores_info.get(store, {}).get("numColsPrefixKey", 0)
         columns = _partitioning(op, name, store, key, prefix)
         source = [s for s in ids if s.name == store]
@@ -314,9 +390,9 @@ def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
                     f"operator {op} ({name}) store {store}: RocksDB keys encoded for prefix "
                     "scans (a session window) are not repartitioned yet")
             extra = _zip_extra(checkpoint, found, op, store, source, batch)
-            stores.append(_Store(store, key, columns, source, "rocksdb", extra))
+            stores.append(_Store(store, key, columns, source, "rocksdb", extra, records))
         elif providers <= {"hdfs"}:
-            stores.append(_Store(store, key, columns, source))
+            stores.append(_Store(store, key, columns, source, records=records))
         else:
             raise SparkCheckpointError(
                 f"operator {op} store {store}: partitions kept by different providers "
@@ -539,20 +615,16 @@ def _route(
     checkpoint: SparkCheckpoint, found: Scan, op: int, store: _Store, batch: int,
     sinks: list[Callable[[bytes, bytes], None]], progress: Progress, *, versioned: bool,
 ) -> list[int]:
-    """Every record of the store's partitions, bytes unchanged, to the sink of the new
-    partition Spark's hash sends its key to; the records per new partition. `versioned`:
-    RocksDB's keys start with Spark's state encoding version (00), the row after it."""
+    """Every record of the store's partitions (the source's bytes unchanged, or a
+    transform's) to the sink of the new partition Spark's hash sends its key to; the
+    records per new partition. `versioned`: RocksDB's keys start with Spark's state
+    encoding version (00), the row after it."""
     types = [store.schema.fields[i].type for i in store.columns]
-    decode = row_decoder(store.schema, f"operator {op} store {store.name} (a key)")
+    records = store.records or _source_records(checkpoint, found, op, store)
     counts = [0] * len(sinks)
     progress.start(f"operator {op} store {store.name}", len(store.source), "partitions")
     for sid in store.source:
-        for key, value in store_records(checkpoint, found, sid, batch):
-            if versioned and key[:1] != b"\x00":
-                raise SparkCheckpointError(
-                    f"{sid}: a key of state encoding version "
-                    f"{key[:1].hex() or 'missing'}, not 00")
-            values = decode(key[1:] if versioned else key)
+        for values, key, value in records(sid, batch, versioned):
             target = partition_of([values[i] for i in store.columns], types, len(sinks))
             sinks[target](key, value)
             counts[target] += 1
@@ -562,17 +634,36 @@ def _route(
 
 def _commit_text(checkpoint: SparkCheckpoint, found: Scan, batch: int, partitions: int,
                  ids: dict[StoreId, str]) -> bytes:
-    """``commits/N`` of checkpoint format v2 naming the new snapshots: per operator, per
-    new partition, the ids of its stores in Spark's order; every other field as read."""
+    """``commits/N`` of checkpoint format v2 naming the new snapshots: per operator
+    rewritten, per new partition, the ids of its stores in Spark's order; every other
+    operator's ids and field as read."""
     key = f"{COMMITS_DIR}/{batch}"
     head, _, body = checkpoint.read(key).partition(b"\n")
     doc = load_json(body, where=key, error=SparkCheckpointError)
-    doc["stateUniqueIds"] = {
-        str(op): [[ids[StoreId(op, p, name)] for name in checkpoint.store_order(found, op)]
-                  for p in range(partitions)]
-        for op in sorted({sid.operator for sid in ids})
+    doc["stateUniqueIds"] = {  # an operator copied as it was keeps its ids
+        **(doc.get("stateUniqueIds") or {}),
+        **{str(op): [[ids[StoreId(op, p, name)] for name in checkpoint.store_order(found, op)]
+                     for p in range(partitions)]
+           for op in sorted({sid.operator for sid in ids})},
     }
     return head + b"\n" + json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+def _source_records(checkpoint: SparkCheckpoint, found: Scan, op: int, store: _Store
+                    ) -> Records:
+    """The source's records as they are, each with its key's values."""
+    decode = row_decoder(store.schema, f"operator {op} store {store.name} (a key)")
+
+    def records(sid: StoreId, at: int, versioned: bool
+                ) -> Iterator[tuple[tuple[Any, ...], bytes, bytes]]:
+        for key, value in store_records(checkpoint, found, sid, at):
+            if versioned and key[:1] != b"\x00":
+                raise SparkCheckpointError(
+                    f"{sid}: a key of state encoding version "
+                    f"{key[:1].hex() or 'missing'}, not 00")
+            yield decode(key[1:] if versioned else key), key, value
+
+    return records
 
 
 def _store_plan(store: _Store, counts: list[int]) -> StorePlan:
@@ -581,4 +672,4 @@ def _store_plan(store: _Store, counts: list[int]) -> StorePlan:
                      rows=sum(counts), per_partition=counts)
 
 
-__all__ = ["RepartitionReport", "repartition"]
+__all__ = ["RepartitionReport", "StoreChange", "repartition", "rewrite"]

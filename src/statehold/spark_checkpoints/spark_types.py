@@ -164,3 +164,41 @@ def arrow_fields(t: Struct) -> list[pa.Field]:
     # nullable always: Spark's "nullable: false" is a promise about the query's values,
     # not one a state file keeps (and a void field is null by definition)
     return [pa.field(f.name, to_arrow(f.type), True) for f in t.fields]
+
+
+def from_arrow(t: pa.DataType, where: str) -> SparkType:
+    """The Spark type whose values `to_arrow`'s `t` holds: the inverse of `to_arrow` (any
+    time zone is Spark's ``timestamp``; large strings and binaries are strings and
+    binaries); a type Spark state cannot hold is refused in one line."""
+    import pyarrow.types as pt
+
+    if pt.is_struct(t):
+        return Struct(tuple(Field(f.name, from_arrow(f.type, f"{where}.{f.name}"), f.nullable)
+                            for f in t))
+    if pt.is_map(t):
+        return Map(from_arrow(t.key_type, f"{where}{{key}}"),
+                   from_arrow(t.item_type, f"{where}{{value}}"), t.item_field.nullable)
+    if pt.is_list(t) or pt.is_large_list(t):
+        return Array(from_arrow(t.value_type, f"{where}[]"), t.value_field.nullable)
+    if pt.is_decimal(t):
+        if not 0 < t.precision <= MAX_PRECISION or not 0 <= t.scale <= t.precision:
+            raise SparkCheckpointError(f"{where}: {t} is not a Spark decimal")
+        return Decimal(t.precision, t.scale)
+    if pt.is_timestamp(t):
+        if t.unit != "us":
+            raise SparkCheckpointError(f"{where}: {t}: Spark's timestamps are in microseconds")
+        return Atomic("timestamp" if t.tz else "timestamp_ntz")
+    if pt.is_large_string(t):
+        return Atomic("string")
+    if pt.is_large_binary(t):
+        return Atomic("binary")
+    for name, arrow in _ARROW_ATOMIC.items():
+        if t == arrow:
+            return Atomic(name)
+    raise SparkCheckpointError(f"{where}: Arrow type {t} has no Spark state type")
+
+
+def struct_from_arrow(schema: pa.Schema, where: str) -> Struct:
+    """A pyarrow schema's fields as a Spark struct (`from_arrow` of each)."""
+    return Struct(tuple(Field(f.name, from_arrow(f.type, f"{where} {f.name}"), f.nullable)
+                        for f in schema))

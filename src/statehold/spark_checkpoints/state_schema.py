@@ -15,19 +15,31 @@ each in Spark's own form (``StructType.json()``, what the schema file holds).
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 from statehold.format.signed import load_json
 from statehold.spark_checkpoints.errors import SparkCheckpointError
-from statehold.spark_checkpoints.spark_types import Struct, arrow_fields, parse_struct
+from statehold.spark_checkpoints.spark_types import (
+    Array,
+    Atomic,
+    Decimal,
+    SparkType,
+    Struct,
+    arrow_fields,
+    parse_struct,
+)
 
 #: A schema file is a few KiB; one larger than this is not read.
 MAX_SCHEMA_BYTES = 16 << 20
 #: The metadata key of a state batch's Arrow schema: how many leading columns are the key.
 KEY_COLUMNS = b"statehold.key_columns"
+#: The most bytes Java's ``writeUTF`` writes in one string.
+_UTF_MAX = 65535
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +58,14 @@ class StateSchema:
 def read_state_schema(data: bytes, where: str) -> StateSchema:
     """The key and value schemas of a schema file's bytes; SparkCheckpointError (one line)
     when it is not one statehold reads."""
+    key, value = read_state_schema_texts(data, where)
+    return StateSchema(_struct(key, f"{where} (key schema)"),
+                       _struct(value, f"{where} (value schema)"))
+
+
+def read_state_schema_texts(data: bytes, where: str) -> tuple[str, str]:
+    """The key and value schemas' JSON texts of a schema file's bytes, as Spark wrote them
+    (a rewritten file keeps an unchanged side's text, field metadata and all)."""
     if len(data) > MAX_SCHEMA_BYTES:
         raise SparkCheckpointError(f"{where}: {len(data)} bytes, not a state schema file")
     reader = _Reader(data, where)
@@ -61,8 +81,62 @@ def read_state_schema(data: bytes, where: str) -> StateSchema:
         raise SparkCheckpointError(f"{where}: not a state schema file (version {version[:20]!r})")
     if reader.at != len(data):
         raise SparkCheckpointError(f"{where}: {len(data) - reader.at} bytes after the schemas")
-    return StateSchema(_struct(key, f"{where} (key schema)"),
-                       _struct(value, f"{where} (value schema)"))
+    return key, value
+
+
+def state_schema_file(key: str, value: str) -> bytes:
+    """A v2 schema file of the key and value schemas' JSON texts, as Spark writes one:
+    ``writeUTF("v2")``, then each schema as a chunk count and that many ``writeUTF``
+    chunks of at most 65535 bytes (Spark's chunks are 65535 characters; the same for the
+    ASCII a schema's JSON is)."""
+    out = bytearray(_utf("v2"))
+    for text in (key, value):
+        chunks = _chunked(text)
+        out += struct.pack(">i", len(chunks))
+        for chunk in chunks:
+            out += _utf(chunk)
+    return bytes(out)
+
+
+def _utf(text: str) -> bytes:
+    data = text.encode("utf-8", "surrogatepass")
+    return struct.pack(">H", len(data)) + data
+
+
+def _chunked(text: str) -> list[str]:
+    chunks: list[str] = []
+    current: list[str] = []
+    size = 0
+    for ch in text:
+        n = len(ch.encode("utf-8", "surrogatepass"))
+        if size + n > _UTF_MAX:
+            chunks.append("".join(current))
+            current, size = [], 0
+        current.append(ch)
+        size += n
+    chunks.append("".join(current))
+    return chunks
+
+
+def struct_json(schema: Struct) -> str:
+    """A `Struct` as Spark's StructType JSON (``StructType.json()``; no field metadata)."""
+    return json.dumps(_type_json(schema), separators=(",", ":"), ensure_ascii=False)
+
+
+def _type_json(t: SparkType) -> Any:
+    if isinstance(t, Atomic):
+        return t.name
+    if isinstance(t, Decimal):
+        return f"decimal({t.precision},{t.scale})"
+    if isinstance(t, Struct):
+        return {"type": "struct", "fields": [
+            {"name": f.name, "type": _type_json(f.type), "nullable": f.nullable, "metadata": {}}
+            for f in t.fields]}
+    if isinstance(t, Array):
+        return {"type": "array", "elementType": _type_json(t.element),
+                "containsNull": t.contains_null}
+    return {"type": "map", "keyType": _type_json(t.key), "valueType": _type_json(t.value),
+            "valueContainsNull": t.value_contains_null}
 
 
 def parse_state_schema_json(data: bytes, where: str) -> StateSchema:

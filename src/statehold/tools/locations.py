@@ -10,8 +10,8 @@ a Spark checkpoint location.
 
 Each verb returns its one result model (`statehold.format.results`); the verbs only one
 world has (`dispose`, `set_ha`, a running job's requests; `rollback`, `relocate`,
-`repartition`) are that class's only. The methods are the free functions of
-`statehold.tools` on the opened job directory.
+`repartition`, `transform`, `delete_keys`) are that class's only. The methods are the
+free functions of `statehold.tools` on the opened job directory.
 """
 
 from __future__ import annotations

@@ -1,0 +1,299 @@
+"""Transform, delete and migrate on the committed fixtures, without Spark. Keys deleted by
+a function and by ``statehold state delete`` are gone when DEST is read back, every other
+row as it was and where Spark's hash puts it; the other operator's files are copied byte
+for byte; values changed and a value column added (schema migration) read back, with
+DEST's schema file saying the new schema (the key's text kept as Spark wrote it); a key
+whose type changes is routed by its new value's hash. The source's listing never
+changes. Refusals (a full DEST, an unknown operator, a join, transformWithState, a batch
+not committed, fn returning other columns, types or things) come in one line with nothing
+written. Restarts by Spark on DEST: test_spark_repartition_live.py."""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from typer.testing import CliRunner
+
+from statehold.cli.app import app
+from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
+from statehold.spark_checkpoints.layout import StoreId
+from statehold.spark_checkpoints.spark_hash import partition_of
+from statehold.spark_checkpoints.spark_types import Atomic, Field, Struct
+from statehold.spark_checkpoints.state_reader import store_records, store_schema
+from statehold.spark_checkpoints.state_schema import read_state_schema, read_state_schema_texts
+from statehold.spark_checkpoints.unsafe_row import decode_row
+from tests.spark_checkpoints.test_spark_repartition import PARTITIONING
+from tests.support.spark_locations.committed_fixtures import fixture, manifests
+from tests.support.spark_locations.disk_trees import listing
+
+#: (version, query, provider): every version's single-store queries over the layouts, and
+#: the two-operator query (its operator 0 transformed, operator 1 copied).
+CASES = [(v, q, p) for v in sorted(manifests())
+         for q, p in (("window", "hdfs"), ("dedup", "rocksdb"), ("multi", "hdfs"),
+                      ("pandas_state", "rocksdb_changelog"))
+         if not (q == "pandas_state" and v.startswith("3."))]
+
+
+def _rows(location: Any, operator: int) -> collections.Counter[str]:
+    return collections.Counter(
+        json.dumps(row, sort_keys=True, default=str)
+        for batch in location.read_state(operator=operator) for row in batch.to_pylist())
+
+
+def _placed(location: Any, op: int, partitions: int, columns: list[str]) -> int:
+    """Every record of `op`'s store sits in the partition Spark's hash of `columns` gives
+    it; the records counted."""
+    found = location.scan()
+    schema = store_schema(location, found, StoreId(op, 0, "default"))
+    at = [i for i, f in enumerate(schema.key.fields) if f.name in columns]
+    types = [schema.key.fields[i].type for i in at]
+    rocksdb = found.stores[StoreId(op, 0, "default")].provider == "rocksdb"
+    count = 0
+    for p in range(partitions):
+        for key, _value in store_records(location, found, StoreId(op, p, "default"),
+                                         location.listing().newest_committed):
+            values = decode_row(key[1:] if rocksdb else key, schema.key, "k")
+            assert partition_of([values[i] for i in at], types, partitions) == p
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize(("version", "query", "provider"), CASES)
+def test_deleting_a_key_leaves_every_other_row_where_it_was(
+    extracted: Callable[[str], Path], tmp_path: Path, version: str, query: str, provider: str,
+) -> None:
+    fx = fixture(extracted(version), version, query, provider)
+    source = open_spark_checkpoint(str(fx.checkpoint))
+    before = listing(fx.checkpoint)
+    dest = tmp_path / "dest"
+
+    report = source.transform(
+        str(dest), operator=0, fn=lambda b: b.filter(pc.not_equal(b.column("key"), "k1")))
+
+    assert listing(fx.checkpoint) == before
+    old = _rows(source, 0)
+    kept = collections.Counter({r: n for r, n in old.items() if json.loads(r)["key"] != "k1"})
+    assert 0 < sum(kept.values()) < sum(old.values())
+    out = open_spark_checkpoint(str(dest))
+    assert out.verify().ok and out.listing().newest_committed == report.batch == fx.last_batch
+    assert _rows(out, 0) == kept
+    assert (report.rows_read, report.rows_written) == (sum(old.values()), sum(kept.values()))
+    assert report.per_partition and sum(report.per_partition) == report.rows_written
+    assert not report.key_schema_changed and not report.value_schema_changed
+    assert _placed(out, 0, 2, PARTITIONING[query][0]["default"]) == report.rows_written
+    # the schema file is the source's, byte for byte
+    schema = "state/0/0/_metadata/schema"
+    assert (dest / schema).read_bytes() == (fx.checkpoint / schema).read_bytes()
+    # the state was written again (one snapshot a partition), the logs copied
+    n = report.batch + 1
+    snapshot = "zip" if provider.startswith("rocksdb") else "snapshot"
+    for p in (0, 1):
+        assert (dest / "state" / "0" / str(p) / f"{n}.{snapshot}").is_file()
+    for log in ("offsets", "commits"):
+        assert (dest / log / str(n - 1)).read_bytes() == (fx.checkpoint / log / str(n - 1)
+                                                          ).read_bytes()
+    if query == "multi":  # operator 1 copied as it is
+        op1 = {p.relative_to(fx.checkpoint) for p in (fx.checkpoint / "state" / "1").rglob("*")
+               if p.is_file()}
+        copied = {p.relative_to(dest) for p in (dest / "state" / "1").rglob("*") if p.is_file()}
+        assert copied and copied <= op1
+        assert all((dest / p).read_bytes() == (fx.checkpoint / p).read_bytes() for p in copied)
+        assert _rows(out, 1) == _rows(source, 1)
+
+
+def test_values_changed_and_a_column_added_read_back_with_the_new_schema(
+    extracted: Callable[[str], Path], tmp_path: Path,
+) -> None:
+    version = "4.3.0"
+    for provider in ("hdfs", "rocksdb"):
+        fx = fixture(extracted(version), version, "window", provider)
+        source = open_spark_checkpoint(str(fx.checkpoint))
+        before = listing(fx.checkpoint)
+        old = sorted(_rows(source, 0).elements())
+
+        # change values: every count times ten
+        def tenfold(b: pa.RecordBatch) -> pa.RecordBatch:
+            return b.set_column(2, "count", pc.multiply(b.column("count"), 10))
+
+        changed = source.transform(str(tmp_path / provider / "x10"), operator=0, fn=tenfold)
+        assert not changed.value_schema_changed
+        rows = sorted(_rows(open_spark_checkpoint(changed.dest.removeprefix("file://")),
+                            0).elements())
+        assert [json.loads(r)["count"] for r in rows] == [
+            json.loads(r)["count"] * 10 for r in old]
+
+        # migrate: a value column `max` added, filled by fn
+        new_value = pa.schema([("count", pa.int64()), ("sum", pa.int64()),
+                               ("max", pa.int64())])
+
+        def with_max(b: pa.RecordBatch) -> pa.RecordBatch:
+            return b.append_column("max", pc.add(b.column("sum"), 1))
+
+        dest = tmp_path / provider / "migrated"
+        report = source.transform(str(dest), operator=0, fn=with_max, value_schema=new_value)
+
+        assert listing(fx.checkpoint) == before
+        assert report.value_schema_changed and not report.key_schema_changed
+        schema_file = dest / "state" / "0" / "0" / "_metadata" / "schema"
+        key_text, value_text = read_state_schema_texts(schema_file.read_bytes(), "s")
+        source_key, _v = read_state_schema_texts(
+            (fx.checkpoint / "state/0/0/_metadata/schema").read_bytes(), "s")
+        assert key_text == source_key and "spark.timeWindow" in key_text
+        parsed = read_state_schema(schema_file.read_bytes(), "s")
+        assert [(f.name, f.type, f.nullable) for f in parsed.value.fields] == [
+            ("count", Atomic("long"), True), ("sum", Atomic("long"), True),
+            ("max", Atomic("long"), True)]
+        # a checksum of the new file where Spark keeps them (HDFS-backed locations)
+        crc = schema_file.parent / ".schema.crc"
+        assert crc.exists() == (fx.checkpoint / "state/0/0/_metadata/.schema.crc").exists()
+        out = open_spark_checkpoint(str(dest))
+        assert out.verify().ok
+        got = sorted(_rows(out, 0).elements())
+        assert [{k: v for k, v in json.loads(r).items() if k != "max"} for r in got] == [
+            json.loads(r) for r in old]
+        assert all(json.loads(r)["max"] == json.loads(r)["sum"] + 1 for r in got)
+
+
+def test_a_key_whose_type_changes_goes_where_its_new_value_hashes(
+    extracted: Callable[[str], Path], tmp_path: Path,
+) -> None:
+    """dropDuplicates' key column ``key`` ("k0".."k3") migrated to an integer (0..3): each
+    key routed by Spark's hash of (integer, event_time), 2 -> 3 partitions too."""
+    fx = fixture(extracted("3.5.9"), "3.5.9", "dedup", "hdfs")
+    source = open_spark_checkpoint(str(fx.checkpoint))
+    new_key = json.dumps({"type": "struct", "fields": [
+        {"name": "key", "type": "integer", "nullable": True, "metadata": {}},
+        {"name": "event_time", "type": "timestamp", "nullable": True, "metadata": {}}]})
+
+    def to_int(b: pa.RecordBatch) -> pa.RecordBatch:
+        numbers = pc.cast(pc.utf8_slice_codeunits(b.column("key"), 1), pa.int32())
+        return b.set_column(0, "key", numbers)
+
+    for partitions in (None, 3):
+        dest = tmp_path / f"p{partitions}"
+        report = source.transform(str(dest), operator=0, fn=to_int, key_schema=new_key,
+                                  partitions=partitions)
+        assert report.key_schema_changed and report.partitions == (partitions or 2)
+        out = open_spark_checkpoint(str(dest))
+        assert out.verify().ok
+        schema = store_schema(out, out.scan(), StoreId(0, 0, "default"))
+        assert schema.key == Struct((Field("key", Atomic("integer")),
+                                     Field("event_time", Atomic("timestamp"))))
+        assert _placed(out, 0, partitions or 2, ["key", "event_time"]) == report.rows_read
+        assert sorted(json.loads(r)["key"] for r in _rows(out, 0).elements()) == sorted(
+            int(json.loads(r)["key"][1:]) for r in _rows(source, 0).elements())
+    # the new type's hash sends some keys elsewhere than the old one's (so routing by
+    # the old key would have put them in the wrong partition)
+    ts = Atomic("timestamp")
+    moved = [r for r in source.read_state(operator=0) for r in r.to_pylist()
+             if partition_of([r["key"], 0], [Atomic("string"), ts], 2)
+             != partition_of([int(r["key"][1:]), 0], [Atomic("integer"), ts], 2)]
+    assert moved
+
+
+def test_refusals_write_nothing(extracted: Callable[[str], Path], tmp_path: Path) -> None:
+    version = "4.3.0"
+    root = extracted(version)
+
+    def at(query: str, provider: str = "hdfs") -> Any:
+        return open_spark_checkpoint(str(fixture(root, version, query, provider).checkpoint))
+
+    window = at("window")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    keep: Callable[[Any], Any] = lambda b: b  # noqa: E731
+    refusals: list[tuple[Any, str, dict[str, Any]]] = [
+        (window, "not empty", {"dest": full}),
+        (window, "no operator 3", {"operator": 3}),
+        (at("join"), "stores left-keyToNumValues", {}),
+        (at("transform", "rocksdb"), "transformWithState", {}),
+        (window, "batch 99", {"batch": 99}),
+        (window, r"fn returned columns \(window, key, count\)",
+         {"fn": lambda b: b.drop_columns(["sum"])}),
+        (window, "fn returned column count as string",
+         {"fn": lambda b: b.set_column(2, "count", pc.cast(b.column("count"), pa.string()))}),
+        (window, "fn returned list", {"fn": lambda b: []}),
+        (window, r"not the new schema's \(window, key, count, sum, max\)",
+         {"value_schema": pa.schema([("count", pa.int64()), ("sum", pa.int64()),
+                                     ("max", pa.int64())])}),
+        (window, "Arrow type .*no Spark state type",
+         {"value_schema": pa.schema([("count", pa.uint64())])}),
+    ]
+    for i, (location, message, args) in enumerate(refusals):
+        dest = args.pop("dest", tmp_path / f"dest{i}")
+        before = listing(Path(location.uri.removeprefix("file://")))
+        with pytest.raises(SparkCheckpointError, match=message) as refused:
+            location.transform(str(dest), **{"operator": 0, "fn": keep, **args})
+        assert "\n" not in str(refused.value), message
+        assert listing(Path(location.uri.removeprefix("file://"))) == before
+        if dest == full:
+            assert [p.name for p in full.iterdir()] == ["x"]
+        else:
+            assert not dest.exists(), message
+
+
+def test_a_function_that_changes_its_columns_midway_leaves_no_commit(
+    extracted: Callable[[str], Path], tmp_path: Path,
+) -> None:
+    fx = fixture(extracted("4.0.5"), "4.0.5", "window", "hdfs")
+    calls = []
+
+    def fickle(b: pa.RecordBatch) -> pa.RecordBatch:
+        calls.append(b.num_rows)
+        return b if len(calls) < 3 else b.drop_columns(["sum"])
+
+    with pytest.raises(SparkCheckpointError, match="fn returned columns"):
+        open_spark_checkpoint(str(fx.checkpoint)).transform(
+            str(tmp_path / "d"), operator=0, fn=fickle)
+    assert not (tmp_path / "d" / "commits").exists()
+    assert open_spark_checkpoint(str(tmp_path / "d")).listing().newest_committed is None
+
+
+def test_the_cli_deletes_the_keys_of_a_json_lines_file(
+    extracted: Callable[[str], Path], tmp_path: Path,
+) -> None:
+    fx = fixture(extracted("4.3.0"), "4.3.0", "window", "rocksdb_changelog")
+    source = open_spark_checkpoint(str(fx.checkpoint))
+    rows = [json.loads(r) for r in _rows(source, 0).elements()]
+    gone = rows[:2]
+    keys = tmp_path / "keys.jsonl"
+    # a window as ISO text and as microseconds, and a key the state does not hold
+    lines = [{"window": {"start": str(r["window"]["start"]).replace(" ", "T"),
+                         "end": str(r["window"]["end"]).replace(" ", "T")}, "key": r["key"]}
+             for r in gone]
+    lines.append({"window": {"start": 0, "end": 300_000_000}, "key": "nobody"})
+    keys.write_text("".join(json.dumps(k) + "\n" for k in lines) + "\n")
+    runner = CliRunner()
+    done = runner.invoke(app, ["state", "delete", str(fx.checkpoint), str(tmp_path / "d"),
+                               "--operator", "0", "--keys", str(keys), "--json"])
+    assert done.exit_code == 0, (done.stdout, done.stderr)
+    doc = json.loads(done.stdout)
+    assert (doc["keys_given"], doc["deleted"], doc["not_found"], doc["verified"]) == (
+        3, 2, 1, True)
+    assert doc["rows_written"] == len(rows) - 2 and doc["kind"] == "spark-checkpoint"
+    left = [json.loads(r) for r in _rows(open_spark_checkpoint(str(tmp_path / "d")),
+                                         0).elements()]
+    assert sorted(map(json.dumps, left)) == sorted(json.dumps(r) for r in rows[2:])
+    # the read command is still `statehold state CKPT --out DIR`
+    read = runner.invoke(app, ["state", str(tmp_path / "d"), "--out", str(tmp_path / "o"),
+                               "--format", "jsonl"])
+    assert read.exit_code == 0 and f"{len(rows) - 2} rows" in read.stdout
+
+    keys.write_text('{"window": {"start": 0, "end": 1}, "key": "a"}\n[1]\n')
+    bad = runner.invoke(app, ["state", "delete", str(fx.checkpoint), str(tmp_path / "e"),
+                              "--operator", "0", "--keys", str(keys)])
+    assert bad.exit_code == 1 and "line 2: not a JSON object" in bad.stderr
+    keys.write_text('{"key": "a"}\n')
+    bad = runner.invoke(app, ["state", "delete", str(fx.checkpoint), str(tmp_path / "e"),
+                              "--operator", "0", "--keys", str(keys)])
+    assert bad.exit_code == 1 and "not the key's columns (window, key)" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "e").exists()
