@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -111,11 +111,15 @@ def deep_check(
     *,
     operator: int | None = None,
     progress: Progress | None = None,
+    only: Iterable[StoreId] | None = None,
 ) -> DeepResult:
-    """Load version `batch` + 1 of every store (of `operator` only, if given)."""
+    """Load version `batch` + 1 of every store (of `operator` only, if given; of the
+    stores `only` names, if given: a repair trying another way to one store's version)."""
     progress = progress or NoProgress()
     result = DeepResult()
-    stores = sorted(s for s in found.stores if operator is None or s.operator == operator)
+    chosen = None if only is None else set(only)
+    stores = sorted(s for s in found.stores if (operator is None or s.operator == operator)
+                    and (chosen is None or s in chosen))
     if operator is not None and not stores:
         raise SparkCheckpointError(f"{location.uri}: no state store of operator {operator}")
     for store in stores:

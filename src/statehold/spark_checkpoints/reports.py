@@ -79,6 +79,8 @@ class SparkListing(shared.Listing):
     interrupted_rollback: int | None = None
     #: State version files above what any batch in the logs wrote (`verify` says why).
     stale_state: list[str] = []
+    #: What `repair` set aside: each ``_repaired/<UTC time>`` folder and its file count.
+    repaired: dict[str, int] = {}
 
 
 class SparkInspection(shared.InspectReport):
@@ -175,12 +177,21 @@ def listing(checkpoint: SparkCheckpoint) -> SparkListing:
         oldest_committed=min(found.commits, default=None),
         interrupted_rollback=_interrupted(checkpoint, found),
         stale_state=checkpoint.stale_state(found),
+        repaired=repaired_folders(found),
     )
 
 
 def inspect(checkpoint: SparkCheckpoint) -> SparkInspection:
     """`listing`, as `inspect`'s result (the CLI shows its stores)."""
     return SparkInspection.model_validate(listing(checkpoint).model_dump())
+
+
+def repaired_folders(found: Scan) -> dict[str, int]:
+    """Each ``_repaired/<time>`` folder with the number of files in it."""
+    out: dict[str, int] = defaultdict(int)
+    for key in found.repaired:
+        out["/".join(key.split("/", 2)[:2])] += 1
+    return dict(sorted(out.items()))
 
 
 def _interrupted(checkpoint: SparkCheckpoint, found: Scan) -> int | None:
