@@ -103,9 +103,6 @@ def test_repair_each_damage(
     assert mine["step"] == expected, mine
     assert damaged in [d["path"] for d in mine["damage"]], mine
     assert plan["keep"] == str(keep) and plan["dry_run"] is True
-    text = runner.invoke(app, ["repair", str(ckpt), "--dry-run", "--keep", str(keep)])
-    assert text.exit_code == 0 and "dry run: nothing changed" in text.stdout, text.stdout
-    assert files_of(ckpt) == before
 
     result = runner.invoke(app, ["repair", str(ckpt), "--keep", str(keep), "--json"])
     report = json.loads(result.stdout)
@@ -119,7 +116,8 @@ def test_repair_each_damage(
     location = open_spark_checkpoint(str(ckpt))
     after = location.verify(deep=True)
     assert after.ok, after.problems
-    newest = max(int(k.split("/")[1]) for k in before if k.startswith("commits/"))
+    newest = max(int(k.split("/")[1]) for k in before
+                 if k.startswith("commits/") and k.split("/")[1].isdigit())
     if expected == "set-aside":
         # the same batch, the damaged snapshot moved with its bytes, nothing else gone
         assert report["restart_batch"] == newest and report["rollback"] is None
@@ -145,11 +143,17 @@ def test_repair_each_damage(
         # an earlier batch, by rollback's rules: what it removed is in the savepoint
         assert report["rollback_to"] < newest and report["restart_batch"] == report[
             "rollback_to"], report
-        assert report["rollback"]["kept"] == report["keep"] == str(keep)
+        assert report["rollback"]["kept"] == report["keep"]
+        assert report["keep"].endswith(str(keep))
         assert max(int(k.split("/")[1]) for k in files_of(ckpt) if k.startswith(
-            "commits/")) == report["rollback_to"]
-    saved = open_spark_checkpoint(str(keep)).verify()
-    assert saved.ok and saved.batch == report["kept_batch"], saved.problems
+            "commits/") and k.split("/")[1].isdigit()) == report["rollback_to"]
+    # the savepoint is the location as it was, its damage included (to undo the repair):
+    # every file a restart at its batch reads is there, the damaged one with its bytes
+    saved = open_spark_checkpoint(str(keep))
+    assert saved.scan().newest_committed == report["kept_batch"]
+    assert saved.restart_needs(saved.scan(), report["kept_batch"]).ok
+    if damaged_bytes is not None and (keep / damaged).exists():
+        assert (keep / damaged).read_bytes() == damaged_bytes
 
 
 def test_repaired_is_a_kind_no_rule_deletes(tmp_path: Path) -> None:
@@ -180,6 +184,12 @@ def test_nothing_to_repair_and_refused_while_alive(
         open_spark_checkpoint(str(fx.checkpoint)).repair(keep=str(keep))
     refused = runner.invoke(app, ["repair", str(fx.checkpoint), "--keep", str(keep)])
     assert refused.exit_code == 1 and "force the repair" in refused.stderr
+    assert files_of(fx.checkpoint) == before and not keep.exists()
+    text = runner.invoke(app, ["repair", str(fx.checkpoint), "--dry-run", "--force",
+                               "--keep", str(keep)])
+    assert text.exit_code == 0, text.stdout
+    assert "set aside state/0/0/6.snapshot" in text.stdout, text.stdout
+    assert "dry run: nothing changed" in text.stdout
     assert files_of(fx.checkpoint) == before and not keep.exists()
     forced = open_spark_checkpoint(str(fx.checkpoint)).repair(keep=str(keep), force=True)
     assert forced.ok and forced.moved, forced
