@@ -3,8 +3,8 @@ real Spark; no JVM here): each damage of `verify --deep`'s tests (tests/support/
 planted in a copy, then the plan chosen for the damaged store (a snapshot set aside, a
 rollback, or nothing that can repair it), `--dry-run` changing nothing (every file's size
 and mtime), the files set aside moved under ``_repaired/<time>/`` with their bytes,
-`verify --deep` passing after, the ``--keep`` savepoint verifying, gc and its rule leaving
-``_repaired/`` alone and `list` showing it. Spark restarting from a repaired location is
+`verify --deep` passing after, the ``--keep`` copy holding the whole location as it was,
+gc and its rule leaving ``_repaired/`` alone and `list` showing it. Spark restarting from a repaired location is
 test_spark_repair_live.py's."""
 
 from __future__ import annotations
@@ -140,19 +140,19 @@ def test_repair_each_damage(
             check_deletable(f"{folder}/{damaged}")
         assert location.verify(deep=True).ok
     else:
-        # an earlier batch, by rollback's rules: what it removed is in the savepoint
+        # an earlier batch, by rollback's rules: what it removed is in the keep
         assert report["rollback_to"] < newest and report["restart_batch"] == report[
             "rollback_to"], report
         assert report["rollback"]["kept"] == report["keep"]
         assert report["keep"].endswith(str(keep))
         assert max(int(k.split("/")[1]) for k in files_of(ckpt) if k.startswith(
             "commits/") and k.split("/")[1].isdigit()) == report["rollback_to"]
-    # the savepoint is the location as it was, its damage included (to undo the repair):
-    # every file a restart at its batch reads is there, the damaged one with its bytes
-    saved = open_spark_checkpoint(str(keep))
-    assert saved.scan().newest_committed == report["kept_batch"]
-    assert saved.restart_needs(saved.scan(), report["kept_batch"]).ok
-    if damaged_bytes is not None and (keep / damaged).exists():
+    # the keep is the whole location as it was, its damage included (to undo the repair):
+    # every file with its size, the damaged one with its bytes
+    assert report["kept_batch"] == newest
+    assert {k: n for k, (n, _t) in files_of(keep).items()} == {
+        k: n for k, (n, _t) in before.items()}
+    if damaged_bytes is not None:
         assert (keep / damaged).read_bytes() == damaged_bytes
 
 

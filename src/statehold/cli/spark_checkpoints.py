@@ -14,6 +14,7 @@ from statehold.cli.common import (
     HaOption,
     JsonOption,
     emit,
+    error_line,
     fail,
     handle_errors,
     opened,
@@ -327,7 +328,7 @@ def repair_command(
     ] = False,
     keep: Annotated[
         str | None,
-        typer.Option("--keep", help="Where the savepoint of the location as it was goes "
+        typer.Option("--keep", help="Where the copy of the whole location as it was goes "
                      "before anything changes (default: <location>-before-repair-<UTC "
                      "time>, beside the location)."),
     ] = None,
@@ -341,9 +342,10 @@ def repair_command(
     aside (moved under _repaired/<UTC time>/ in the location, never deleted) when an older
     snapshot and its deltas or changelogs rebuild the version; otherwise the location is
     rolled back (as `statehold rollback`) to the newest batch whose every store version
-    loads. The plan is printed first (--dry-run stops there); a savepoint of the location
-    as it was is written to --keep before anything changes. Exits 1 unless `verify
-    --deep` passes afterwards, naming what could not be repaired."""
+    loads. The plan is printed first (--dry-run stops there); a copy of the whole location
+    as it was (every file, its damage too) is written to --keep before anything changes.
+    Exits 1 unless `verify --deep` passes afterwards, naming what could not be
+    repaired."""
     with handle_errors(as_json), RichProgress(not as_json) as progress, opened(
         location, None
     ) as found:
@@ -370,14 +372,14 @@ def repair_command(
             say(f"  {damage.path}: {damage.kind}: rollback")
         if result.rollback_to is not None:
             say(f"  rollback to batch {result.rollback_to} ({result.rollback_removes} files "
-                "removed, after the savepoint keeps them)")
+                "removed, after the keep holds them)")
         if result.unrepairable:
             say(f"  cannot repair: {result.unrepairable}")
         if result.dry_run:
-            say(f"dry run: nothing changed (the savepoint would go to {result.keep})")
+            say(f"dry run: nothing changed (the location's copy would go to {result.keep})")
             return
         if result.keep and result.kept_batch is not None:
-            say(f"the location as it was: savepoint of batch {result.kept_batch} at "
+            say(f"the location as it was (newest batch {result.kept_batch}) is kept at "
                 f"{result.keep}")
         if result.repaired_dir:
             say(f"set aside under {result.repaired_dir}/: {len(result.moved)} files")

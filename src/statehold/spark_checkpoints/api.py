@@ -173,7 +173,7 @@ class SparkLocation(SparkCheckpoint):
         damaged store version, a snapshot that does not load set aside (moved under
         ``_repaired/<time>/``) where another way rebuilds the version, else a rollback to
         the newest batch whose every store version loads. The plan is the report's
-        (`dry_run`: only the plan); a savepoint of the location as it was goes to `keep`
+        (`dry_run`: only the plan); a copy of the whole location as it was goes to `keep`
         first; `verify(deep=True)` decides `ok` after. `storage_options`: `keep`'s."""
         from statehold.spark_checkpoints.repair import repair
 

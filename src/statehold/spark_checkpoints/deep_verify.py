@@ -155,10 +155,16 @@ def _check_store(location: SparkCheckpoint, found: Scan, store: StoreId, batch: 
             result.read.add(key)
             part = [key, *(_listed(needs, key) if key.endswith(".zip") else [])]
             size = sum(found.files[k].size for k in part if k in found.files)
-            try:
-                result.records += _read(location, key, store, Path(tmp), decode)
-            except SparkCheckpointError as e:
-                result.findings.append(_classify(location, found, store, key, str(e), Path(tmp)))
+            gone = [k for k in part[1:] if k not in found.files]
+            if gone:  # RocksDB cannot open it: said without trying (the listing decides)
+                result.findings += [Finding(k, Kind.SST_MISSING, f"{key} lists it; it is gone")
+                                    for k in gone]
+            else:
+                try:
+                    result.records += _read(location, key, store, Path(tmp), decode)
+                except SparkCheckpointError as e:
+                    result.findings.append(
+                        _classify(location, found, store, key, str(e), Path(tmp)))
             result.files += len(part)
             result.bytes += size
             progress.advance(size)

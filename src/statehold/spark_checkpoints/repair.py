@@ -22,13 +22,15 @@ do not load. For each damaged store version the plan takes the first of these th
    (deep), by `rollback.rollback` under its own rules: the sources' logs and the state
    versions after it removed, the sink note, its mark while under way.
 
-Before anything changes, a savepoint of the location as it stands (`keep`, default
-``<location>-before-repair-<UTC time>`` beside it) is written, so the repair can be undone;
-the rollback step keeps that one instead of taking a second. A file set aside is moved,
-never deleted, to ``_repaired/<UTC time>/<its key>`` inside the location (its checksum
-companions with it): Spark never reads that folder, gc never deletes from it
-(`policy.KEPT_KINDS`), and `list` shows it. After the repair, `verify --deep` runs again:
-the report is ok only if it passes, and names what could not be repaired.
+Before anything changes, a copy of the whole location as it stands, every file and its
+damage included (`keep`, default ``<location>-before-repair-<UTC time>`` beside it;
+`savepoint.keep_whole`: hard links on a local disk), is written, so the repair can be
+undone; the rollback step keeps that one instead of taking a savepoint of its own. A file
+set aside is moved, never deleted, to ``_repaired/<UTC time>/<its key>`` inside the
+location (its checksum companions with it): Spark never reads that folder, gc never
+deletes from it (`policy.KEPT_KINDS`), and `list` shows it. After the repair, `verify
+--deep` runs again: the report is ok only if it passes, and names what could not be
+repaired.
 
 Refused, nothing changed, while the query looks alive (`location.refuse_alive`, as
 rollback) and while an interrupted rollback is unfinished.
@@ -57,7 +59,7 @@ from statehold.spark_checkpoints.rollback import (
     rollback_plan,
 )
 from statehold.spark_checkpoints.rollback_marker import refuse_unfinished
-from statehold.spark_checkpoints.savepoint import companions, open_destination, savepoint
+from statehold.spark_checkpoints.savepoint import companions, keep_whole
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.state_reader import resolved
 from statehold.storage import StorageError
@@ -112,13 +114,13 @@ class RepairReport(BaseModel):
     #: Problems of the batch that are no store's (its logs): only a rollback avoids them.
     other_damage: list[Damage] = Field(default_factory=list)
     #: The batch the rollback step goes back to (None: no rollback), and the files it
-    #: removes (counted, after the savepoint keeps them).
+    #: removes (counted, after the keep holds them).
     rollback_to: int | None = None
     rollback_removes: int = 0
     #: Why the damage cannot be repaired at all (no batch loads whole), else None.
     unrepairable: str | None = None
-    #: The savepoint of the location as it stood (written unless a dry run or nothing to
-    #: do), and its batch.
+    #: The copy of the whole location as it stood (written unless a dry run or nothing to
+    #: do), and its newest committed batch.
     keep: str | None = None
     kept_batch: int | None = None
     #: The folder set-aside files went to, and the keys moved (as they were).
@@ -158,7 +160,7 @@ def repair(
     progress: Progress | None = None,
 ) -> RepairReport:
     """Plan the repair of `checkpoint` (see the module's docstring) and, unless `dry_run`,
-    carry it out: the savepoint at `keep` first, the set-aside moves, the rollback; then
+    carry it out: the whole location copied to `keep` first, the set-aside moves, the rollback; then
     `verify --deep` again. `storage_options`: for opening `keep`. Refused (SparkCheckpoint
     Error, nothing changed) while the query looks alive (without `force`) or a rollback
     is unfinished."""
@@ -182,7 +184,7 @@ def repair(
         return report.model_copy(update={"keep": keep_uri, "restart_batch": None
                                          if plan.unrepairable else report.restart_batch,
                                          "remaining": _remaining(plan)})
-    kept = savepoint(checkpoint, open_destination(keep_uri, storage_options))
+    kept = keep_whole(checkpoint, keep_uri, found, dest_options=storage_options)
     update: dict[str, Any] = {"keep": kept.dest, "kept_batch": kept.batch}
     if plan.aside:
         folder = f"{REPAIRED_DIR}/{_stamp()}"
@@ -352,7 +354,7 @@ def _move(checkpoint: SparkCheckpoint, found: Scan, keys: Iterable[str], folder:
             except StorageError as e:
                 raise SparkCheckpointError(
                     f"repair of {checkpoint.uri} stopped moving {one} to {folder}/ ({e}); "
-                    f"what was moved is there; the savepoint holds the location as it was"
+                    f"what was moved is there; the keep holds the location as it was"
                 ) from None
             moved.append(one)
     return moved
