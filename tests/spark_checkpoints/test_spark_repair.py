@@ -4,8 +4,8 @@ planted in a copy, then the plan chosen for the damaged store (a snapshot set as
 rollback, or nothing that can repair it), `--dry-run` changing nothing (every file's size
 and mtime), the files set aside moved under ``_repaired/<time>/`` with their bytes,
 `verify --deep` passing after, the ``--keep`` copy holding the whole location as it was,
-gc and its rule leaving ``_repaired/`` alone and `list` showing it. Spark restarting from a repaired location is
-test_spark_repair_live.py's."""
+gc and its rule leaving ``_repaired/`` alone and `list` showing it. Spark restarting from
+a repaired location is test_spark_repair_live.py's."""
 
 from __future__ import annotations
 
