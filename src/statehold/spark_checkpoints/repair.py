@@ -47,7 +47,7 @@ from pydantic import BaseModel, Field
 
 from statehold import clock
 from statehold.progress import Progress
-from statehold.spark_checkpoints.deep_verify import DeepResult, Finding, Kind, deep_check
+from statehold.spark_checkpoints.deep_verify import DeepResult, Finding, Kind, Loads, deep_check
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import REPAIRED_DIR, StoreId, parse
 from statehold.spark_checkpoints.location import SparkCheckpoint, refuse_alive
@@ -169,7 +169,8 @@ def repair(
     if not force:
         refuse_alive(found, grace_seconds, "force the repair")
     batch = default_batch(found)
-    plan = _plan(checkpoint, found, batch, progress)
+    loads: Loads = {}  # each store version loaded once while its files are unchanged
+    plan = _plan(checkpoint, found, batch, progress, loads)
     report = RepairReport(
         checkpoint=checkpoint.uri, dry_run=dry_run, batch=batch, stores=plan.stores,
         other_damage=[_damage(f) for f in plan.other], rollback_to=plan.rollback_to,
@@ -194,16 +195,16 @@ def repair(
         update["rollback"] = rollback(
             checkpoint, plan.rollback_to, force=True, kept=(kept.dest, kept.batch),
             storage_options=storage_options)
-    after = verify(checkpoint, deep=True)
+    after = verify(checkpoint, deep=True, loads=loads)
     update |= {"remaining": after.problems, "ok": after.ok, "restart_batch": after.batch}
     return report.model_copy(update=update)
 
 
 # -- the plan ----------------------------------------------------------------------------
 def _plan(checkpoint: SparkCheckpoint, found: Scan, batch: int,
-          progress: Progress | None) -> _Plan:
+          progress: Progress | None, loads: Loads) -> _Plan:
     plan = _Plan(batch)
-    deep = deep_check(checkpoint, found, batch, progress=progress)
+    deep = deep_check(checkpoint, found, batch, progress=progress, loads=loads)
     by_store: dict[StoreId, list[Finding]] = {}
     for finding in deep.findings:
         store = parse(finding.path).store
@@ -213,19 +214,19 @@ def _plan(checkpoint: SparkCheckpoint, found: Scan, batch: int,
             by_store.setdefault(store, []).append(finding)
     aside: set[str] = set()
     for store, findings in sorted(by_store.items()):
-        repair_of = _store_repair(checkpoint, found, store, batch, findings)
+        repair_of = _store_repair(checkpoint, found, store, batch, findings, loads)
         plan.stores.append(repair_of)
         aside.update(repair_of.set_aside)
     plan.aside = sorted(aside)
     rest = _without(found, aside)
     whole = checkpoint.restart_needs(rest, batch)
     if plan.other or not whole.ok or any(s.step == "rollback" for s in plan.stores):
-        _plan_rollback(checkpoint, rest, plan, whole.problems)
+        _plan_rollback(checkpoint, rest, plan, whole.problems, loads)
     return plan
 
 
 def _store_repair(checkpoint: SparkCheckpoint, found: Scan, store: StoreId, batch: int,
-                  findings: list[Finding]) -> StoreRepair:
+                  findings: list[Finding], loads: Loads) -> StoreRepair:
     files = found.stores.get(store)
     provider = files.provider if files else "hdfs"
     out = StoreRepair(
@@ -233,7 +234,7 @@ def _store_repair(checkpoint: SparkCheckpoint, found: Scan, store: StoreId, batc
         name=store.name, provider=provider, version=batch + 1,
         damage=[_damage(f) for f in findings], step="rollback",
     )
-    aside, why = _another_way(checkpoint, found, store, batch, findings)
+    aside, why = _another_way(checkpoint, found, store, batch, findings, loads)
     if aside is not None:
         _files, needs = resolved(checkpoint, _without(found, aside), store, batch)
         out.step, out.set_aside = "set-aside", sorted(aside)
@@ -252,7 +253,7 @@ def _store_repair(checkpoint: SparkCheckpoint, found: Scan, store: StoreId, batc
 
 
 def _another_way(checkpoint: SparkCheckpoint, found: Scan, store: StoreId, batch: int,
-                 findings: list[Finding]) -> tuple[set[str] | None, str]:
+                 findings: list[Finding], loads: Loads) -> tuple[set[str] | None, str]:
     """The snapshots (and SSTs) to set aside so that the store's version loads another
     way, tried by loading it without them; None, and why, when there is none."""
     aside: set[str] = set()
@@ -269,7 +270,8 @@ def _another_way(checkpoint: SparkCheckpoint, found: Scan, store: StoreId, batch
         aside |= more
         rest = _without(found, aside)
         try:
-            result: DeepResult = deep_check(checkpoint, rest, batch, only=[store])
+            result: DeepResult = deep_check(checkpoint, rest, batch, only=[store],
+                                            loads=loads)
         except SparkCheckpointError as e:
             return None, f"without {_names(aside)}: {e}"
         if not result.findings:
@@ -304,16 +306,18 @@ def _why(finding: Finding, aside: set[str]) -> str:
 
 
 def _plan_rollback(checkpoint: SparkCheckpoint, rest: Scan, plan: _Plan,
-                   problems: list[str]) -> None:
+                   problems: list[str], loads: Loads) -> None:
     """The newest batch before `plan.batch` whose every store version loads."""
     failing = [StoreId(s.operator, s.partition, s.name) for s in plan.stores
                if s.step == "rollback"]
     for candidate in sorted(rest.commits, reverse=True):
         if candidate >= plan.batch or not checkpoint.restart_needs(rest, candidate).ok:
             continue
-        if failing and deep_check(checkpoint, rest, candidate, only=failing).findings:
+        # the failing stores first: an older version of them fails too, more often than not
+        if failing and deep_check(checkpoint, rest, candidate, only=failing,
+                                  loads=loads).findings:
             continue
-        if deep_check(checkpoint, rest, candidate).findings:
+        if deep_check(checkpoint, rest, candidate, loads=loads).findings:
             continue
         plan.rollback_to = candidate
         try:
