@@ -16,8 +16,9 @@ do not load. For each damaged store version the plan takes the first of these th
 2. **A rebuilt snapshot** (``rebuilt-snapshot``): the version's state replayed into a new
    snapshot. For the HDFS-backed store it would be replayed from the same snapshot and
    deltas step 1 tried, which Spark replays itself once the damaged file is set aside, so
-   it never adds a way step 1 lacks and is not written; for RocksDB statehold writes no
-   snapshot zip yet. The plan says so, per store, in one line.
+   it never adds a way step 1 lacks and is not written; for RocksDB a repair does not
+   write one yet (repartition's `rocksdb_writer` writes a version's zip and SSTs; a
+   repair replaying into it is not built). The plan says so, per store, in one line.
 3. **A rollback** (``rollback``) to the newest batch whose every store version loads
    (deep), by `rollback.rollback` under its own rules: the sources' logs and the state
    versions after it removed, the sink note, its mark while under way.
@@ -243,8 +244,8 @@ def _store_repair(checkpoint: SparkCheckpoint, found: Scan, store: StoreId, batc
     out.not_chosen.append(f"another way to version {batch + 1}: {why}")
     if provider == "rocksdb":
         out.not_chosen.append(
-            "a rebuilt snapshot: not yet for RocksDB (statehold writes no RocksDB snapshot "
-            "zip yet)")
+            "a rebuilt snapshot: not yet for RocksDB (a repair writes no RocksDB snapshot "
+            "yet)")
     else:
         out.not_chosen.append(
             "a rebuilt snapshot: nothing to replay it from (the version's state is read "
