@@ -22,15 +22,15 @@ from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpo
 from statehold.spark_checkpoints.layout import Kind, parse
 from statehold.spark_checkpoints.policy import check_deletable, check_rollback_deletable
 from statehold.storage.base import UnsafePathError
-from tests.support.spark_checkpoint_trees import TWO_HOURS
-from tests.support.spark_damage import (
+from tests.support.spark_locations.committed_fixtures import copy_of, make_old, manifests
+from tests.support.spark_locations.disk_trees import TWO_HOURS
+from tests.support.spark_locations.planted_damage import (
     CASES,
     Plant,
     hdfs_snapshot_corrupted,
     needs_of,
     queries,
 )
-from tests.support.spark_fixtures import copy_of, make_old, manifests
 
 VERSION = sorted(manifests())[-1]
 runner = CliRunner()

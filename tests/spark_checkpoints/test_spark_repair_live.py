@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from statehold.spark_checkpoints import open_spark_checkpoint
-from tests.support.spark_checkpoint_trees import TWO_HOURS, newest_log
-from tests.support.spark_fixtures import Fixture, make_old, rows, running
+from tests.support.spark_locations.committed_fixtures import Fixture, make_old, rows, running
+from tests.support.spark_locations.disk_trees import TWO_HOURS, newest_log
 
 QUERY = "window"
 
@@ -70,7 +70,7 @@ def _output_up_to(fx: Fixture, out: Path, batch: int) -> Path:
 def test_repaired_locations_restart_with_the_uninterrupted_runs_output(
     spark: Any, extracted: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    from tests.support.spark_checkpoint_queries import QueryRun, all_rows, run_queries
+    from tests.support.spark_locations.queries import QueryRun, all_rows, run_queries
 
     started = time.monotonic()
     damages = {"hdfs": _damage_hdfs, "rocksdb_changelog": _damage_rocksdb}
