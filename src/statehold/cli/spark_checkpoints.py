@@ -1,7 +1,7 @@
 """The commands on a Spark checkpoint location (a Structured Streaming query's
 ``checkpointLocation``): how each shared command (list, inspect, verify, du, gc,
-history) shows a Spark location's result, and savepoint, rollback, relocate and
-repartition."""
+history) shows a Spark location's result, and savepoint, rollback, repair,
+relocate and repartition."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from statehold.cli.common import (
     HaOption,
     JsonOption,
     emit,
+    error_line,
     fail,
     handle_errors,
     opened,
@@ -72,6 +73,8 @@ def show_spark_listing(result: SparkListing) -> None:
     if result.stale_state:
         say(f"{len(result.stale_state)} state files above what any batch wrote "
             f"({result.stale_state[0]}, ...): see `statehold verify`")
+    for folder, count in result.repaired.items():
+        say(f"set aside by a repair: {folder}/ ({count} files; gc leaves them alone)")
     table(
         ("batch", "committed", "restartable", "time", "watermark", "why not"),
         [
@@ -318,6 +321,81 @@ def rollback_command(
     emit(result, as_json, render)
 
 
+def repair_command(
+    location: CheckpointLocationArg,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan; change nothing.")
+    ] = False,
+    keep: Annotated[
+        str | None,
+        typer.Option("--keep", help="Where the copy of the whole location as it was goes "
+                     "before anything changes (default: <location>-before-repair-<UTC "
+                     "time>, beside the location)."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Repair even though the query looks alive.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Bring a damaged location back to the newest batch that can be made whole. For each
+    store version `verify --deep` finds damaged: a snapshot that does not load is set
+    aside (moved under _repaired/<UTC time>/ in the location, never deleted) when an older
+    snapshot and its deltas or changelogs rebuild the version; otherwise the location is
+    rolled back (as `statehold rollback`) to the newest batch whose every store version
+    loads. The plan is printed first (--dry-run stops there); a copy of the whole location
+    as it was (every file, its damage too) is written to --keep before anything changes.
+    Exits 1 unless `verify --deep` passes afterwards, naming what could not be
+    repaired."""
+    with handle_errors(as_json), RichProgress(not as_json) as progress, opened(
+        location, None
+    ) as found:
+        result = spark_only(found, "repair").repair(dry_run=dry_run, keep=keep, force=force,
+                                                    progress=progress)
+
+    def render() -> None:
+        if not result.stores and not result.other_damage:
+            say(f"OK {result.checkpoint}: every store version of batch {result.batch} "
+                "loads; nothing to repair")
+            return
+        say(f"plan for {result.checkpoint} (newest committed batch {result.batch}):")
+        for store in result.stores:
+            kinds = ", ".join(sorted({d.kind for d in store.damage}))
+            head = f"  {store.store} version {store.version} ({store.provider}; {kinds}): "
+            if store.step == "set-aside":
+                say(head + f"set aside {', '.join(store.set_aside)}; loads from "
+                    f"{store.loads_from}")
+            else:
+                say(head + store.step)
+                for line in store.not_chosen:
+                    say(f"    not: {line}")
+        for damage in result.other_damage:
+            say(f"  {damage.path}: {damage.kind}: rollback")
+        if result.rollback_to is not None:
+            say(f"  rollback to batch {result.rollback_to} ({result.rollback_removes} files "
+                "removed, after the keep holds them)")
+        if result.unrepairable:
+            say(f"  cannot repair: {result.unrepairable}")
+        if result.dry_run:
+            say(f"dry run: nothing changed (the location's copy would go to {result.keep})")
+            return
+        if result.keep and result.kept_batch is not None:
+            say(f"the location as it was (newest batch {result.kept_batch}) is kept at "
+                f"{result.keep}")
+        if result.repaired_dir:
+            say(f"set aside under {result.repaired_dir}/: {len(result.moved)} files")
+        if result.ok:
+            say(f"OK repaired: verify --deep passes; the query restarts after batch "
+                f"{result.restart_batch}")
+        for p in result.remaining:
+            say(f"not repaired: {p.path}: {p.problem}" if not p.problem.startswith(p.path)
+                else f"not repaired: {p.problem}")
+
+    emit(result, as_json, render)
+    if not result.ok and not result.dry_run:
+        error_line(f"repair failed: {len(result.remaining)} problem(s) remain")
+        raise typer.Exit(1)
+
+
 def relocate_command(
     location: CheckpointLocationArg,
     from_prefix: Annotated[str, typer.Option("--from", help="The old prefix of the paths.")],
@@ -402,4 +480,5 @@ def register(app: typer.Typer) -> None:
     app.command("savepoint")(savepoint_command)
     app.command("rollback")(rollback_command)
     app.command("relocate")(relocate_command)
+    app.command("repair")(repair_command)
     app.command("repartition")(repartition_command)

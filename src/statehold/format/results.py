@@ -57,6 +57,9 @@ class _SparkBatches(BaseModel):
     min_batches_to_retain: int | None = None
     interrupted_rollback: int | None = None
     stale_state: list[str] = []
+    #: What a Spark location's `repair` set aside: each ``_repaired/<UTC time>`` folder
+    #: and its file count.
+    repaired: dict[str, int] = {}
 
 
 class Listing(_Located, _SparkBatches):

@@ -1,6 +1,6 @@
 """Spark's own checkpoint locations, owned: read, verify, measure, savepoint, roll back,
-relocate, repartition and garbage-collect the ``checkpointLocation`` of any Structured
-Streaming query, without Spark and without changing the query.
+repair, relocate, repartition and garbage-collect the ``checkpointLocation`` of any
+Structured Streaming query, without Spark and without changing the query.
 
     layout.py     what each key of a location is (`parse`), from its name alone
     errors.py     the error family's members for checkpoint locations
@@ -22,6 +22,8 @@ Streaming query, without Spark and without changing the query.
     location.py   `SparkCheckpoint`: reading a location, and what a restart at a batch needs
     savepoint.py  a new location holding exactly what a restart at a batch needs
     rollback.py   make the next start reprocess from a batch (what it removes kept first)
+    deep_verify.py each store version a restart needs loaded (`verify --deep`)
+    repair.py     a damaged location brought back to its newest batch that can be whole
     relocate.py   the absolute paths that bind a location to its place, rewritten
     reports.py    read-only views: list, inspect, verify, du
     history.py    per batch: time, watermark, offsets, state bytes per operator

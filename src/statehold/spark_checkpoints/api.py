@@ -6,6 +6,7 @@ one for a Spark location; `open_spark_checkpoint` opens one and refuses anything
     location.verify().ok
     location.savepoint("s3://bucket/savepoints/orders-before-upgrade")
     location.rollback(41, sink="s3://bucket/tables/orders")
+    location.repair(dry_run=True).stores  # the plan for each damaged store version
     location.gc(dry_run=True)
     for batch in location.read_state(operator=0):  # pyarrow RecordBatches
         ...
@@ -48,6 +49,7 @@ from statehold.storage.local import LocalStorage
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from statehold.spark_checkpoints.repair import RepairReport
     from statehold.spark_checkpoints.repartition import RepartitionReport
     from statehold.spark_checkpoints.state_schema import StateSchema
     from statehold.spark_checkpoints.transform import (
@@ -59,7 +61,7 @@ if TYPE_CHECKING:
 
 class SparkLocation(SparkCheckpoint):
     """A query's ``checkpointLocation`` (what ``statehold.open`` returns for one). Reads
-    never leave it; writes (gc, rollback, relocate) delete or rewrite only what the
+    never leave it; writes (gc, rollback, repair, relocate) delete or rewrite only what the
     deletion rule allows. The verbs a job directory has too (`listing`, `inspect`,
     `verify`, `du`, `history`, `gc`, `copy`) return the same result models
     (`statehold.format.results`)."""
@@ -163,6 +165,28 @@ class SparkLocation(SparkCheckpoint):
             self, to_batch, keep=keep, force=force, sink=sink, grace_seconds=grace_seconds,
             storage_options=storage_options or None,
         )
+
+    def repair(
+        self,
+        *,
+        dry_run: bool = False,
+        keep: str | None = None,
+        force: bool = False,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        progress: Progress | None = None,
+        **storage_options: Any,
+    ) -> RepairReport:
+        """Bring a damaged location back to the newest batch that can be made whole: per
+        damaged store version, a snapshot that does not load set aside (moved under
+        ``_repaired/<time>/``) where another way rebuilds the version, else a rollback to
+        the newest batch whose every store version loads. The plan is the report's
+        (`dry_run`: only the plan); a copy of the whole location as it was goes to `keep`
+        first; `verify(deep=True)` decides `ok` after. `storage_options`: `keep`'s."""
+        from statehold.spark_checkpoints.repair import repair
+
+        return repair(self, dry_run=dry_run, keep=keep, force=force,
+                      grace_seconds=grace_seconds, storage_options=storage_options or None,
+                      progress=progress)
 
     def absolute_paths(self, sink: str | None = None) -> list[BoundPath]:
         return absolute_paths(self, sink=sink)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -103,6 +103,21 @@ class DeepResult:
     #: The keys read here (the shallow check need not read them again).
     read: set[str] = field(default_factory=set)
 
+    def add(self, other: DeepResult) -> None:
+        self.findings += other.findings
+        self.stores += other.stores
+        self.files += other.files
+        self.bytes += other.bytes
+        self.records += other.records
+        self.not_decoded += other.not_decoded
+        self.read |= other.read
+
+
+#: What one store version's load found, by the version and every file it reads as listed
+#: (key, size, mtime) and what its chain misses: a caller that loads the same version of
+#: unchanged files again (`repair`: its plan, its tries, its check after) reads it once.
+Loads = dict[tuple[object, ...], DeepResult]
+
 
 def deep_check(
     location: SparkCheckpoint,
@@ -111,39 +126,65 @@ def deep_check(
     *,
     operator: int | None = None,
     progress: Progress | None = None,
+    only: Iterable[StoreId] | None = None,
+    loads: Loads | None = None,
 ) -> DeepResult:
-    """Load version `batch` + 1 of every store (of `operator` only, if given)."""
+    """Load version `batch` + 1 of every store (of `operator` only, if given; of the
+    stores `only` names, if given: a repair trying another way to one store's version).
+    `loads`: the versions loaded before, not loaded again while their files are as they
+    were (filled with what this call loads)."""
     progress = progress or NoProgress()
     result = DeepResult()
-    stores = sorted(s for s in found.stores if operator is None or s.operator == operator)
+    chosen = None if only is None else set(only)
+    stores = sorted(s for s in found.stores if (operator is None or s.operator == operator)
+                    and (chosen is None or s in chosen))
     if operator is not None and not stores:
         raise SparkCheckpointError(f"{location.uri}: no state store of operator {operator}")
     for store in stores:
-        _check_store(location, found, store, batch, result, progress)
+        _check_store(location, found, store, batch, result, progress,
+                     {} if loads is None else loads)
     # one line per file and kind (every partition reads partition 0's schema file)
     result.findings = list(dict.fromkeys(result.findings))
     return result
 
 
 def _check_store(location: SparkCheckpoint, found: Scan, store: StoreId, batch: int,
-                 result: DeepResult, progress: Progress) -> None:
+                 into: DeepResult, progress: Progress, loads: Loads) -> None:
     version = batch + 1
     try:
         files, needs = resolved(location, found, store, batch)
     except SparkCheckpointError as e:  # a zip's file list, a changelog's lineage unread
         subject = _subject(str(e))
         if subject.endswith(".zip"):
-            result.findings.append(_zip_finding(location, subject, str(e)))
+            into.findings.append(_zip_finding(location, subject, str(e)))
         elif subject.endswith(".changelog") and subject.startswith(store.prefix):
-            result.findings.append(_step_finding(subject, str(e)))
+            into.findings.append(_step_finding(subject, str(e)))
         else:
             raise
         return
+    # what the load reads: the version's files, its schema and operator metadata
+    operator = f"state/{store.operator}/"
+    schema = found.stores.get(StoreId(store.operator, 0, store.name))
+    keys = [*needs.files, *(k for k in found.operator_files if k.startswith(operator)),
+            *([schema.schema.key] if schema and schema.schema else [])]
+    listed = tuple((k, i.size, i.mtime) for k in keys if (i := found.files.get(k)))
+    seen = (store, version, files.provider, listed, tuple(needs.missing))
+    if seen in loads:
+        into.add(loads[seen])
+        return
+    result = loads[seen] = DeepResult()
+    _load_store(location, found, store, batch, files.provider, needs, result, progress)
+    into.add(result)
+
+
+def _load_store(location: SparkCheckpoint, found: Scan, store: StoreId, batch: int,
+                provider: str, needs: Needs, result: DeepResult, progress: Progress) -> None:
+    version = batch + 1
     result.stores += 1
     total = sum(found.files[k].size for k in needs.files if k in found.files)
     progress.start(f"verify --deep {store} version {version}", total)
     result.findings += _missing(needs, batch)
-    decode = _decoders(location, found, store, version, files.provider, result)
+    decode = _decoders(location, found, store, version, provider, result)
     with tempfile.TemporaryDirectory(prefix="statehold-deep-") as tmp:
         for key in needs.files:
             if not key.endswith((".zip", *_STEP)) or key not in found.files:
@@ -151,10 +192,16 @@ def _check_store(location: SparkCheckpoint, found: Scan, store: StoreId, batch: 
             result.read.add(key)
             part = [key, *(_listed(needs, key) if key.endswith(".zip") else [])]
             size = sum(found.files[k].size for k in part if k in found.files)
-            try:
-                result.records += _read(location, key, store, Path(tmp), decode)
-            except SparkCheckpointError as e:
-                result.findings.append(_classify(location, found, store, key, str(e), Path(tmp)))
+            gone = [k for k in part[1:] if k not in found.files]
+            if gone:  # RocksDB cannot open it: said without trying (the listing decides)
+                result.findings += [Finding(k, Kind.SST_MISSING, f"{key} lists it; it is gone")
+                                    for k in gone]
+            else:
+                try:
+                    result.records += _read(location, key, store, Path(tmp), decode)
+                except SparkCheckpointError as e:
+                    result.findings.append(
+                        _classify(location, found, store, key, str(e), Path(tmp)))
             result.files += len(part)
             result.bytes += size
             progress.advance(size)

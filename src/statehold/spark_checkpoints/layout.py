@@ -22,8 +22,9 @@ Batch N's state is version N+1 of every store: the batch loads version N and com
 Hadoop's local file system writes a ``.NAME.crc`` beside each file, Spark 4 a
 ``V_<id>.zip.crc`` (its own checksum) beside state files, and Spark's atomic writes go
 through ``.NAME.<uuid>.tmp``. statehold itself writes one file there, and only while a
-rollback is under way: ``_statehold_rollback``. Any other name is *unknown*: reported, never
-deleted.
+rollback is under way: ``_statehold_rollback``; and `repair` moves the damaged files it sets
+aside under ``_repaired/<UTC time>/`` (each at its relative path), a folder Spark never
+reads and gc never deletes from. Any other name is *unknown*: reported, never deleted.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ SOURCES_DIR = "sources"
 STATE_DIR = "state"
 #: statehold's own mark of a rollback under way (`spark_checkpoints.rollback_marker`).
 ROLLBACK_MARKER = "_statehold_rollback"
+#: Where `repair` moves the files it sets aside (`spark_checkpoints.repair`).
+REPAIRED_DIR = "_repaired"
 DEFAULT_STORE = "default"
 #: Directories inside a store (or a partition directory holding the default store).
 _STORE_SUBDIRS = {"SSTs", "logs", "_metadata"}
@@ -69,6 +72,7 @@ class Kind(StrEnum):
     CRC = "crc"
     TEMP = "temp"
     ROLLBACK_MARKER = "rollback-marker"
+    REPAIRED = "repaired"
     UNKNOWN = "unknown"
 
 
@@ -122,6 +126,8 @@ def parse(key: str) -> Name:
     not write there)."""
     parts = key.split("/")
     leaf = parts[-1]
+    if parts[0] == REPAIRED_DIR and len(parts) > 1:  # whatever it is, it was set aside
+        return Name(key, Kind.REPAIRED)
     if leaf.endswith(".crc") and leaf.startswith("."):
         return Name(key, Kind.CRC, of="/".join([*parts[:-1], leaf[1:-4]]))
     if leaf.endswith(".crc") and _VERSIONED.match(leaf[:-4]):  # Spark 4's own checksums

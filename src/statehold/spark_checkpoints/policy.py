@@ -7,8 +7,9 @@ from plain data (`SparkView`), in this order:
 * **Referenced**: a file some batch Spark may still restart from (or be rolled back to)
   needs, and every file of a store whose needs could not be resolved (spared whole).
 * **Kept**: the query's ``metadata``, ``offsets/``, ``commits/``, ``sources/``, operator
-  metadata and state schemas: Spark purges them itself, by its own retention; and a
-  rollback's mark (the rollback removes it when it finishes).
+  metadata and state schemas: Spark purges them itself, by its own retention; a
+  rollback's mark (the rollback removes it when it finishes); and what a repair set aside
+  under ``_repaired/`` (the user's to remove: it may be all that is left of a version).
 * **Protected** (may be in flight): a file modified at or after the listing began, or
   younger than the grace; a version file above the newest committed version (a batch
   running now writes it).
@@ -54,6 +55,7 @@ KEPT_KINDS = frozenset(
         Kind.OPERATOR_METADATA,
         Kind.STORE_SCHEMA,
         Kind.ROLLBACK_MARKER,
+        Kind.REPAIRED,
     }
 )
 #: The only kinds gc ever deletes.

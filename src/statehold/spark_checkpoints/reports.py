@@ -5,7 +5,7 @@ needs, and bytes by kind. Results are pydantic models (the CLI's ``--json``)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -23,6 +23,9 @@ from statehold.spark_checkpoints.rollback_marker import (
 )
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.state_files import check_stream
+
+if TYPE_CHECKING:
+    from statehold.spark_checkpoints.deep_verify import Loads
 
 _STREAMS = {Kind.CHANGELOG, Kind.DELTA, Kind.HDFS_SNAPSHOT}
 
@@ -79,6 +82,8 @@ class SparkListing(shared.Listing):
     interrupted_rollback: int | None = None
     #: State version files above what any batch in the logs wrote (`verify` says why).
     stale_state: list[str] = []
+    #: What `repair` set aside: each ``_repaired/<UTC time>`` folder and its file count.
+    repaired: dict[str, int] = {}
 
 
 class SparkInspection(shared.InspectReport):
@@ -175,12 +180,21 @@ def listing(checkpoint: SparkCheckpoint) -> SparkListing:
         oldest_committed=min(found.commits, default=None),
         interrupted_rollback=_interrupted(checkpoint, found),
         stale_state=checkpoint.stale_state(found),
+        repaired=repaired_folders(found),
     )
 
 
 def inspect(checkpoint: SparkCheckpoint) -> SparkInspection:
     """`listing`, as `inspect`'s result (the CLI shows its stores)."""
     return SparkInspection.model_validate(listing(checkpoint).model_dump())
+
+
+def repaired_folders(found: Scan) -> dict[str, int]:
+    """Each ``_repaired/<time>`` folder with the number of files in it."""
+    out: dict[str, int] = defaultdict(int)
+    for key in found.repaired:
+        out["/".join(key.split("/", 2)[:2])] += 1
+    return dict(sorted(out.items()))
 
 
 def _interrupted(checkpoint: SparkCheckpoint, found: Scan) -> int | None:
@@ -265,12 +279,15 @@ def verify(
     deep: bool = False,
     operator: int | None = None,
     progress: Progress | None = None,
+    loads: Loads | None = None,
 ) -> SparkVerifyReport:
     """Every file a restart at `batch` (default: the newest committed) needs exists and is
     whole: sizes match the snapshots' file lists, zips and compressed streams read to
     their end, version chains are unbroken, and the logs parse. One problem per line.
     `deep`: every store version (of `operator` only, if given) is also loaded, RocksDB's
-    by RocksDB, each record decoded (`deep_verify`); `progress` gets a line per store."""
+    by RocksDB, each record decoded (`deep_verify`); `progress` gets a line per store;
+    `loads`: store versions loaded before, not loaded again while their files are
+    unchanged (`deep_verify.Loads`)."""
     found = checkpoint.scan()
     batch = default_batch(found) if batch is None else batch
     if operator is not None and not deep:
@@ -283,7 +300,8 @@ def verify(
 
         if batch not in found.commits:
             raise SparkCheckpointError(f"batch {batch} is not committed: nothing to load")
-        loaded = deep_check(checkpoint, found, batch, operator=operator, progress=progress)
+        loaded = deep_check(checkpoint, found, batch, operator=operator, progress=progress,
+                            loads=loads)
     problems = [Problem(path=_subject(p), problem=p) for p in needs.problems]
     problems += location_problems(checkpoint, found)
     problems += [

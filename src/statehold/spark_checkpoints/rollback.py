@@ -95,13 +95,16 @@ def rollback(
     sink: str | None = None,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     storage_options: Mapping[str, Any] | None = None,
+    kept: tuple[str, int] | None = None,
 ) -> RollbackReport:
     """Roll `checkpoint` back so its next start reprocesses from batch `to_batch` + 1
     (see the module's docstring). `keep`: where the savepoint of what is removed goes
     (default: ``<checkpoint>-before-rollback-<UTC yyyymmddThhmmss>`` beside it); `sink`:
     a file sink's output directory whose ``_spark_metadata`` log is rolled back too;
-    `storage_options`: for opening `keep` and `sink`. Refused with the reason, nothing
-    deleted, when the rollback cannot be done safely."""
+    `storage_options`: for opening `keep` and `sink`; `kept`: (where, batch) of a savepoint
+    of the location as it stands that the caller already took (`repair`'s), kept instead
+    of a second one. Refused with the reason, nothing deleted, when the rollback cannot be
+    done safely."""
     options = dict(storage_options or {})
     found = checkpoint.scan()
     marked = ROLLBACK_MARKER in found.files
@@ -140,7 +143,7 @@ def rollback(
             _delete(checkpoint.storage, [ROLLBACK_MARKER])
         return report
     if marker is None or marker.to_batch != to_batch:
-        marker = _begin(checkpoint, found, to_batch, keep, options, sink_storage, marker)
+        marker = _begin(checkpoint, found, to_batch, keep, options, sink_storage, marker, kept)
     _delete(checkpoint.storage, plan)
     if sink_storage is not None:
         _delete(sink_storage, sink_plan)
@@ -163,11 +166,16 @@ def _begin(
     options: Mapping[str, Any],
     sink: Storage | None,
     earlier: RollbackMarker | None,
+    taken: tuple[str, int] | None = None,
 ) -> RollbackMarker:
-    """Keep what is there as a savepoint (unless an interrupted run already did), then
-    mark the location: nothing is deleted before both are written."""
+    """Keep what is there as a savepoint (unless an interrupted run or the caller already
+    did), then mark the location: nothing is deleted before both are written."""
+    kept: str | None
+    kept_batch: int | None
     if earlier is not None:
         kept, kept_batch = earlier.kept, earlier.kept_batch
+    elif taken is not None:
+        kept, kept_batch = taken
     else:
         report = savepoint(
             checkpoint,
@@ -185,6 +193,12 @@ def _begin(
     )
     write_marker(checkpoint.storage, marker)
     return marker
+
+
+def rollback_plan(checkpoint: SparkCheckpoint, found: Scan, to_batch: int) -> list[str]:
+    """The keys a rollback to `to_batch` would delete, in order (a repair's plan counts
+    them); refused (SparkCheckpointError) as the rollback itself would be."""
+    return _plan(checkpoint, found, to_batch)
 
 
 def _plan(checkpoint: SparkCheckpoint, found: Scan, to_batch: int) -> list[str]:

@@ -154,6 +154,37 @@ def savepoint(
     )
 
 
+def keep_whole(
+    checkpoint: SparkCheckpoint,
+    dest: str | Storage,
+    found: Scan,
+    *,
+    progress: Progress | None = None,
+    dest_options: Mapping[str, Any] | None = None,
+) -> SavepointReport:
+    """A copy at `dest` (empty or absent) of the whole location as `found` lists it, every
+    file byte for byte, its damage included (what `repair` keeps before it changes
+    anything, so the repair can be undone): not a savepoint of one batch, which a damaged
+    location may not have whole. Symlinks are not followed (not copied). Its batch is
+    the newest committed one, its ``commits/`` file copied last; verified as copied
+    (every file there with its size), not as restartable."""
+    out = open_destination(dest, dest_options)
+    refuse_unfinished(checkpoint.storage, found, "keep a copy")
+    if found.newest_committed is None:
+        raise SparkCheckpointError(f"{checkpoint.uri}: no committed batch to keep")
+    check_destination(checkpoint, out)
+    files = {k: i.size for k, i in found.files.items() if not i.symlink}
+    report = _copy(checkpoint, out, files, found.newest_committed,
+                   progress or NoProgress())
+    copied = SparkCheckpoint(out).scan()
+    problems = [
+        f"{k}: {'missing' if k not in copied.files else f'{copied.size(k)} bytes, not {n}'}"
+        for k, n in sorted(files.items()) if k not in copied.files or copied.size(k) != n
+    ]
+    _refuse(f"the copy at {out.uri} does not verify", problems)
+    return report.model_copy(update={"source_bytes": report.bytes, "verified": True})
+
+
 def open_destination(dest: str | Storage, options: Mapping[str, Any] | None) -> Storage:
     if isinstance(dest, Storage):
         return dest

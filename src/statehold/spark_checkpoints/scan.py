@@ -29,6 +29,8 @@ class Scan:
     operator_files: list[str] = field(default_factory=list)
     #: Symlinks, and names Spark does not write: never followed, never deleted.
     foreign: list[str] = field(default_factory=list)
+    #: What `repair` set aside under ``_repaired/``: kept, never read as Spark's.
+    repaired: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, infos: Iterable[FileInfo], started_at: float) -> Scan:
@@ -43,6 +45,8 @@ class Scan:
         self.names[info.key] = name
         if info.symlink or name.kind is Kind.UNKNOWN:
             self.foreign.append(info.key)
+        elif name.kind is Kind.REPAIRED:
+            self.repaired.append(info.key)
         elif name.kind is Kind.OFFSETS and name.batch is not None:
             self.offsets[name.batch] = info.key
         elif name.kind is Kind.COMMITS and name.batch is not None:

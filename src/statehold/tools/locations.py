@@ -9,7 +9,7 @@ a Spark checkpoint location.
         location.report().write(Path("orders.html"))
 
 Each verb returns its one result model (`statehold.format.results`); the verbs only one
-world has (`dispose`, `set_ha`, a running job's requests; `rollback`, `relocate`,
+world has (`dispose`, `set_ha`, a running job's requests; `rollback`, `repair`, `relocate`,
 `repartition`, `transform`, `delete_keys`) are that class's only. The methods are the
 free functions of `statehold.tools` on the opened job directory.
 """
