@@ -52,6 +52,7 @@ from pydantic import BaseModel
 
 from statehold.format.signed import load_json
 from statehold.progress import NoProgress, Progress
+from statehold.spark_checkpoints.columnar_hash import partitions_of
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import (
     COMMITS_DIR,
@@ -107,6 +108,8 @@ _JOIN = "symmetricHashJoin"
 _JOIN_STORES = {f"{side}-{kind}" for side in ("left", "right")
                 for kind in ("keyToNumValues", "keyWithIndexToValue")}
 _CHUNK = 1 << 20
+#: Keys hashed at once (`columnar_hash`): the batch's rows and their slots in memory.
+_HASH_BATCH = 4096
 
 
 class StorePlan(BaseModel):
@@ -620,16 +623,52 @@ def _route(
     records per new partition. `versioned`: RocksDB's keys start with Spark's state
     encoding version (00), the row after it."""
     types = [store.schema.fields[i].type for i in store.columns]
-    records = store.records or _source_records(checkpoint, found, op, store)
     counts = [0] * len(sinks)
     progress.start(f"operator {op} store {store.name}", len(store.source), "partitions")
+    if store.records is None:
+        # the source's records as they are: their keys hashed a batch at a time from
+        # their bytes (`columnar_hash`); a batch it does not take, key by key
+        decode = _key_decoder(op, store)
+        for sid in store.source:
+            keys: list[bytes] = []
+            values: list[bytes] = []
+            for key, value in store_records(checkpoint, found, sid, batch):
+                keys.append(key)
+                values.append(value)
+                if len(keys) >= _HASH_BATCH:
+                    _send(keys, values, store, sinks, counts, versioned, decode, sid)
+                    keys, values = [], []
+            _send(keys, values, store, sinks, counts, versioned, decode, sid)
+            progress.advance(1)
+        return counts
     for sid in store.source:
-        for values, key, value in records(sid, batch, versioned):
-            target = partition_of([values[i] for i in store.columns], types, len(sinks))
+        for key_values, key, value in store.records(sid, batch, versioned):
+            target = partition_of([key_values[i] for i in store.columns], types, len(sinks))
             sinks[target](key, value)
             counts[target] += 1
         progress.advance(1)
     return counts
+
+
+def _send(keys: list[bytes], values: list[bytes], store: _Store,
+          sinks: list[Callable[[bytes, bytes], None]], counts: list[int], versioned: bool,
+          decode: Callable[[StoreId, bytes, bool], tuple[Any, ...]], sid: StoreId) -> None:
+    """One batch of the source's records to their new partitions' sinks."""
+    if not keys:
+        return
+    hashed = partitions_of(keys, store.schema, store.columns, len(sinks), int(versioned))
+    if hashed is None:  # decoded key by key: a key's refusal, or a type not hashed at once
+        types = [store.schema.fields[i].type for i in store.columns]
+        targets = []
+        for key in keys:
+            key_values = decode(sid, key, versioned)
+            targets.append(partition_of([key_values[i] for i in store.columns], types,
+                                        len(sinks)))
+    else:
+        targets = hashed.tolist()
+    for key, value, target in zip(keys, values, targets, strict=True):
+        sinks[target](key, value)
+        counts[target] += 1
 
 
 def _commit_text(checkpoint: SparkCheckpoint, found: Scan, batch: int, partitions: int,
@@ -649,21 +688,18 @@ def _commit_text(checkpoint: SparkCheckpoint, found: Scan, batch: int, partition
     return head + b"\n" + json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
 
-def _source_records(checkpoint: SparkCheckpoint, found: Scan, op: int, store: _Store
-                    ) -> Records:
-    """The source's records as they are, each with its key's values."""
+def _key_decoder(op: int, store: _Store) -> Callable[[StoreId, bytes, bool], tuple[Any, ...]]:
+    """A source key's values; RocksDB's (`versioned`) after Spark's state encoding
+    version, which must be 00."""
     decode = row_decoder(store.schema, f"operator {op} store {store.name} (a key)")
 
-    def records(sid: StoreId, at: int, versioned: bool
-                ) -> Iterator[tuple[tuple[Any, ...], bytes, bytes]]:
-        for key, value in store_records(checkpoint, found, sid, at):
-            if versioned and key[:1] != b"\x00":
-                raise SparkCheckpointError(
-                    f"{sid}: a key of state encoding version "
-                    f"{key[:1].hex() or 'missing'}, not 00")
-            yield decode(key[1:] if versioned else key), key, value
+    def values(sid: StoreId, key: bytes, versioned: bool) -> tuple[Any, ...]:
+        if versioned and key[:1] != b"\x00":
+            raise SparkCheckpointError(
+                f"{sid}: a key of state encoding version {key[:1].hex() or 'missing'}, not 00")
+        return decode(key[1:] if versioned else key)
 
-    return records
+    return values
 
 
 def _store_plan(store: _Store, counts: list[int]) -> StorePlan:
