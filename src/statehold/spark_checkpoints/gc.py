@@ -13,9 +13,10 @@ Before each batch of deletes (one directory's files, at most `batch_size`) it re
 no rollback has begun (its mark) and the commit log's newest batch has not gone back (a
 rollback or a restart from an older checkpoint: it stops, `SparkGcInterruptedError`),
 and each file still has the size and mtime it was judged by (a changed or vanished one
-is left). SSTs and RocksDB logs skip that second check: their names carry the uploading
-task's UUID, so no later write can reuse one, and a file the listing saw is the file
-being deleted. Deletes go through the storage's bulk delete (`Storage.delete_names`), a
+is left). SSTs and RocksDB logs skip that second check: their names carry a uuid Spark
+draws for each snapshot it uploads, so no later upload writes another file under a name
+(a later zip may list the same file again, never rewrite it), and a file the listing saw
+is the file being deleted. Deletes go through the storage's bulk delete (`Storage.delete_names`), a
 file's ``.crc`` right after it.
 """
 
