@@ -27,7 +27,6 @@ Medians, ratios and the machine are printed as one JSON document (also to ``--ou
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -41,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from verify_deep import _PROVIDERS, _session  # noqa: E402 - the bench folder on the path
+from verify_deep import _PROVIDERS, _session, emit  # noqa: E402 - the bench folder on the path
 
 _REPARTITION = """
 import sys
@@ -202,11 +201,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
-    return result
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

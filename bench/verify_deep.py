@@ -184,10 +184,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return emit(result, args.out)
+
+
+def emit(result: dict[str, Any], out: Path | None) -> dict[str, Any]:
+    """The result as one JSON document on stdout, and in `out` where given."""
     text = json.dumps(result, indent=2)
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    if out:
+        out.write_text(text + "\n")
     return result
 
 
