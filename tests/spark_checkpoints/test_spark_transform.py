@@ -39,6 +39,8 @@ CASES = [(v, q, p) for v in sorted(manifests())
          for q, p in (("window", "hdfs"), ("dedup", "rocksdb"), ("multi", "hdfs"),
                       ("pandas_state", "rocksdb_changelog"))
          if not (q == "pandas_state" and v.startswith("3."))]
+# checkpoint format v2 (written by 4.3.0 only): commits/N names the new snapshots' ids
+CASES += [(v, "multi", "rocksdb_v2") for v in sorted(manifests()) if v.startswith("4.3")]
 
 
 def _rows(location: Any, operator: int) -> collections.Counter[str]:
@@ -94,11 +96,19 @@ def test_deleting_a_key_leaves_every_other_row_where_it_was(
     # the state was written again (one snapshot a partition), the logs copied
     n = report.batch + 1
     snapshot = "zip" if provider.startswith("rocksdb") else "snapshot"
+    ids = out.commit(report.batch).stateUniqueIds
     for p in (0, 1):
-        assert (dest / "state" / "0" / str(p) / f"{n}.{snapshot}").is_file()
-    for log in ("offsets", "commits"):
+        stem = f"{n}_{ids['0'][p][0]}" if ids else str(n)
+        assert (dest / "state" / "0" / str(p) / f"{stem}.{snapshot}").is_file()
+    logs = ("offsets",) if ids else ("offsets", "commits")
+    for log in logs:
         assert (dest / log / str(n - 1)).read_bytes() == (fx.checkpoint / log / str(n - 1)
                                                           ).read_bytes()
+    if ids:  # v2: operator 0's snapshots under new ids, operator 1's ids as they were
+        source_ids = source.commit(report.batch).stateUniqueIds
+        assert source_ids is not None and ids["1"] == source_ids["1"]
+        assert not {i for part in ids["0"] for i in part} & {
+            i for part in source_ids["0"] for i in part}
     if query == "multi":  # operator 1 copied as it is
         op1 = {p.relative_to(fx.checkpoint) for p in (fx.checkpoint / "state" / "1").rglob("*")
                if p.is_file()}
