@@ -619,33 +619,26 @@ def _route(
     sinks: list[Callable[[bytes, bytes], None]], progress: Progress, *, versioned: bool,
 ) -> list[int]:
     """Every record of the store's partitions (the source's bytes unchanged, or a
-    transform's) to the sink of the new partition Spark's hash sends its key to; the
-    records per new partition. `versioned`: RocksDB's keys start with Spark's state
-    encoding version (00), the row after it."""
-    types = [store.schema.fields[i].type for i in store.columns]
+    transform's) to the sink of the new partition Spark's hash sends its key to, the keys
+    hashed a batch at a time from their bytes (`columnar_hash`; a batch it does not take,
+    key by key); the records per new partition. `versioned`: RocksDB's keys start with
+    Spark's state encoding version (00), the row after it."""
     counts = [0] * len(sinks)
+    decode = _key_decoder(op, store)
     progress.start(f"operator {op} store {store.name}", len(store.source), "partitions")
-    if store.records is None:
-        # the source's records as they are: their keys hashed a batch at a time from
-        # their bytes (`columnar_hash`); a batch it does not take, key by key
-        decode = _key_decoder(op, store)
-        for sid in store.source:
-            keys: list[bytes] = []
-            values: list[bytes] = []
-            for key, value in store_records(checkpoint, found, sid, batch):
-                keys.append(key)
-                values.append(value)
-                if len(keys) >= _HASH_BATCH:
-                    _send(keys, values, store, sinks, counts, versioned, decode, sid)
-                    keys, values = [], []
-            _send(keys, values, store, sinks, counts, versioned, decode, sid)
-            progress.advance(1)
-        return counts
     for sid in store.source:
-        for key_values, key, value in store.records(sid, batch, versioned):
-            target = partition_of([key_values[i] for i in store.columns], types, len(sinks))
-            sinks[target](key, value)
-            counts[target] += 1
+        records: Iterator[tuple[bytes, bytes]] = (
+            ((key, value) for _key_values, key, value in store.records(sid, batch, versioned))
+            if store.records is not None else store_records(checkpoint, found, sid, batch))
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        for key, value in records:
+            keys.append(key)
+            values.append(value)
+            if len(keys) >= _HASH_BATCH:
+                _send(keys, values, store, sinks, counts, versioned, decode, sid)
+                keys, values = [], []
+        _send(keys, values, store, sinks, counts, versioned, decode, sid)
         progress.advance(1)
     return counts
 
@@ -689,8 +682,8 @@ def _commit_text(checkpoint: SparkCheckpoint, found: Scan, batch: int, partition
 
 
 def _key_decoder(op: int, store: _Store) -> Callable[[StoreId, bytes, bool], tuple[Any, ...]]:
-    """A source key's values; RocksDB's (`versioned`) after Spark's state encoding
-    version, which must be 00."""
+    """A key's values (the source's or a transform's); RocksDB's (`versioned`) after
+    Spark's state encoding version, which must be 00."""
     decode = row_decoder(store.schema, f"operator {op} store {store.name} (a key)")
 
     def values(sid: StoreId, key: bytes, versioned: bool) -> tuple[Any, ...]:
