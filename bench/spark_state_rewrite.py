@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from verify_deep import _PROVIDERS, _session, emit  # noqa: E402 - the bench folder on the path
+from verify_deep import _PROVIDERS, _session, add_run_options, emit  # noqa: E402 - the bench folder on the path
 
 _REPARTITION = """
 import sys
@@ -58,10 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, default=2, help="batches the query runs")
     p.add_argument("--partitions", type=int, default=8, help="the query's shuffle partitions")
     p.add_argument("--to", type=int, default=32, help="partitions to repartition to")
-    p.add_argument("--provider", choices=sorted(_PROVIDERS), default="rocksdb_changelog")
-    p.add_argument("--runs", type=int, default=3, help="timed runs of each side")
-    p.add_argument("--work", type=Path, default=None, help="directory to write under")
-    p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    add_run_options(p)
     return p.parse_args(argv)
 
 

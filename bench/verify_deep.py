@@ -61,11 +61,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keys", type=int, default=200_000, help="distinct keys in the state")
     p.add_argument("--batches", type=int, default=4, help="batches the query runs")
     p.add_argument("--partitions", type=int, default=4, help="shuffle partitions (stores)")
+    add_run_options(p)
+    return p.parse_args(argv)
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """The options every Spark-state bench takes: the layout, the runs, where to write."""
     p.add_argument("--provider", choices=sorted(_PROVIDERS), default="rocksdb_changelog")
     p.add_argument("--runs", type=int, default=3, help="timed runs of each side")
     p.add_argument("--work", type=Path, default=None, help="directory to write under")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
-    return p.parse_args(argv)
 
 
 def _session(partitions: int) -> Any:
