@@ -70,10 +70,8 @@ from statehold.spark_checkpoints.relocate import hadoop_crc
 from statehold.spark_checkpoints.rocksdb_writer import (
     DEFAULT_FORMAT_VERSION,
     FORMAT_VERSIONS,
-    Staging,
-    build_version,
+    VersionRows,
     metadata_extra,
-    staged,
 )
 from statehold.spark_checkpoints.rollback_marker import refuse_unfinished
 from statehold.spark_checkpoints.savepoint import (
@@ -579,30 +577,22 @@ def _repartition_rocksdb(
     batch: int, partitions: int, written: dict[str, int], with_crc: bool, progress: Progress,
     ids: dict[StoreId, str] | None,
 ) -> StorePlan:
-    """Route every record to its new partition's staging file, then build each new
-    partition's RocksDB from it, one at a time, and write it as the snapshot ``N+1.zip``
-    with its SSTs (uploaded first: the zip names them). Checkpoint format v2: the zip is
+    """Route every record to its new partition's rows (`VersionRows`: each source
+    partition's keys, sorted, go straight into SSTs), then build each new partition's
+    RocksDB, one at a time, and write it as the snapshot ``N+1.zip`` with its SSTs
+    (uploaded first: the zip names them). Checkpoint format v2: the zip is
     ``N+1_<new id>.zip``, the id recorded in `ids` for ``commits/N``; Spark takes a
     version's own snapshot as the whole truth, so no lineage goes with it."""
     conf = checkpoint.offsets(batch).metadata.conf
     format_version = int(conf.get(_ROCKSDB_FORMAT, str(DEFAULT_FORMAT_VERSION)))
     with tempfile.TemporaryDirectory(prefix="statehold-repartition-") as tmp:
-        paths = [Path(tmp) / f"{p}.rows" for p in range(partitions)]
-        handles = [p.open("wb") for p in paths]
-        try:
-            stages = [Staging(h) for h in handles]
-            counts = _route(checkpoint, found, op, store, batch, [s.add for s in stages],
-                            progress, versioned=True)
-        finally:
-            for h in handles:
-                h.close()
-        for p, path in enumerate(paths):
+        versions = [VersionRows(Path(tmp) / f"{p}", format_version=format_version)
+                    for p in range(partitions)]
+        counts = _route(checkpoint, found, op, store, batch, [v.add for v in versions],
+                        progress, versioned=True, end_runs=[v.end_run for v in versions])
+        for p, version in enumerate(versions):
             sid = StoreId(op, p, store.name)
-            work = Path(tmp) / f"db-{p}"
-            work.mkdir()
-            built = build_version(staged(path), work, format_version=format_version,
-                                  metadata_extra=store.zip_extra or {})
-            path.unlink()
+            built = version.build(metadata_extra=store.zip_extra or {})
             for sst in built.ssts:
                 _upload(out, sst.path, f"{sid.prefix}/SSTs/{sst.dfs}", written, crc=with_crc)
             unique_id = None
@@ -610,19 +600,21 @@ def _repartition_rocksdb(
                 unique_id = ids[sid] = str(uuid.uuid4())
             _upload(out, built.zip_path, version_file(sid, batch + 1, "zip", unique_id),
                     written, crc=with_crc)
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(Path(tmp) / f"{p}", ignore_errors=True)
     return _store_plan(store, counts)
 
 
 def _route(
     checkpoint: SparkCheckpoint, found: Scan, op: int, store: _Store, batch: int,
     sinks: list[Callable[[bytes, bytes], None]], progress: Progress, *, versioned: bool,
+    end_runs: list[Callable[[], None]] | None = None,
 ) -> list[int]:
     """Every record of the store's partitions (the source's bytes unchanged, or a
     transform's) to the sink of the new partition Spark's hash sends its key to, the keys
     hashed a batch at a time from their bytes (`columnar_hash`; a batch it does not take,
     key by key); the records per new partition. `versioned`: RocksDB's keys start with
-    Spark's state encoding version (00), the row after it."""
+    Spark's state encoding version (00), the row after it. `end_runs`: called on every
+    new partition after each source partition (where the keys' order starts again)."""
     counts = [0] * len(sinks)
     decode = _key_decoder(op, store)
     progress.start(f"operator {op} store {store.name}", len(store.source), "partitions")
@@ -639,6 +631,8 @@ def _route(
                 _send(keys, values, store, sinks, counts, versioned, decode, sid)
                 keys, values = [], []
         _send(keys, values, store, sinks, counts, versioned, decode, sid)
+        for end_run in end_runs or ():
+            end_run()
         progress.advance(1)
     return counts
 

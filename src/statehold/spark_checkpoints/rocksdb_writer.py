@@ -11,8 +11,14 @@ SSTs use the block-based table format version the location records
 rocksdbjni 8.3.2 reads too) and lz4, Spark's default compression. RocksDB's MANIFEST
 records each SST's size and unique id, which the RocksDB Spark opens checks.
 
-Rows are first staged per version in a plain file (`Staging`), so a repartition into M
-partitions keeps M files open, not M databases, and builds one RocksDB at a time.
+A version's rows are gathered on local disk as they arrive (`VersionRows`), so a
+repartition into M partitions keeps M versions open, not M databases: each run of keys in
+increasing order (a source partition's, which RocksDB and `state_reader` give sorted) is
+written straight to an SST by RocksDB's ``SstFileWriter``, sorted and compressed with no
+memtable; a key out of order is staged in a plain file. The RocksDB is then made by
+ingesting the runs (one file each, overlapping, into level 0) and putting the staged rows;
+more runs than RocksDB lets level 0 hold before it slows writes (20) are compacted into
+one level first, so the query restarted on it is not held up.
 """
 
 from __future__ import annotations
@@ -29,8 +35,10 @@ from typing import Any, BinaryIO
 from rocksdict import (
     BlockBasedOptions,
     DBCompressionType,
+    IngestExternalFileOptions,
     Options,
     Rdict,
+    SstFileWriter,
     WriteOptions,
 )
 
@@ -49,25 +57,92 @@ _INT = struct.Struct(">i")
 _CHUNK = 1 << 20
 
 
-class Staging:
-    """One version's rows, appended to a plain file before its RocksDB is built."""
+#: RocksDB's ``level0_slowdown_writes_trigger`` default: more level-0 files than this slow
+#: a writer down, so more runs than this are compacted before the version is written.
+MAX_LEVEL0_RUNS = 20
 
-    def __init__(self, out: BinaryIO) -> None:
-        self._out = out
+
+class VersionRows:
+    """One version's rows as they arrive, on local disk under `directory` until `build`:
+    a run of increasing keys goes straight into an SST, a key out of order into a plain
+    staging file. The caller says where its input's order restarts (`end_run`)."""
+
+    def __init__(self, directory: Path, *, format_version: int) -> None:
+        if format_version not in FORMAT_VERSIONS:
+            raise SparkCheckpointError(
+                f"RocksDB table format version {format_version}: only "
+                f"{FORMAT_VERSIONS.start} to {FORMAT_VERSIONS.stop - 1} are written")
+        directory.mkdir()
+        self._dir = directory
+        self._options = _options(format_version)
+        self._run: SstFileWriter | None = None
+        self._last = b""
+        self._staged: BinaryIO | None = None
+        self.runs: list[Path] = []
         self.rows = 0
 
     def add(self, key: bytes, value: bytes) -> None:
-        self._out.write(_INT.pack(len(key)) + key + _INT.pack(len(value)) + value)
         self.rows += 1
+        if self._run is None:
+            self._run = SstFileWriter(options=self._options)
+            path = self._dir / f"run-{len(self.runs)}.sst"
+            self._guard("written", self._run.open, str(path))
+            self.runs.append(path)
+        elif key <= self._last:
+            if self._staged is None:
+                self._staged = (self._dir / "staged").open("wb")
+            self._staged.write(_INT.pack(len(key)) + key + _INT.pack(len(value)) + value)
+            return
+        self._run[key] = value
+        self._last = key
 
+    def end_run(self) -> None:
+        """Close the current run: the next key starts a new one, whatever its order."""
+        if self._run is not None:
+            self._guard("written", self._run.finish)
+            self._run = None
 
-def staged(path: Path) -> Iterator[tuple[bytes, bytes]]:
-    """The rows `Staging` wrote to `path`, in order."""
-    with path.open("rb") as f:
-        while head := f.read(4):
-            key = f.read(_INT.unpack(head)[0])
-            value = f.read(_INT.unpack(f.read(4))[0])
-            yield key, value
+    def _staged_rows(self) -> Iterator[tuple[bytes, bytes]]:
+        if self._staged is None:
+            return
+        self._staged.close()
+        with (self._dir / "staged").open("rb") as f:
+            while head := f.read(4):
+                key = f.read(_INT.unpack(head)[0])
+                value = f.read(_INT.unpack(f.read(4))[0])
+                yield key, value
+
+    def build(self, *, metadata_extra: Mapping[str, Any]) -> BuiltVersion:
+        """The RocksDB of every row added, with the zip Spark loads it from
+        (``version.zip`` in the directory) and the SSTs it names."""
+        self.end_run()
+        db_dir = self._dir / "db"
+        db = self._guard("created", Rdict, str(db_dir), self._options)
+        try:
+            write = WriteOptions()
+            # a property in rocksdict, though its stubs call it a method
+            write.disable_wal = True  # type: ignore[method-assign,assignment]
+            db.set_write_options(write)
+            if self.runs:
+                ingest = IngestExternalFileOptions()
+                ingest.set_move_files(True)
+                self._guard("written", db.ingest_external_file, [str(p) for p in self.runs],
+                            ingest)
+            for key, value in self._staged_rows():
+                db[key] = value
+            self._guard("written", db.flush, True)
+            if len(self.runs) > MAX_LEVEL0_RUNS:
+                self._guard("compacted", db.compact_range, None, None)
+        finally:
+            db.close()
+        return _zipped(db_dir, self._dir / "version.zip", self.rows, metadata_extra)
+
+    @staticmethod
+    def _guard(what: str, call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except Exception as e:  # rocksdict raises RocksDB's status as its own exceptions
+            raise SparkCheckpointError(f"RocksDB cannot be {what} ({_line(e)})") from None
 
 
 @dataclass(frozen=True)
@@ -88,33 +163,10 @@ class BuiltVersion:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def build_version(rows: Iterator[tuple[bytes, bytes]], directory: Path, *,
-                  format_version: int, metadata_extra: Mapping[str, Any]) -> BuiltVersion:
-    """The RocksDB holding `rows` (distinct keys), built under `directory` (empty), with
-    the zip Spark loads it from (``directory/version.zip``) and the SSTs it names."""
-    if format_version not in FORMAT_VERSIONS:
-        raise SparkCheckpointError(
-            f"RocksDB table format version {format_version}: only "
-            f"{FORMAT_VERSIONS.start} to {FORMAT_VERSIONS.stop - 1} are written")
-    db_dir = directory / "db"
-    count = 0
-    try:
-        db = Rdict(str(db_dir), options=_options(format_version))
-        write = WriteOptions()
-        # a property in rocksdict, though its stubs call it a method
-        write.disable_wal = True  # type: ignore[method-assign,assignment]
-        db.set_write_options(write)
-    except Exception as e:  # rocksdict raises RocksDB's status as its own exceptions
-        raise SparkCheckpointError(f"RocksDB cannot be created ({_line(e)})") from None
-    try:
-        for key, value in rows:
-            db[key] = value
-            count += 1
-        db.flush(True)
-    except Exception as e:
-        raise SparkCheckpointError(f"RocksDB cannot be written ({_line(e)})") from None
-    finally:
-        db.close()
+def _zipped(db_dir: Path, zip_path: Path, count: int, metadata_extra: Mapping[str, Any]
+            ) -> BuiltVersion:
+    """The closed RocksDB in `db_dir` as Spark's snapshot: the zip (CURRENT, the MANIFEST,
+    the newest OPTIONS, any log, and Spark's metadata) and the SSTs it names."""
     names = sorted(p.name for p in db_dir.iterdir() if p.is_file())
     current = (db_dir / "CURRENT").read_text().strip()
     options = [n for n in names if n.startswith("OPTIONS-")]
@@ -132,7 +184,6 @@ def build_version(rows: Iterator[tuple[bytes, bytes]], directory: Path, *,
         "numKeys": count,
         **metadata_extra,
     }
-    zip_path = directory / "version.zip"
     with zipfile.ZipFile(zip_path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for name in zipped:
             archive.write(db_dir / name, name)
@@ -152,8 +203,9 @@ def metadata_extra(zip_meta_extra: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def _options(format_version: int) -> Options:
     """What Spark's RocksDB sets that shapes the files: the table format version and lz4.
-    (The rows are written without a write-ahead log and flushed to SSTs before the zip is
-    made.)"""
+    Compactions only when asked (`VersionRows.build`), so the SSTs a version is written with
+    do not depend on a background thread's timing (Spark opens the RocksDB with its own
+    options, compactions on)."""
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     table = BlockBasedOptions()
@@ -161,6 +213,7 @@ def _options(format_version: int) -> Options:
     options.set_block_based_table_factory(table)
     options.set_compression_type(DBCompressionType.lz4())
     options.set_max_open_files(64)
+    options.set_disable_auto_compactions(True)
     return options
 
 

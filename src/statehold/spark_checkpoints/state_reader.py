@@ -138,21 +138,26 @@ def _merged_records(location: SparkCheckpoint, store: StoreId, needs: Needs
                     ) -> Iterator[tuple[bytes, bytes]]:
     """The deltas or changelogs after the base snapshot read first into a map of the keys
     they touch (newest wins, None for a delete); then the snapshot streamed, each record
-    not in that map emitted as it is read; then the map's surviving records."""
+    not in that map emitted as it is read, the map's surviving records merged in among
+    them by key. A RocksDB store's records come in key order (its snapshot is iterated in
+    order), which lets a writer put them straight into an SST."""
     steps = [k for k in needs.files if k.endswith((".delta", ".changelog"))]
     bases = [k for k in needs.files if k.endswith((".snapshot", ".zip"))]
     changed: dict[bytes, bytes | None] = {}
     with tempfile.TemporaryDirectory(prefix="statehold-state-") as tmp:
         for key in steps:
             changed.update(file_records(location, key, store, Path(tmp)))
+        survivors = sorted((k, v) for k, v in changed.items() if v is not None)
+        at = 0
         for key in bases:
             for k, value in file_records(location, key, store, Path(tmp)):
                 if k in changed or value is None:
                     continue
+                while at < len(survivors) and survivors[at][0] < k:
+                    yield survivors[at]
+                    at += 1
                 yield k, value
-    for k, changed_value in changed.items():
-        if changed_value is not None:
-            yield k, changed_value
+    yield from survivors[at:]
 
 
 def resolved(location: SparkCheckpoint, found: Scan, store: StoreId, batch: int

@@ -1,0 +1,99 @@
+"""`rocksdb_writer.VersionRows`, the RocksDB snapshot a repartition or transform writes: its
+rows whatever order they arrive in (runs of increasing keys written as SSTs, keys out of
+order staged and put), the zip and SSTs read back the way Spark's load does (the zip's
+files and each SST under its local name, opened by RocksDB with its checks), and as few
+SSTs as the runs allow: many runs are compacted into one level rather than left in level 0.
+Spark loading what the writer wrote: test_spark_repartition_live.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+from rocksdict import AccessType, Options, Rdict
+
+from statehold.spark_checkpoints import SparkCheckpointError
+from statehold.spark_checkpoints.rocksdb_writer import (
+    MAX_LEVEL0_RUNS,
+    BuiltVersion,
+    VersionRows,
+)
+
+
+def _loaded(built: BuiltVersion, into: Path) -> dict[bytes, bytes]:
+    """The version as Spark loads it: the zip unpacked, each SST copied under its local
+    name, RocksDB opened read-only with every table file checked at open."""
+    into.mkdir()
+    with zipfile.ZipFile(built.zip_path) as archive:
+        archive.extractall(into)
+        meta = json.loads(archive.read("metadata").decode().partition("\n")[2])
+    listed = sorted(f["localFileName"] for f in meta["sstFiles"])
+    assert listed == sorted(s.local for s in built.ssts)
+    assert meta["numKeys"] == built.rows
+    for sst in built.ssts:
+        shutil.copyfile(sst.path, into / sst.local)
+        assert sst.path.stat().st_size == sst.size
+    (into / "metadata").unlink()
+    options = Options(raw_mode=True)
+    options.set_paranoid_checks(True)
+    options.set_max_open_files(-1)
+    db = Rdict(str(into), options=options, access_type=AccessType.read_only())
+    try:
+        return {bytes(k): bytes(v) for k, v in db.items()}
+    finally:
+        db.close()
+
+
+def test_runs_and_keys_out_of_order_all_load(tmp_path: Path) -> None:
+    """Two runs (the second restarting below the first's end) and keys out of order inside
+    a run: every row loads with its value, and the two runs are two SSTs."""
+    rows = VersionRows(tmp_path / "v", format_version=5)
+    expected: dict[bytes, bytes] = {}
+    for key in (b"\x00a", b"\x00c", b"\x00e", b"\x00b", b"\x00d"):  # b, d out of order
+        rows.add(key, key * 3)
+        expected[key] = key * 3
+    rows.end_run()
+    for key in (b"\x00aa", b"\x00cc", b"\x00f"):
+        rows.add(key, b"v" + key)
+        expected[key] = b"v" + key
+    built = rows.build(metadata_extra={})
+    assert built.rows == len(expected)
+    assert _loaded(built, tmp_path / "loaded") == expected
+    assert len(built.ssts) == 3  # the two runs as they were ingested, the staged keys flushed
+
+
+def test_more_runs_than_level0_holds_are_compacted(tmp_path: Path) -> None:
+    """Beyond RocksDB's level-0 slowdown trigger the runs are compacted: one SST, not one per
+    run, and every row still there."""
+    rows = VersionRows(tmp_path / "v", format_version=5)
+    expected = {}
+    runs = MAX_LEVEL0_RUNS + 5
+    for run in range(runs):
+        for i in range(run, 500, runs):  # each run spans the whole key range
+            key = b"\x00" + i.to_bytes(4, "big")
+            rows.add(key, b"%d" % i)
+            expected[key] = b"%d" % i
+        rows.end_run()
+    built = rows.build(metadata_extra={})
+    assert len(built.ssts) == 1
+    assert _loaded(built, tmp_path / "loaded") == expected
+
+
+def test_one_sorted_run_is_one_sst(tmp_path: Path) -> None:
+    rows = VersionRows(tmp_path / "v", format_version=4)
+    for i in range(1000):
+        rows.add(b"\x00" + i.to_bytes(4, "big"), bytes(100))
+    built = rows.build(metadata_extra={"numInternalKeys": 0})
+    assert len(built.ssts) == 1
+    assert len(_loaded(built, tmp_path / "loaded")) == 1000
+    with zipfile.ZipFile(built.zip_path) as archive:
+        assert json.loads(archive.read("metadata").decode()[3:])["numInternalKeys"] == 0
+
+
+def test_a_table_format_rocksdb_8_cannot_read_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SparkCheckpointError, match="table format version 6"):
+        VersionRows(tmp_path / "v", format_version=6)
+    assert not (tmp_path / "v").exists()
