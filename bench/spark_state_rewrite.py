@@ -18,8 +18,10 @@ times each:
   ratio (issue 43: statehold's at least Spark's);
 * **repartition:** ``statehold repartition`` of that batch to ``--to`` partitions, in a
   child process (its peak resident memory read from the kernel), against ``cp -r`` of
-  the whole location. The ratio (issue 43: at most 5); the peak memory is also taken on
-  a location with a quarter of the keys, so whether it grows with the state shows.
+  the whole location. The ratio (issue 43: at most 5), and each side's CPU seconds from
+  the kernel (what the machine's other load does not change); the peak memory is also
+  taken on a location with a quarter of the keys, so whether it grows with the state
+  shows.
 
 Medians, ratios and the machine are printed as one JSON document (also to ``--out``).
 """
@@ -111,24 +113,29 @@ def time_spark_read(spark: Any, ckpt: Path, batch: int) -> float:
     return time.perf_counter() - start
 
 
-def time_repartition(ckpt: Path, dest: Path, partitions: int) -> tuple[float, int]:
-    """A repartition in a child process: seconds, and the child's peak resident KiB."""
-    shutil.rmtree(dest, ignore_errors=True)
+def _child(argv: list[str]) -> tuple[float, float, int]:
+    """A child process run to its end: wall seconds, its CPU seconds (user and system,
+    from the kernel, so the machine's other load does not count) and peak resident KiB."""
     start = time.perf_counter()
-    pid = subprocess.Popen([sys.executable, "-c", _REPARTITION, str(ckpt), str(dest),
-                            str(partitions)]).pid
+    pid = subprocess.Popen(argv).pid
     _pid, status, usage = os.wait4(pid, 0)
     seconds = time.perf_counter() - start
     if status != 0:
-        raise SystemExit(f"the repartition failed (status {status})")
-    return seconds, usage.ru_maxrss
+        raise SystemExit(f"{argv[0]} failed (status {status})")
+    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
 
 
-def time_copy(ckpt: Path, dest: Path) -> float:
+def time_repartition(ckpt: Path, dest: Path, partitions: int) -> tuple[float, float, int]:
+    """A repartition in a child process: wall and CPU seconds, peak resident KiB."""
     shutil.rmtree(dest, ignore_errors=True)
-    start = time.perf_counter()
-    subprocess.run(["cp", "-r", str(ckpt), str(dest)], check=True)
-    return time.perf_counter() - start
+    return _child([sys.executable, "-c", _REPARTITION, str(ckpt), str(dest), str(partitions)])
+
+
+def time_copy(ckpt: Path, dest: Path) -> tuple[float, float]:
+    """`cp -r` of the location: wall and CPU seconds."""
+    shutil.rmtree(dest, ignore_errors=True)
+    seconds, cpu, _peak = _child(["cp", "-r", str(ckpt), str(dest)])
+    return seconds, cpu
 
 
 def tree_bytes(root: Path) -> int:
@@ -157,17 +164,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shutil.rmtree(work / "in-small")
         time_spark_read(spark, work / "ckpt", batch)  # warm: the JVM's classes and code
         ours, spark_read, repart, copies, peaks = [], [], [], [], []
+        repart_cpu, copy_cpu = [], []
         rows = 0
         for _ in range(args.runs):  # in turns, so a slower phase of the machine hits both
             seconds, rows = time_read(work / "ckpt", batch)
             ours.append(seconds)
             spark_read.append(time_spark_read(spark, work / "ckpt", batch))
-            seconds, peak = time_repartition(work / "ckpt", work / "dest", args.to)
+            seconds, cpu, peak = time_repartition(work / "ckpt", work / "dest", args.to)
             repart.append(seconds)
+            repart_cpu.append(cpu)
             peaks.append(peak)
-            copies.append(time_copy(work / "ckpt", work / "copy"))
+            seconds, cpu = time_copy(work / "ckpt", work / "copy")
+            copies.append(seconds)
+            copy_cpu.append(cpu)
         spark.stop()
-        _s, small_peak = time_repartition(work / "small", work / "dest-small", args.to)
+        _s, _cpu, small_peak = time_repartition(work / "small", work / "dest-small", args.to)
         assert rows == args.keys, (rows, args.keys)
         assert small_batch >= 0
         result = {
@@ -190,6 +201,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "cp_r_median_s": _median(copies),
             "repartition_vs_cp_r": round(statistics.median(repart) / statistics.median(copies),
                                          2),
+            "repartition_cpu_s": [round(s, 3) for s in repart_cpu],
+            "cp_r_cpu_s": [round(s, 3) for s in copy_cpu],
             "repartition_peak_rss_mib": round(max(peaks) / 1024, 1),
             "repartition_peak_rss_mib_quarter_keys": round(small_peak / 1024, 1),
             "pyspark": pyspark.__version__,
