@@ -1,11 +1,13 @@
 """A checkpoint location Spark itself wrote on S3 through S3A (the moto server): it has
 S3A's directory-marker objects (keys ending in '/') and no ``.crc`` files. Opened as
 ``s3://bucket/prefix`` it lists, inspects (the CLI) and verifies; gc deletes planted
-orphans and nothing else; a savepoint S3 -> S3 (server-side copies) and a rollback on S3
-each restart in the driver process with the rest of the input and write what one
-uninterrupted run writes. The marker objects neither break the listing nor get deleted.
-One driver process serves the three runs in turn (`ServingDriver`): the location is worked
-on while its query is stopped. The uninterrupted run their rows are compared with is the
+orphans and nothing else; a savepoint S3 -> S3 (server-side copies), a repartition
+S3 -> S3 from the 2 shuffle partitions the query records to 5 (the source's objects
+unchanged) and a rollback on S3 each restart in the driver process with the rest of the
+input and write what one uninterrupted run writes (the repartitioned one with its state in
+5 partitions). The marker objects neither break the listing nor get deleted. One driver
+process serves the four runs in turn (`ServingDriver`): the location is worked on while
+its query is stopped. The uninterrupted run their rows are compared with is the
 committed fixture of the same query and layout (tests/fixtures/spark/, written by this
 PySpark over the same input files; test_spark_fixtures_live checks the running Spark
 still writes its rows), so no other Spark run is needed.
@@ -34,6 +36,7 @@ import pytest
 
 from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.layout import Kind, parse
+from statehold.spark_checkpoints.repartition import SHUFFLE_PARTITIONS
 from tests.support.cli_process import statehold_cli
 from tests.support.infra.object_store_servers import S3Server
 from tests.support.spark_locations.committed_fixtures import FILES, fixture, manifests, rows
@@ -48,6 +51,8 @@ QUERY, PROVIDER = "window", "hdfs"
 #: Input files of the first run, and added before the restarts: the fixture's in all.
 FIRST = 3
 MORE = FILES - FIRST
+#: The repartitioned location's shuffle partitions (the query records 2).
+NEW_PARTITIONS = 5
 
 
 def s3a_keeps_markers() -> bool:
@@ -93,7 +98,7 @@ def test_directory_markers_are_not_operator_files() -> None:
 
 @pytest.mark.spark
 @pytest.mark.matrix  # each Spark through its own hadoop-aws
-@pytest.mark.timeout(900)  # a driver JVM with the AWS SDK serving three runs
+@pytest.mark.timeout(900)  # a driver JVM with the AWS SDK serving four runs
 def test_a_checkpoint_spark_wrote_through_s3a(
     s3_server: S3Server,
     extracted: Callable[[str], Path],
@@ -190,6 +195,29 @@ def check_the_location(driver: ServingDriver, s3_server: S3Server, prefix: str, 
     copy_output(output, from_savepoint, stop)
     driver.run(PROVIDER, f"s3a://{bucket}/{prefix}/savepoint", inputs, from_savepoint, stop + 1)
     assert all_rows(from_savepoint) == expected
+
+    # repartition S3 -> S3 at the savepoint's batch (before the rollback changes the
+    # location), restarted by the driver with the new number of shuffle partitions
+    recorded = location.offsets(stop).metadata.conf[SHUFFLE_PARTITIONS]
+    assert recorded != str(NEW_PARTITIONS)
+    moved = location.repartition(f"s3://{bucket}/{prefix}/repartitioned", batch=stop,
+                                 partitions=NEW_PARTITIONS, **s3_server.options)
+    assert (moved.batch, moved.partitions_before, moved.partitions) == (
+        stop, int(recorded), NEW_PARTITIONS)
+    assert s3_keys(s3_server, f"{prefix}/ckpt/") == after  # the source is only read
+    repartitioned = open_spark_checkpoint(f"s3://{bucket}/{prefix}/repartitioned",
+                                          **s3_server.options)
+    assert repartitioned.verify().ok
+    assert repartitioned.offsets(stop).metadata.conf[SHUFFLE_PARTITIONS] == str(NEW_PARTITIONS)
+    from_repartitioned = tmp_path / "from-repartitioned"
+    copy_output(output, from_repartitioned, stop)
+    last = driver.run(PROVIDER, f"s3a://{bucket}/{prefix}/repartitioned", inputs,
+                      from_repartitioned, stop + 1)
+    assert all_rows(from_repartitioned) == expected
+    # Spark ran the new batches with the new number: each partition wrote its version
+    state = f"{prefix}/repartitioned/state/0"
+    assert {int(k.split("/")[4]) for k in s3_keys(s3_server, f"{state}/")
+            if k.endswith(f"/{last + 1}.delta")} == set(range(NEW_PARTITIONS))
 
     # rollback on S3 to an older batch, then the rerun
     older = [b.batch for b in listed.batches if b.restartable and b.batch < stop]
