@@ -31,6 +31,8 @@ from statehold.ha.embedded import EmbeddedHAStore
 from statehold.storage import open_storage
 from tests.support.cli_process import SRC, statehold_cli
 from tests.support.jobs import build_job
+from tests.support.spark_locations.committed_fixtures import copy_of, extractor, manifests
+from tests.support.spark_locations.disk_trees import plant
 
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -66,6 +68,12 @@ def test_long_work_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
     job = str(tmp_path / "job")
     build_job(open_storage(job)).coord.close()
     uri = Path(job).as_uri()
+    # a Spark checkpoint location (a committed fixture) with an old orphan for its gc
+    version = sorted(manifests())[-1]
+    spark = copy_of(extractor(tmp_path / "fixtures")(version), version, "window",
+                    "rocksdb_changelog", tmp_path / "spark").checkpoint
+    plant(spark / "state" / "0" / "0" / "SSTs" / "orphan.sst")
+    spark_uri = re.escape(spark.as_uri())
     listed = re.compile(rf"listing {re.escape(uri)} .*\d+ files")
     runs = {
         "list": (["list", job], [listed, re.compile(rf"reading {re.escape(uri)} .*\d+/5 "
@@ -73,6 +81,11 @@ def test_long_work_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
         "du": (["du", job], [listed]),
         "gc": (["gc", job], [re.compile(rf"gc {re.escape(uri)}: listed .*\d+ files"),
                             re.compile(rf"gc {re.escape(uri)}: deleted .*\d+ files")]),
+        "spark gc": (["gc", str(spark)], [re.compile(rf"gc {spark_uri}: listed .*\d+ files"),
+                                           re.compile(rf"gc {spark_uri}: deleted .*\d+/\d+ "
+                                                      "files"),
+                                           re.compile(rf"gc {spark_uri}: freed .*/[\d.]+ "
+                                                      "(kB|bytes)")]),
         "dispose": (["dispose", job + "/chk-99", "--dry-run"], [listed]),
         "export": (["export", job, str(tmp_path / "exported")],
                    [re.compile(r"checking chk-5 .*\d+/\d+ files"),

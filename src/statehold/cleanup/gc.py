@@ -13,6 +13,7 @@ never delete the files of a checkpoint that is then published.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,6 +38,7 @@ from statehold.format import results as shared
 from statehold.ha.base import FencedError, HAState
 from statehold.job.directory import JobDirectory
 from statehold.job.lease import read_lease
+from statehold.progress import Advance, NoProgress, Progress
 from statehold.storage import open_storage
 
 
@@ -115,16 +117,6 @@ class GcReport(shared.GcReport):
 
 
 @dataclass(frozen=True)
-class GcProgress:
-    """What a progress display hands to `gc`: `listed(files)` after each judged page
-    (in the listing's thread), `deleted(files, bytes)` after each delete batch (in a
-    deleting thread; bytes where the store tells, else 0)."""
-
-    listed: OnListed | None = None
-    deleted: OnDeleted | None = None
-
-
-@dataclass(frozen=True)
 class GcTuning:
     """How the outside gc lists and deletes on one kind of store."""
 
@@ -188,18 +180,22 @@ def gc(
     timeout: float = 600.0,
     cleaner: Callable[[Guard], Cleaner] | None = None,
     page_size: int | None = None,
-    progress: GcProgress | None = None,
+    progress: Progress | None = None,
 ) -> GcReport:
     """Reconcile a job directory from outside the job; safe while the job runs (see the
     module docstring for the protocol). The listing is streamed: each page's orphans go
     to the cleaner as they are listed, and the guard runs before every delete batch.
-    `cleaner` makes the cleaner from the re-check (its guard); default `gc_cleaner`."""
-    progress = progress or GcProgress()
+    `cleaner` makes the cleaner from the re-check (its guard); default `gc_cleaner`.
+    `progress` gets two counters: files listed (after each judged page, in the listing's
+    thread) and, unless a dry run, files deleted (after each batch, in a deleting thread;
+    the default cleaner's only)."""
+    progress = progress or NoProgress()
+    listed = progress.counter(f"gc {job.uri}: listed", None, "files")
     state = job.state()
     live = live_attempt(job, state)
     if dry_run:
         planned = plan(
-            job, live, state=state, page_size=page_size or PAGE_SIZE, on_listed=progress.listed
+            job, live, state=state, page_size=page_size or PAGE_SIZE, on_listed=listed
         )
         return GcReport.of(job.uri, planned, dry_run=True, deleted=0)
     guard = outside_guard(job, state, live)
@@ -207,16 +203,19 @@ def gc(
     page_size = page_size or tuning.page_size
     # The default deleter takes its bytes from the listing, where a listing has them.
     sized = cleaner is None and tuning.count_bytes
-    deleting = (
-        cleaner(guard) if cleaner is not None
-        else gc_cleaner(job, guard, progress.deleted, count_bytes=False)
-    )
+    if cleaner is None:
+        on_deleted = progress.counter(f"gc {job.uri}: deleted", None, "files")
+        deleting: Cleaner = gc_cleaner(
+            job, guard, lambda files, _bytes: on_deleted(files), count_bytes=False
+        )
+    else:
+        deleting = cleaner(guard)
     result: ReconcilePlan | None = None
     try:
         with contextlib.suppress(FencedError):  # the cleaner was fenced: `settle` says so
             result = plan(
                 job, live, state=state, on_orphans=feed(deleting, timeout=timeout),
-                on_names=feed_names(deleting, timeout), on_listed=progress.listed,
+                on_names=feed_names(deleting, timeout), on_listed=listed,
                 page_size=page_size, sizes_from_listing=sized,
             )
         deleted = settle(job.uri, deleting, timeout)
@@ -255,10 +254,45 @@ class GcAllReport(BaseModel):
     errors: dict[str, str]
 
 
+# -- deprecated --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _GcProgress:
+    """What `gc` took before `statehold.progress.Progress` (``GcProgress``, removed in
+    the next release): `listed(files)` and `deleted(files, bytes)`, as gc's two counters
+    (bytes 0: gc's deleter never counted them)."""
+
+    listed: OnListed | None = None
+    deleted: OnDeleted | None = None
+
+    def start(self, description: str, total: int | None, unit: str = "bytes") -> None:
+        pass
+
+    def advance(self, amount: int) -> None:
+        pass
+
+    def counter(self, description: str, total: int | None = None, unit: str = "files"
+                ) -> Advance:
+        listed, deleted = self.listed, self.deleted
+        if description.endswith(": listed") and listed is not None:
+            return listed
+        if description.endswith(": deleted") and deleted is not None:
+            return lambda files: deleted(files, 0)
+        return NoProgress().counter(description)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GcProgress":
+        warnings.warn(
+            "statehold.cleanup.gc.GcProgress is replaced by statehold.progress.Progress "
+            "(removed in the next release)", DeprecationWarning, stacklevel=2,
+        )
+        return _GcProgress
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "GcAllReport",
     "GcInterruptedError",
-    "GcProgress",
     "GcReport",
     "GcTuning",
     "gc",

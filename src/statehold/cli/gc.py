@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from statehold.checkpoint.requests import pending as pending_requests
-from statehold.cleanup.gc import GcAllReport, GcProgress, GcReport, gc, job_locations
+from statehold.cleanup.gc import GcAllReport, GcReport, gc, job_locations
 from statehold.cli.common import (
     HaOption,
     JobArg,
@@ -19,7 +19,7 @@ from statehold.cli.common import (
     opened,
 )
 from statehold.cli.output import RichProgress, say
-from statehold.cli.spark_checkpoints import show_spark_gc, spark_gc_progress
+from statehold.cli.spark_checkpoints import show_spark_gc
 from statehold.errors import StateholdError
 from statehold.job.directory import open_job
 from statehold.job.status import job_status
@@ -77,13 +77,11 @@ def gc_command(
         job_dir, ha
     ) as location:
         if isinstance(location, SparkLocation):
-            found = location.gc(dry_run=dry_run, grace=grace,
-                                progress=spark_gc_progress(progress, location.uri))
+            found = location.gc(dry_run=dry_run, grace=grace, progress=progress)
         elif spark:
             report = _spark_gc(_session(master), location.job.uri, ha=ha, dry_run=dry_run)
         else:
-            report = location.gc(dry_run=dry_run, grace=grace,
-                                 progress=_shown(progress, location.job.uri))
+            report = location.gc(dry_run=dry_run, grace=grace, progress=progress)
     if isinstance(location, SparkLocation):
         return emit(found, as_json, lambda: show_spark_gc(found))
     emit(report, as_json, lambda: _render(report))
@@ -100,13 +98,6 @@ GraceOption = Annotated[
         show_default=False,
     ),
 ]
-
-
-def _shown(progress: RichProgress, job_uri: str) -> GcProgress:
-    """gc's listing and its deletes (which run beside it) as two lines of `progress`."""
-    listed = progress.counter(f"gc {job_uri}: listed", "files")
-    deleted = progress.counter(f"gc {job_uri}: deleted", "files")
-    return GcProgress(listed=listed, deleted=lambda files, _bytes: deleted(files))
 
 
 def _render(report: GcReport) -> None:
@@ -161,7 +152,7 @@ def _gc_all(root: str, *, dry_run: bool, spark: bool, master: str | None, as_jso
                 reports.append(_spark_gc(session, location, ha=None, dry_run=dry_run))
             else:
                 with RichProgress(not as_json) as progress, open_job(location) as job:
-                    reports.append(gc(job, dry_run=dry_run, progress=_shown(progress, job.uri)))
+                    reports.append(gc(job, dry_run=dry_run, progress=progress))
         except StateholdError as e:
             errors[location] = " ".join(str(e).split())
     result = GcAllReport(root=root, jobs=reports, errors=errors)

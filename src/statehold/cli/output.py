@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, TextIO
 
@@ -36,6 +36,7 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
+from statehold.progress import Advance
 from statehold.tools import DiffReport, DiskUsage, Inspection, JobListing, Problem
 from statehold.web_page import size as size
 from statehold.web_page import when as when
@@ -111,9 +112,9 @@ def progress_wanted(enabled: bool = True) -> bool:
 
 
 class RichProgress:
-    """A `tools.Progress` drawn on stderr as one transient line per phase, only when
-    `progress_wanted`; otherwise it draws nothing. `counter` adds a line counted by a
-    plain callback, for work functions that take one (`gc.GcProgress`)."""
+    """The one renderer of `statehold.progress.Progress`, for every command on either
+    kind of location: drawn on stderr as one transient line per phase and one per
+    counter, only when `progress_wanted`; otherwise it draws nothing."""
 
     def __init__(self, enabled: bool) -> None:
         self._bar = RichBar(
@@ -149,11 +150,12 @@ class RichProgress:
         if self._task is not None:
             self._bar.advance(self._task, amount)
 
-    def counter(self, description: str, unit: str = "files") -> Callable[[int], None]:
+    def counter(self, description: str, total: int | None = None, unit: str = "files"
+                ) -> Advance:
         """A line of its own beside the current phase (work running in parallel, e.g.
         gc's listing and its deletes), and the callback that adds `n` to its count;
         safe from any thread."""
-        task = self._bar.add_task(description, total=None, unit=unit)
+        task = self._bar.add_task(description, total=total, unit=unit)
 
         def count(n: int) -> None:
             self._bar.advance(task, n)

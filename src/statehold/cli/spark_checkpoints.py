@@ -5,7 +5,6 @@ relocate and repartition."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -138,18 +137,6 @@ def show_spark_usage(result: SparkUsage) -> None:
          size(result.unreferenced_bytes or 0))
     )
     table(("kind", "files", "bytes"), rows)
-
-
-def spark_gc_progress(progress: RichProgress, uri: str) -> Callable[[int, int], None]:
-    """gc's deletes (files so far) as a line of `progress`."""
-    advance = progress.counter(f"gc {uri}: deleted", "files")
-    done = [0]
-
-    def deleted(files: int, _bytes: int) -> None:
-        advance(files - done[0])
-        done[0] = files
-
-    return deleted
 
 
 def show_spark_gc(result: SparkGcReport) -> None:

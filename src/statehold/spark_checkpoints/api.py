@@ -24,7 +24,6 @@ from statehold.format.results import WebReport
 from statehold.progress import Progress
 from statehold.spark_checkpoints import web_page
 from statehold.spark_checkpoints.errors import NotASparkCheckpointError, SparkCheckpointError
-from statehold.spark_checkpoints.gc import Progress as GcProgress
 from statehold.spark_checkpoints.gc import SparkGcReport, gc
 from statehold.spark_checkpoints.history import SparkHistory, history
 from statehold.spark_checkpoints.layout import DEFAULT_STORE, StoreId
@@ -123,7 +122,7 @@ class SparkLocation(SparkCheckpoint):
         dry_run: bool = False,
         grace: float | None = None,
         grace_seconds: float | None = None,
-        progress: GcProgress | None = None,
+        progress: Progress | None = None,
     ) -> SparkGcReport:
         """Delete what no batch Spark may still restart from needs, never a file younger
         than `grace` seconds (default `SPARK_GC_GRACE_SECONDS`; `grace_seconds`: its old

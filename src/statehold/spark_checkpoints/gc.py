@@ -22,13 +22,16 @@ file's ``.crc`` right after it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from statehold import clock
 from statehold.cleanup.policy import Verdict
 from statehold.format import results as shared
+from statehold.progress import Advance, NoProgress
+from statehold.progress import Progress as ProgressProtocol
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import (
     COMMITS_DIR,
@@ -54,8 +57,6 @@ from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.stores import resolve
 from statehold.storage.base import DeleteError, FileInfo, Storage, StorageError
 
-#: Called after each batch of deletes: (files deleted so far, bytes freed so far).
-Progress = Callable[[int, int], None]
 #: At most this many keys are named in each of a report's key lists.
 SAMPLE = 1000
 #: Files a batch of deletes holds: one re-check each (a local disk; an object store
@@ -109,16 +110,19 @@ def gc(
     *,
     dry_run: bool = False,
     grace_seconds: float = SPARK_GC_GRACE_SECONDS,
-    progress: Progress | None = None,
+    progress: ProgressProtocol | None = None,
     batch_size: int | None = None,
 ) -> SparkGcReport:
     """Delete what no batch Spark may still restart from (or be rolled back to) needs,
     and what the rule says is no longer in flight. Raises SparkCheckpointError, deleting
     nothing, for a commit log it cannot read (an unknown version); SparkGcInterruptedError
-    if the query was rolled back while it deleted."""
+    if the query was rolled back while it deleted. `progress` gets counters: files listed
+    (after each page) and, unless a dry run, files deleted and bytes freed of those
+    planned (after each batch of deletes)."""
+    progress = _told(progress) if callable(progress) else progress or NoProgress()
     storage = checkpoint.storage
     checkpoint.forget_reads()  # a zip read before this listing may have been rewritten
-    found, bulk = _list(storage)
+    found, bulk = _list(storage, progress.counter(f"gc {checkpoint.uri}: listed", None, "files"))
     refuse_unfinished(storage, found, "collect garbage")
     report = SparkGcReport(uri=checkpoint.uri, dry_run=dry_run)
     report.listed = len(found.files) + sum(len(d.names) for d in bulk.values())
@@ -142,15 +146,19 @@ def gc(
         return report
     size = batch_size or (OBJECT_STORE_BATCH if storage.lists_in_key_order else LOCAL_BATCH)
     mark = found.files.get(ROLLBACK_MARKER)  # one left behind: only a new one stops gc
+    planned = [e for entries in plan.values() for e in entries]
+    deleted = progress.counter(f"gc {checkpoint.uri}: deleted", len(planned), "files")
+    freed = progress.counter(f"gc {checkpoint.uri}: freed", sum(e[1] for e in planned), "bytes")
     _delete(storage, plan, view, (newest, mark.mtime if mark else None), size, report,
-            progress)
+            (deleted, freed))
     return report
 
 
 # -- the listing -------------------------------------------------------------------------
-def _list(storage: Storage) -> tuple[Scan, dict[str, _Dir]]:
+def _list(storage: Storage, listed: Advance) -> tuple[Scan, dict[str, _Dir]]:
     """One listing: the stores' ``SSTs/`` and ``logs/`` files as names with their stat
-    (there may be 100,000s of orphans), every other file into a `Scan`."""
+    (there may be 100,000s of orphans), every other file into a `Scan`; `listed` counts
+    each page's files."""
     found = Scan(started_at=clock.now())
     bulk: dict[str, _Dir] = {}
     shared: dict[str, bool] = {}
@@ -184,6 +192,7 @@ def _list(storage: Storage) -> tuple[Scan, dict[str, _Dir]]:
             prefix = f"{page.directory}/" if page.directory else ""
             for name, size, mtime in zip(page.names, page.sizes, page.mtimes, strict=True):
                 found.add(FileInfo(prefix + name, size, mtime))
+        listed(len(page.infos) + len(page.names))
     return found, bulk
 
 
@@ -427,9 +436,11 @@ def _delete(
     listed: tuple[int | None, float | None],
     batch_size: int,
     report: SparkGcReport,
-    progress: Progress | None,
+    counters: tuple[Advance, Advance],
 ) -> None:
-    """`listed`: the newest committed batch and the rollback mark's mtime in the listing."""
+    """`listed`: the newest committed batch and the rollback mark's mtime in the listing;
+    `counters`: files deleted and bytes freed, told after each batch."""
+    deleted, freed = counters
     for directory, entries in plan.items():
         for start in range(0, len(entries), batch_size):
             batch = entries[start : start + batch_size]
@@ -449,13 +460,14 @@ def _delete(
                 report.problems.append(f"{directory}: {e}")
             prefix = f"{directory}/" if directory else ""
             done = [(prefix + n, size) for n, size, _m in same if prefix + n not in failed]
+            nbytes = sum(size for _k, size in done)
             report.deleted += len(done)
-            report.deleted_bytes += sum(size for _k, size in done)
+            report.deleted_bytes += nbytes
             room = SAMPLE - len(report.deleted_keys)
             if room > 0:
                 report.deleted_keys.extend(k for k, _s in done[:room])
-            if progress is not None:
-                progress(report.deleted, report.deleted_bytes)
+            deleted(len(done))
+            freed(nbytes)
 
 
 def _unchanged(
@@ -510,3 +522,53 @@ def _check_commits(
             "ran (the query was rolled back or restarted from an older checkpoint); gc "
             f"stopped after deleting {report.deleted} files. Run it again."
         )
+
+
+# -- deprecated --------------------------------------------------------------------------
+#: What `gc` took before `statehold.progress.Progress` (removed in the next release):
+#: called after each batch of deletes with (files deleted so far, bytes freed so far).
+_Told = Callable[[int, int], None]
+
+
+class _Totals(NoProgress):
+    """A `_Told` callback as gc's counters: told the totals after each batch (gc advances
+    its files, then its bytes, once a batch)."""
+
+    def __init__(self, told: _Told) -> None:
+        self.told, self.files, self.bytes = told, 0, 0
+
+    def counter(self, description: str, total: int | None = None, unit: str = "files"
+                ) -> Advance:
+        if description.endswith(": deleted"):
+            return self._files
+        if description.endswith(": freed"):
+            return self._bytes
+        return super().counter(description, total, unit)
+
+    def _files(self, n: int) -> None:
+        self.files += n
+
+    def _bytes(self, n: int) -> None:
+        self.bytes += n
+        self.told(self.files, self.bytes)
+
+
+def _told(progress: ProgressProtocol | _Told) -> ProgressProtocol:
+    if isinstance(progress, ProgressProtocol):
+        return progress
+    warnings.warn(
+        "gc(progress=callback(files, bytes)) is replaced by a statehold.progress.Progress "
+        "(removed in the next release)", DeprecationWarning, stacklevel=3,
+    )
+    return _Totals(progress)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Progress":
+        warnings.warn(
+            "statehold.spark_checkpoints.gc.Progress is replaced by "
+            "statehold.progress.Progress (removed in the next release)",
+            DeprecationWarning, stacklevel=2,
+        )
+        return _Told
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

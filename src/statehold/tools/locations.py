@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from statehold.checkpoint import requests
-from statehold.cleanup.gc import GcProgress, GcReport
+from statehold.cleanup.gc import GcReport
 from statehold.cleanup.gc import gc as gc_job
 from statehold.errors import InvalidArgumentError
 from statehold.format.location_kind import JOB_NEEDS, SPARK_NEEDS, location_kind
@@ -106,7 +106,7 @@ class JobLocation:
         return web_page.report(self.job)
 
     def gc(self, *, dry_run: bool = False, grace: float | None = None,
-           progress: GcProgress | None = None) -> GcReport:
+           progress: Progress | None = None) -> GcReport:
         """Delete every file no retained checkpoint or savepoint references; safe while
         the job runs (its in-flight files are spared while its lease is fresh, so there is
         no `grace`: giving one is refused)."""
