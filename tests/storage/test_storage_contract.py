@@ -151,6 +151,50 @@ def test_upload_download_multi_megabyte(storage: Storage, tmp_path: Path) -> Non
     assert storage.read("shared/big") == data
 
 
+def test_hand_over_and_download_to_read(storage: Storage, tmp_path: Path) -> None:
+    """A file handed over is stored whole and gone from where it was; a file downloaded
+    to read holds the stored bytes, and removing it leaves the stored file. On a local
+    disk on one file system neither copies: the stored file is the handed-over inode, and
+    the one to read is a link to the stored one."""
+    data = os.urandom(6 * 1024 * 1024 + 5)
+    src = tmp_path / "run.sst"
+    src.write_bytes(data)
+    inode = src.stat().st_ino
+    storage.hand_over(src, "shared/handed")
+    assert not src.exists()
+    assert storage.read("shared/handed") == data
+    out = tmp_path / "read" / "handed.sst"
+    storage.download_to_read("shared/handed", out)
+    assert out.read_bytes() == data
+    if isinstance(storage, LocalStorage):
+        stored = Path(storage.root) / "shared" / "handed"
+        assert stored.stat().st_ino == inode == out.stat().st_ino
+    out.unlink()
+    assert storage.read("shared/handed") == data
+    with pytest.raises(NotFoundError):
+        storage.download_to_read("missing", tmp_path / "missing")
+
+
+def test_a_local_hand_over_across_file_systems_copies(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the rename fails as across devices (EXDEV), the file is uploaded instead."""
+    import errno
+
+    storage = LocalStorage(tmp_path / "root")
+    src = tmp_path / "run.sst"
+    src.write_bytes(b"bytes")
+    real_replace = os.replace
+
+    def no_rename_of_the_source(a: os.PathLike[str] | str, b: os.PathLike[str] | str) -> None:
+        if Path(a) == src:
+            raise OSError(errno.EXDEV, "cross-device link")
+        real_replace(a, b)
+
+    monkeypatch.setattr(os, "replace", no_rename_of_the_source)
+    storage.hand_over(src, "k")
+    assert storage.read("k") == b"bytes" and not src.exists()
+
+
 def test_checksum_of_small_large_and_missing_files(storage: Storage) -> None:
     small, large = b"small", os.urandom(17 * 1024 * 1024)  # above the in-memory limit
     storage.write("small", small)

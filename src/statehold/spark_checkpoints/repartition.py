@@ -524,11 +524,13 @@ def _write(out: Storage, key: str, data: bytes, written: dict[str, int], *, crc:
 
 
 def _upload(out: Storage, local: Path, key: str, written: dict[str, int], *, crc: bool) -> None:
+    """`local` (given up: moved where it can be, `Storage.hand_over`) written as `key`."""
     try:
-        out.upload(local, key)
-        written[key] = local.stat().st_size
-        if crc:
-            check = _file_crc(local)
+        size = local.stat().st_size
+        check = _file_crc(local) if crc else None
+        out.hand_over(local, key)
+        written[key] = size
+        if check is not None:
             out.write(crc_of(key), check)
             written[crc_of(key)] = len(check)
     except (StorageError, OSError) as e:

@@ -51,7 +51,7 @@ def rocksdb_rows(location: SparkCheckpoint, zip_key: str, store_prefix: str,
     _check(zip_key, [local for _dfs, local in listed])
     for dfs, local in listed:
         try:
-            location.storage.download(f"{store_prefix}/{dfs}", directory / local)
+            location.storage.download_to_read(f"{store_prefix}/{dfs}", directory / local)
         except StorageError as e:
             raise SparkCheckpointError(f"{store_prefix}/{dfs}: cannot be read ({e})") from None
     try:

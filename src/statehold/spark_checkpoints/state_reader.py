@@ -229,8 +229,9 @@ def _blocks(location: SparkCheckpoint, key: str, tmp: Path, checksums: bool = Fa
             ) -> Iterator[bytes]:
     """`key`'s decompressed blocks, from a local copy read a chunk at a time."""
     local = tmp / "file"  # one at a time: a file is read to its end before the next
+    local.unlink(missing_ok=True)
     try:
-        location.storage.download(key, local)
+        location.storage.download_to_read(key, local)
     except StorageError as e:
         raise SparkCheckpointError(f"{key}: cannot be read ({e})") from None
     yield from decompressed(_chunks(local), key, checksums=checksums)

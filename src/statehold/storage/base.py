@@ -252,6 +252,20 @@ class Storage(abc.ABC):
     def download(self, key: str, local_path: Path) -> None:
         """Copy a file to the local filesystem (streaming; for large state files)."""
 
+    def download_to_read(self, key: str, local_path: Path) -> None:
+        """`key`'s content at `local_path` for the caller to read, never to write: a
+        local disk links the file there where it can (no bytes copied), the others
+        download it. The caller may remove `local_path`; writing to it would write to
+        the stored file."""
+        self.download(key, local_path)
+
+    def hand_over(self, local_path: Path, key: str) -> None:
+        """Atomically create or replace `key` with a local file the caller gives up: a
+        local disk moves the file itself into place where it can (synced first; no
+        bytes copied), the others upload it; `local_path` is gone afterwards."""
+        self.upload(local_path, key)
+        local_path.unlink()
+
     def checksum(self, key: str, size_hint: int | None = None) -> str:
         """`file_checksum` of a stored file; NotFoundError if absent. A file of at most
         16 MiB by `size_hint` is read into memory, any other downloaded into a temp file;

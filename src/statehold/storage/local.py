@@ -43,6 +43,9 @@ from statehold.storage.base import (
 TEMP_MARKER = ".tmp-"
 #: errno values of a write that found no room: the device, or the user's quota, is full.
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+#: Why a hard link cannot be made where a copy can: another file system, or one without
+#: hard links (or not allowed to link this file).
+_CANNOT_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP)
 
 #: Attempts at creating a file in a directory that a concurrent `delete_many` may remove
 #: (as empty) between our mkdir and the file's creation.
@@ -244,7 +247,33 @@ class LocalStorage(Storage):
         local_path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, local_path)
 
+    def download_to_read(self, key: str, local_path: Path) -> None:
+        """See Storage: a hard link where `local_path` is on the same file system."""
+        src = self._existing(key)
+        local_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, local_path)
+        except OSError as e:
+            if e.errno not in _CANNOT_LINK:
+                raise
+            shutil.copyfile(src, local_path)
+
     # -- writing -----------------------------------------------------------------------
+    def hand_over(self, local_path: Path, key: str) -> None:
+        """See Storage: the file synced, then renamed into place where it is on the
+        same file system (a rename is atomic, as `upload`'s of its temp copy)."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(local_path, "rb") as f:
+            os.fsync(f.fileno())
+        try:
+            os.replace(local_path, path)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            self.upload(local_path, key)
+            local_path.unlink()
+
     def _write_temp(self, path: Path, data: bytes | None, source: Path | None) -> Path:
         def fill(tmp: Path) -> None:
             if source is not None:
@@ -389,7 +418,7 @@ class LocalStorage(Storage):
             try:
                 os.link(src_path, tmp)
             except OSError as e:
-                if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                if e.errno not in _CANNOT_LINK:
                     raise
                 shutil.copyfile(src_path, tmp)
             if target is self:
