@@ -1,6 +1,7 @@
-"""`rocksdb_writer.VersionRows`, the RocksDB snapshot a repartition or transform writes: its
-rows whatever order they arrive in (runs of increasing keys written as SSTs, keys out of
-order staged and put), the zip and SSTs read back the way Spark's load does (the zip's
+"""`rocksdb_writer`, the RocksDB snapshot a repartition or transform writes: a version's rows
+from several writers (`VersionRuns`, one per source partition) whatever order they arrive
+in (runs of increasing keys written as SSTs, keys out of order staged and put), built by
+`build_version` into the zip and SSTs, read back the way Spark's load does (the zip's
 files and each SST under its local name, opened by RocksDB with its checks), and as few
 SSTs as the runs allow: many runs are compacted into one level rather than left in level 0.
 Spark loading what the writer wrote: test_spark_repartition_live.py."""
@@ -19,7 +20,8 @@ from statehold.spark_checkpoints import SparkCheckpointError
 from statehold.spark_checkpoints.rocksdb_writer import (
     MAX_LEVEL0_RUNS,
     BuiltVersion,
-    VersionRows,
+    VersionRuns,
+    build_version,
 )
 
 
@@ -48,9 +50,10 @@ def _loaded(built: BuiltVersion, into: Path) -> dict[bytes, bytes]:
 
 
 def test_runs_and_keys_out_of_order_all_load(tmp_path: Path) -> None:
-    """Two runs (the second restarting below the first's end) and keys out of order inside
-    a run: every row loads with its value, and the two runs are two SSTs."""
-    rows = VersionRows(tmp_path / "v", format_version=5)
+    """Two writers, one with two runs (the second restarting below the first's end) and
+    keys out of order inside a run: every row loads with its value; the three runs are
+    three SSTs, the staged keys a fourth."""
+    rows = VersionRuns(tmp_path / "v", "from-0", format_version=5)
     expected: dict[bytes, bytes] = {}
     for key in (b"\x00a", b"\x00c", b"\x00e", b"\x00b", b"\x00d"):  # b, d out of order
         rows.add(key, key * 3)
@@ -59,16 +62,23 @@ def test_runs_and_keys_out_of_order_all_load(tmp_path: Path) -> None:
     for key in (b"\x00aa", b"\x00cc", b"\x00f"):
         rows.add(key, b"v" + key)
         expected[key] = b"v" + key
-    built = rows.build(metadata_extra={})
+    rows.close()
+    other = VersionRuns(tmp_path / "v", "from-1", format_version=5)
+    for key in (b"\x00ab", b"\x00g"):
+        other.add(key, b"1")
+        expected[key] = b"1"
+    other.close()
+    built = build_version(tmp_path / "v", rows=rows.rows + other.rows, format_version=5,
+                          metadata_extra={})
     assert built.rows == len(expected)
     assert _loaded(built, tmp_path / "loaded") == expected
-    assert len(built.ssts) == 3  # the two runs as they were ingested, the staged keys flushed
+    assert len(built.ssts) == 4  # the three runs as they were ingested, the staged keys flushed
 
 
 def test_more_runs_than_level0_holds_are_compacted(tmp_path: Path) -> None:
     """Beyond RocksDB's level-0 slowdown trigger the runs are compacted: one SST, not one per
     run, and every row still there."""
-    rows = VersionRows(tmp_path / "v", format_version=5)
+    rows = VersionRuns(tmp_path / "v", "from-0", format_version=5)
     expected = {}
     runs = MAX_LEVEL0_RUNS + 5
     for run in range(runs):
@@ -77,16 +87,20 @@ def test_more_runs_than_level0_holds_are_compacted(tmp_path: Path) -> None:
             rows.add(key, b"%d" % i)
             expected[key] = b"%d" % i
         rows.end_run()
-    built = rows.build(metadata_extra={})
+    rows.close()
+    built = build_version(tmp_path / "v", rows=len(expected), format_version=5,
+                          metadata_extra={})
     assert len(built.ssts) == 1
     assert _loaded(built, tmp_path / "loaded") == expected
 
 
 def test_one_sorted_run_is_one_sst(tmp_path: Path) -> None:
-    rows = VersionRows(tmp_path / "v", format_version=4)
+    rows = VersionRuns(tmp_path / "v", "from-0", format_version=4)
     for i in range(1000):
         rows.add(b"\x00" + i.to_bytes(4, "big"), bytes(100))
-    built = rows.build(metadata_extra={"numInternalKeys": 0})
+    rows.close()
+    built = build_version(tmp_path / "v", rows=rows.rows, format_version=4,
+                          metadata_extra={"numInternalKeys": 0})
     assert len(built.ssts) == 1
     assert len(_loaded(built, tmp_path / "loaded")) == 1000
     with zipfile.ZipFile(built.zip_path) as archive:
@@ -95,5 +109,5 @@ def test_one_sorted_run_is_one_sst(tmp_path: Path) -> None:
 
 def test_a_table_format_rocksdb_8_cannot_read_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SparkCheckpointError, match="table format version 6"):
-        VersionRows(tmp_path / "v", format_version=6)
+        VersionRuns(tmp_path / "v", "from-0", format_version=6)
     assert not (tmp_path / "v").exists()

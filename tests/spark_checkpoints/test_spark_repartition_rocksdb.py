@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import struct
 import zipfile
 from collections.abc import Callable
@@ -160,6 +161,41 @@ def test_rocksdb_repartitioned_to_5_then_to_1_keeps_every_row_where_sparks_hash_
     _check(fx.checkpoint, tmp_path / "one", one, query, 1)
 
 
+def test_worker_processes_write_what_one_process_writes(
+    extracted: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A location large enough for worker processes (the bar lowered to 0 here) is routed
+    and built in them, one pool for its four stores (a join, changelog checkpointing on):
+    the rows, their partitions and each new store's records equal one process's."""
+    from statehold.spark_checkpoints import repartition as module
+
+    fx = fixture(extracted("4.3.0"), "4.3.0", "join", "rocksdb_changelog")
+    source = open_spark_checkpoint(str(fx.checkpoint))
+    monkeypatch.setattr(module, "PARALLEL_BYTES", 1 << 62)
+    alone = source.repartition(str(tmp_path / "alone"), partitions=3)
+    monkeypatch.setattr(module, "PARALLEL_BYTES", 0)
+    pools: list[int] = []
+    real_pool = module._pool
+
+    def counted(workers: int) -> Any:
+        pools.append(workers)
+        return real_pool(workers)
+
+    monkeypatch.setattr(module, "_pool", counted)
+    spread = source.repartition(str(tmp_path / "workers"), partitions=3)
+
+    assert pools == [min(2, os.cpu_count() or 1)]
+    assert spread.operators == alone.operators
+    _check(fx.checkpoint, tmp_path / "workers", spread, "join", 3)
+    out = open_spark_checkpoint(str(tmp_path / "workers"))
+    one = open_spark_checkpoint(str(tmp_path / "alone"))
+    stores = sorted(one.scan().stores)
+    assert len(stores) == 12  # four stores, three partitions
+    for sid in stores:
+        assert (sorted(store_records(out, out.scan(), sid, fx.last_batch))
+                == sorted(store_records(one, one.scan(), sid, fx.last_batch))), sid
+
+
 def test_rocksdb_refusals_write_nothing(extracted: Callable[[str], Path], tmp_path: Path
                                         ) -> None:
     version = "4.3.0"
@@ -204,7 +240,7 @@ def test_a_rocksdb_repartition_cut_short_leaves_no_commit(
 
     fx = fixture(extracted("3.5.9"), "3.5.9", "window", "rocksdb_changelog")
     uploaded: list[str] = []
-    real = module._upload
+    real = module._hand_over
 
     def failing(*args: Any, **kwargs: Any) -> None:
         uploaded.append(args[2])
@@ -212,7 +248,7 @@ def test_a_rocksdb_repartition_cut_short_leaves_no_commit(
             raise SparkCheckpointError("the disk is full")
         real(*args, **kwargs)
 
-    monkeypatch.setattr(module, "_upload", failing)
+    monkeypatch.setattr(module, "_hand_over", failing)
     with pytest.raises(SparkCheckpointError, match="disk is full"):
         open_spark_checkpoint(str(fx.checkpoint)).repartition(str(tmp_path / "d"), partitions=5)
     assert (tmp_path / "d" / "state" / "0" / "2" / "6.zip").exists()

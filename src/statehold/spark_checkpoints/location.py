@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -125,6 +126,10 @@ class SparkCheckpoint:
         self._zip_files = cache(self._read_zip_files)
         self._lineage = cache(self._read_lineage)
         self._offsets = cache(self._read_offsets)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its storage, without the caches (a worker process opens it anew)."""
+        return type(self), (self.storage,)
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, key: str) -> bytes:

@@ -38,12 +38,17 @@ no commit, so no location a query would restart from.
 
 from __future__ import annotations
 
+import functools
 import json
+import multiprocessing
+import os
 import re
 import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +75,9 @@ from statehold.spark_checkpoints.relocate import hadoop_crc
 from statehold.spark_checkpoints.rocksdb_writer import (
     DEFAULT_FORMAT_VERSION,
     FORMAT_VERSIONS,
-    VersionRows,
+    BuiltVersion,
+    VersionRuns,
+    build_version,
     metadata_extra,
 )
 from statehold.spark_checkpoints.rollback_marker import refuse_unfinished
@@ -88,7 +95,7 @@ from statehold.spark_checkpoints.state_files import read_zip_metadata
 from statehold.spark_checkpoints.state_reader import resolved, store_records, store_schema
 from statehold.spark_checkpoints.state_writer import SnapshotWriter
 from statehold.spark_checkpoints.unsafe_row import row_decoder
-from statehold.storage import Storage, StorageError
+from statehold.storage import LocalStorage, Storage, StorageError
 
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 _STRICT = "spark.sql.streaming.statefulOperator.useStrictDistribution"
@@ -282,14 +289,17 @@ def rewrite(
     v2 = bool(checkpoint.commit(n).stateUniqueIds)
     ids: dict[StoreId, str] | None = {} if v2 else None
     reports = []
-    for op, (op_name, known_from, stores) in sorted(plans.items()):
-        store_reports = []
-        for store in stores:
-            report = _repartition_store(checkpoint, found, out, op, store, n, m,
-                                        written, with_crc, progress, ids)
-            store_reports.append(report)
-        reports.append(OperatorPlan(operator=op, name=op_name, known_from=known_from,
-                                    stores=store_reports))
+    workers = max((_workers(checkpoint, found, store) for _name, _from, stores in plans.values()
+                   for store in stores), default=0)
+    with _pool(workers) as pool:
+        for op, (op_name, known_from, stores) in sorted(plans.items()):
+            store_reports = []
+            for store in stores:
+                report = _repartition_store(checkpoint, found, out, op, store, n, m,
+                                            written, with_crc, progress, ids, pool)
+                store_reports.append(report)
+            reports.append(OperatorPlan(operator=op, name=op_name, known_from=known_from,
+                                        stores=store_reports))
     if ids is None:
         for key in commit_files:
             _copy(checkpoint, out, key)
@@ -525,9 +535,14 @@ def _write(out: Storage, key: str, data: bytes, written: dict[str, int], *, crc:
 
 def _upload(out: Storage, local: Path, key: str, written: dict[str, int], *, crc: bool) -> None:
     """`local` (given up: moved where it can be, `Storage.hand_over`) written as `key`."""
+    _hand_over(out, local, key, written, _file_crc(local) if crc else None)
+
+
+def _hand_over(out: Storage, local: Path, key: str, written: dict[str, int],
+               check: bytes | None) -> None:
+    """`local` written as `key` (`Storage.hand_over`), with its Hadoop CRC `check`."""
     try:
         size = local.stat().st_size
-        check = _file_crc(local) if crc else None
         out.hand_over(local, key)
         written[key] = size
         if check is not None:
@@ -549,13 +564,13 @@ def _file_crc(path: Path) -> bytes:
 def _repartition_store(
     checkpoint: SparkCheckpoint, found: Scan, out: Storage, op: int, store: _Store,
     batch: int, partitions: int, written: dict[str, int], with_crc: bool, progress: Progress,
-    ids: dict[StoreId, str] | None,
+    ids: dict[StoreId, str] | None, pool: Pool,
 ) -> StorePlan:
     """Route every record of the store's partitions to its new partition's snapshot
     (`ids`: checkpoint format v2, where each new snapshot's unique id is recorded)."""
     if store.provider == "rocksdb":
         return _repartition_rocksdb(checkpoint, found, out, op, store, batch, partitions,
-                                    written, with_crc, progress, ids)
+                                    written, with_crc, progress, ids, pool)
     with tempfile.TemporaryDirectory(prefix="statehold-repartition-") as tmp:
         paths = [Path(tmp) / f"{p}.snapshot" for p in range(partitions)]
         handles = [p.open("wb") for p in paths]
@@ -577,66 +592,149 @@ def _repartition_store(
 def _repartition_rocksdb(
     checkpoint: SparkCheckpoint, found: Scan, out: Storage, op: int, store: _Store,
     batch: int, partitions: int, written: dict[str, int], with_crc: bool, progress: Progress,
-    ids: dict[StoreId, str] | None,
+    ids: dict[StoreId, str] | None, pool: Pool,
 ) -> StorePlan:
-    """Route every record to its new partition's rows (`VersionRows`: each source
-    partition's keys, sorted, go straight into SSTs), then build each new partition's
-    RocksDB, one at a time, and write it as the snapshot ``N+1.zip`` with its SSTs
-    (uploaded first: the zip names them). Checkpoint format v2: the zip is
-    ``N+1_<new id>.zip``, the id recorded in `ids` for ``commits/N``; Spark takes a
-    version's own snapshot as the whole truth, so no lineage goes with it."""
+    """Route each source partition's records to the new partitions' runs (`VersionRuns`:
+    its keys, sorted, go straight into SSTs), then build each new partition's RocksDB and
+    write it as the snapshot ``N+1.zip`` with its SSTs (uploaded first: the zip names
+    them). Both steps are mapped by `pool` (worker processes where they pay). Checkpoint
+    format v2: the zip is ``N+1_<new id>.zip``, the id recorded in `ids` for
+    ``commits/N``; Spark takes a version's own snapshot as the whole truth, so no lineage
+    goes with it."""
     conf = checkpoint.offsets(batch).metadata.conf
     format_version = int(conf.get(_ROCKSDB_FORMAT, str(DEFAULT_FORMAT_VERSION)))
+    progress.start(f"operator {op} store {store.name}", len(store.source) + partitions,
+                   "partitions")
     with tempfile.TemporaryDirectory(prefix="statehold-repartition-") as tmp:
-        versions = [VersionRows(Path(tmp) / f"{p}", format_version=format_version)
-                    for p in range(partitions)]
-        counts = _route(checkpoint, found, op, store, batch, [v.add for v in versions],
-                        progress, versioned=True, end_runs=[v.end_run for v in versions])
-        for p, version in enumerate(versions):
+        dirs = [Path(tmp) / f"{p}" for p in range(partitions)]
+        route = functools.partial(_route_to_runs, checkpoint, found, op, store, batch,
+                                  dirs, format_version)
+        build = functools.partial(_build, format_version=format_version,
+                                  extra=store.zip_extra or {}, crc=with_crc)
+        counts = [0] * partitions
+        for routed in pool(route, store.source):
+            counts = [a + b for a, b in zip(counts, routed, strict=True)]
+            progress.advance(1)
+        for p, (built, crcs) in enumerate(pool(build, dirs, counts)):
             sid = StoreId(op, p, store.name)
-            built = version.build(metadata_extra=store.zip_extra or {})
             for sst in built.ssts:
-                _upload(out, sst.path, f"{sid.prefix}/SSTs/{sst.dfs}", written, crc=with_crc)
+                _hand_over(out, sst.path, f"{sid.prefix}/SSTs/{sst.dfs}", written,
+                           crcs.get(sst.path.name))
             unique_id = None
             if ids is not None:
                 unique_id = ids[sid] = str(uuid.uuid4())
-            _upload(out, built.zip_path, version_file(sid, batch + 1, "zip", unique_id),
-                    written, crc=with_crc)
-            shutil.rmtree(Path(tmp) / f"{p}", ignore_errors=True)
+            _hand_over(out, built.zip_path, version_file(sid, batch + 1, "zip", unique_id),
+                       written, crcs.get(built.zip_path.name))
+            shutil.rmtree(dirs[p], ignore_errors=True)
+            progress.advance(1)
     return _store_plan(store, counts)
+
+
+#: Below this many bytes of source state, a repartition routes in its own process: a
+#: worker's start (a new interpreter importing statehold) would cost more than it saves.
+PARALLEL_BYTES = 256 << 20
+
+
+def _workers(checkpoint: SparkCheckpoint, found: Scan, store: _Store) -> int:
+    """Worker processes for a RocksDB store: one per core (the routing is Python, one core
+    a process) where the source is on local disk (a worker opens it by its path), holds at
+    least `PARALLEL_BYTES` and is read as it is (a transform's function stays in this
+    process); 0 (this process) otherwise."""
+    if store.records is not None or not isinstance(checkpoint.storage, LocalStorage):
+        return 0
+    held = [found.stores[sid] for sid in store.source if sid in found.stores]
+    size = sum(f.size for files in held
+               for f in [*files.versions.values(), *files.shared.values()])
+    workers = min(os.cpu_count() or 1, len(store.source))
+    return workers if workers > 1 and size >= PARALLEL_BYTES else 0
+
+
+#: A map over calls, their results in order.
+Pool = Callable[..., Iterator[Any]]
+
+
+@contextmanager
+def _pool(workers: int) -> Iterator[Pool]:
+    """A map over calls, in order: in `workers` spawned processes, or in this one (0)."""
+    if workers == 0:
+        yield map
+        return
+    context = multiprocessing.get_context("spawn")  # no fork of a process with threads
+    with ProcessPoolExecutor(workers, mp_context=context) as executor:
+        yield executor.map
+
+
+def _route_to_runs(
+    checkpoint: SparkCheckpoint, found: Scan, op: int, store: _Store, batch: int,
+    dirs: list[Path], format_version: int, sid: StoreId,
+) -> list[int]:
+    """One source partition's records to the new partitions' runs (each under its new
+    partition's directory, named by the source partition); its rows per new partition."""
+    runs = [VersionRuns(d, f"from-{sid.partition}", format_version=format_version)
+            for d in dirs]
+    counts = [0] * len(dirs)
+    try:
+        _route_records(_source_records(checkpoint, found, store, sid, batch, True), store,
+                       [r.add for r in runs], counts, True, _key_decoder(op, store), sid)
+    finally:
+        for r in runs:
+            r.close()
+    return counts
+
+
+def _build(directory: Path, rows: int, *, format_version: int, extra: Mapping[str, Any],
+           crc: bool) -> tuple[BuiltVersion, dict[str, bytes]]:
+    """A new partition's version built from its runs, and each file's Hadoop CRC (by file
+    name; none unless `crc`)."""
+    built = build_version(directory, rows=rows, format_version=format_version,
+                          metadata_extra=extra)
+    files = [s.path for s in built.ssts] + [built.zip_path]
+    return built, ({f.name: _file_crc(f) for f in files} if crc else {})
+
+
+def _source_records(checkpoint: SparkCheckpoint, found: Scan, store: _Store, sid: StoreId,
+                    batch: int, versioned: bool) -> Iterator[tuple[bytes, bytes]]:
+    """A source partition's records as written to the new location: the source's bytes
+    unchanged, or a transform's."""
+    if store.records is None:
+        return store_records(checkpoint, found, sid, batch)
+    return ((key, value) for _key_values, key, value in store.records(sid, batch, versioned))
 
 
 def _route(
     checkpoint: SparkCheckpoint, found: Scan, op: int, store: _Store, batch: int,
     sinks: list[Callable[[bytes, bytes], None]], progress: Progress, *, versioned: bool,
-    end_runs: list[Callable[[], None]] | None = None,
 ) -> list[int]:
-    """Every record of the store's partitions (the source's bytes unchanged, or a
-    transform's) to the sink of the new partition Spark's hash sends its key to, the keys
-    hashed a batch at a time from their bytes (`columnar_hash`; a batch it does not take,
-    key by key); the records per new partition. `versioned`: RocksDB's keys start with
-    Spark's state encoding version (00), the row after it. `end_runs`: called on every
-    new partition after each source partition (where the keys' order starts again)."""
+    """Every record of the store's partitions to the sink of the new partition Spark's
+    hash sends its key to; the records per new partition."""
     counts = [0] * len(sinks)
     decode = _key_decoder(op, store)
     progress.start(f"operator {op} store {store.name}", len(store.source), "partitions")
     for sid in store.source:
-        records: Iterator[tuple[bytes, bytes]] = (
-            ((key, value) for _key_values, key, value in store.records(sid, batch, versioned))
-            if store.records is not None else store_records(checkpoint, found, sid, batch))
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        for key, value in records:
-            keys.append(key)
-            values.append(value)
-            if len(keys) >= _HASH_BATCH:
-                _send(keys, values, store, sinks, counts, versioned, decode, sid)
-                keys, values = [], []
-        _send(keys, values, store, sinks, counts, versioned, decode, sid)
-        for end_run in end_runs or ():
-            end_run()
+        _route_records(_source_records(checkpoint, found, store, sid, batch, versioned),
+                       store, sinks, counts, versioned, decode, sid)
         progress.advance(1)
     return counts
+
+
+def _route_records(
+    records: Iterator[tuple[bytes, bytes]], store: _Store,
+    sinks: list[Callable[[bytes, bytes], None]], counts: list[int], versioned: bool,
+    decode: Callable[[StoreId, bytes, bool], tuple[Any, ...]], sid: StoreId,
+) -> None:
+    """One source partition's records to their new partitions' sinks, the keys hashed a
+    batch at a time from their bytes (`columnar_hash`; a batch it does not take, key by
+    key). `versioned`: RocksDB's keys start with Spark's state encoding version (00), the
+    row after it."""
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    for key, value in records:
+        keys.append(key)
+        values.append(value)
+        if len(keys) >= _HASH_BATCH:
+            _send(keys, values, store, sinks, counts, versioned, decode, sid)
+            keys, values = [], []
+    _send(keys, values, store, sinks, counts, versioned, decode, sid)
 
 
 def _send(keys: list[bytes], values: list[bytes], store: _Store,

@@ -11,7 +11,7 @@ SSTs use the block-based table format version the location records
 rocksdbjni 8.3.2 reads too) and lz4, Spark's default compression. RocksDB's MANIFEST
 records each SST's size and unique id, which the RocksDB Spark opens checks.
 
-A version's rows are gathered on local disk as they arrive (`VersionRows`), so a
+A version's rows are gathered on local disk as they arrive (`VersionRuns`), so a
 repartition into M partitions keeps M versions open, not M databases: each run of keys in
 increasing order (a source partition's, which RocksDB and `state_reader` give sorted) is
 written straight to an SST by RocksDB's ``SstFileWriter``, sorted and compressed with no
@@ -54,7 +54,6 @@ FORMAT_VERSIONS = range(2, 6)
 #: rocksdict's own config) RocksDB recreates, and Spark's checkpoint leaves out.
 _ZIPPED = ("CURRENT", "MANIFEST-", "OPTIONS-")
 _INT = struct.Struct(">i")
-_CHUNK = 1 << 20
 
 
 #: RocksDB's ``level0_slowdown_writes_trigger`` default: more level-0 files than this slow
@@ -62,35 +61,34 @@ _CHUNK = 1 << 20
 MAX_LEVEL0_RUNS = 20
 
 
-class VersionRows:
-    """One version's rows as they arrive, on local disk under `directory` until `build`:
-    a run of increasing keys goes straight into an SST, a key out of order into a plain
-    staging file. The caller says where its input's order restarts (`end_run`)."""
+class VersionRuns:
+    """One writer's rows of one version, kept under the version's `directory` until
+    `build_version`: a run of increasing keys goes straight into an SST, a key out of order
+    into a plain staging file. Several writers (one per source partition, maybe in other
+    processes) share a directory, each under its own `name`; a writer says where its
+    input's order starts again (`end_run`) and closes when it is done."""
 
-    def __init__(self, directory: Path, *, format_version: int) -> None:
-        if format_version not in FORMAT_VERSIONS:
-            raise SparkCheckpointError(
-                f"RocksDB table format version {format_version}: only "
-                f"{FORMAT_VERSIONS.start} to {FORMAT_VERSIONS.stop - 1} are written")
-        directory.mkdir()
+    def __init__(self, directory: Path, name: str, *, format_version: int) -> None:
+        check_format_version(format_version)
+        directory.mkdir(exist_ok=True)
         self._dir = directory
+        self._name = name
         self._options = _options(format_version)
         self._run: SstFileWriter | None = None
+        self._runs = 0
         self._last = b""
         self._staged: BinaryIO | None = None
-        self.runs: list[Path] = []
         self.rows = 0
 
     def add(self, key: bytes, value: bytes) -> None:
         self.rows += 1
         if self._run is None:
             self._run = SstFileWriter(options=self._options)
-            path = self._dir / f"run-{len(self.runs)}.sst"
-            self._guard("written", self._run.open, str(path))
-            self.runs.append(path)
+            _guard("written", self._run.open, str(self._dir / f"{self._name}-{self._runs}.run"))
+            self._runs += 1
         elif key <= self._last:
             if self._staged is None:
-                self._staged = (self._dir / "staged").open("wb")
+                self._staged = (self._dir / f"{self._name}.staged").open("wb")
             self._staged.write(_INT.pack(len(key)) + key + _INT.pack(len(value)) + value)
             return
         self._run[key] = value
@@ -99,50 +97,66 @@ class VersionRows:
     def end_run(self) -> None:
         """Close the current run: the next key starts a new one, whatever its order."""
         if self._run is not None:
-            self._guard("written", self._run.finish)
+            _guard("written", self._run.finish)
             self._run = None
 
-    def _staged_rows(self) -> Iterator[tuple[bytes, bytes]]:
-        if self._staged is None:
-            return
-        self._staged.close()
-        with (self._dir / "staged").open("rb") as f:
-            while head := f.read(4):
-                key = f.read(_INT.unpack(head)[0])
-                value = f.read(_INT.unpack(f.read(4))[0])
-                yield key, value
-
-    def build(self, *, metadata_extra: Mapping[str, Any]) -> BuiltVersion:
-        """The RocksDB of every row added, with the zip Spark loads it from
-        (``version.zip`` in the directory) and the SSTs it names."""
+    def close(self) -> None:
         self.end_run()
-        db_dir = self._dir / "db"
-        db = self._guard("created", Rdict, str(db_dir), self._options)
-        try:
-            write = WriteOptions()
-            # a property in rocksdict, though its stubs call it a method
-            write.disable_wal = True  # type: ignore[method-assign,assignment]
-            db.set_write_options(write)
-            if self.runs:
-                ingest = IngestExternalFileOptions()
-                ingest.set_move_files(True)
-                self._guard("written", db.ingest_external_file, [str(p) for p in self.runs],
-                            ingest)
-            for key, value in self._staged_rows():
-                db[key] = value
-            self._guard("written", db.flush, True)
-            if len(self.runs) > MAX_LEVEL0_RUNS:
-                self._guard("compacted", db.compact_range, None, None)
-        finally:
-            db.close()
-        return _zipped(db_dir, self._dir / "version.zip", self.rows, metadata_extra)
+        if self._staged is not None:
+            self._staged.close()
 
-    @staticmethod
-    def _guard(what: str, call: Any, *args: Any) -> Any:
-        try:
-            return call(*args)
-        except Exception as e:  # rocksdict raises RocksDB's status as its own exceptions
-            raise SparkCheckpointError(f"RocksDB cannot be {what} ({_line(e)})") from None
+
+def build_version(directory: Path, *, rows: int, format_version: int,
+                  metadata_extra: Mapping[str, Any]) -> BuiltVersion:
+    """The RocksDB of every run and staged row its writers (closed) left in `directory`,
+    with the zip Spark loads it from (``version.zip`` there) and the SSTs it names. The
+    runs are ingested (moved, not copied), the staged rows put without a write-ahead log
+    and flushed; more runs than level 0 holds without slowing writes are compacted."""
+    check_format_version(format_version)
+    runs = sorted(str(p) for p in directory.glob("*.run"))
+    db_dir = directory / "db"
+    options = _options(format_version)
+    db = _guard("created", Rdict, str(db_dir), options)
+    try:
+        write = WriteOptions()
+        # a property in rocksdict, though its stubs call it a method
+        write.disable_wal = True  # type: ignore[method-assign,assignment]
+        db.set_write_options(write)
+        if runs:
+            ingest = IngestExternalFileOptions()
+            ingest.set_move_files(True)
+            _guard("written", db.ingest_external_file, runs, ingest)
+        for staged in sorted(directory.glob("*.staged")):
+            for key, value in _staged_rows(staged):
+                db[key] = value
+        _guard("written", db.flush, True)
+        if len(runs) > MAX_LEVEL0_RUNS:
+            _guard("compacted", db.compact_range, None, None)
+    finally:
+        db.close()
+    return _zipped(db_dir, directory / "version.zip", rows, metadata_extra)
+
+
+def check_format_version(format_version: int) -> None:
+    if format_version not in FORMAT_VERSIONS:
+        raise SparkCheckpointError(
+            f"RocksDB table format version {format_version}: only "
+            f"{FORMAT_VERSIONS.start} to {FORMAT_VERSIONS.stop - 1} are written")
+
+
+def _staged_rows(path: Path) -> Iterator[tuple[bytes, bytes]]:
+    with path.open("rb") as f:
+        while head := f.read(4):
+            key = f.read(_INT.unpack(head)[0])
+            value = f.read(_INT.unpack(f.read(4))[0])
+            yield key, value
+
+
+def _guard(what: str, call: Any, *args: Any) -> Any:
+    try:
+        return call(*args)
+    except Exception as e:  # rocksdict raises RocksDB's status as its own exceptions
+        raise SparkCheckpointError(f"RocksDB cannot be {what} ({_line(e)})") from None
 
 
 @dataclass(frozen=True)
@@ -203,7 +217,7 @@ def metadata_extra(zip_meta_extra: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def _options(format_version: int) -> Options:
     """What Spark's RocksDB sets that shapes the files: the table format version and lz4.
-    Compactions only when asked (`VersionRows.build`), so the SSTs a version is written with
+    Compactions only when asked (`build_version`), so the SSTs a version is written with
     do not depend on a background thread's timing (Spark opens the RocksDB with its own
     options, compactions on)."""
     options = Options(raw_mode=True)
