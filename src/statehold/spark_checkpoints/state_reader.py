@@ -140,14 +140,17 @@ def _merged_records(location: SparkCheckpoint, store: StoreId, needs: Needs
     they touch (newest wins, None for a delete); then the snapshot streamed, each record
     not in that map emitted as it is read, the map's surviving records merged in among
     them by key. A RocksDB store's records come in key order (its snapshot is iterated in
-    order), which lets a writer put them straight into an SST."""
+    order, its changelogs' survivors sorted), which lets a writer put them straight into
+    an SST; an HDFS-backed store's in no order."""
     steps = [k for k in needs.files if k.endswith((".delta", ".changelog"))]
     bases = [k for k in needs.files if k.endswith((".snapshot", ".zip"))]
     changed: dict[bytes, bytes | None] = {}
     with tempfile.TemporaryDirectory(prefix="statehold-state-") as tmp:
         for key in steps:
             changed.update(file_records(location, key, store, Path(tmp)))
-        survivors = sorted((k, v) for k, v in changed.items() if v is not None)
+        survivors = [(k, v) for k, v in changed.items() if v is not None]
+        if not any(k.endswith(".delta") for k in steps):  # RocksDB's: in key order
+            survivors.sort()
         at = 0
         for key in bases:
             for k, value in file_records(location, key, store, Path(tmp)):
