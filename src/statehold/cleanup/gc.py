@@ -256,19 +256,13 @@ class GcAllReport(BaseModel):
 
 # -- deprecated --------------------------------------------------------------------------
 @dataclass(frozen=True)
-class _GcProgress:
+class _GcProgress(NoProgress):
     """What `gc` took before `statehold.progress.Progress` (``GcProgress``, removed in
     the next release): `listed(files)` and `deleted(files, bytes)`, as gc's two counters
     (bytes 0: gc's deleter never counted them)."""
 
     listed: OnListed | None = None
     deleted: OnDeleted | None = None
-
-    def start(self, description: str, total: int | None, unit: str = "bytes") -> None:
-        pass
-
-    def advance(self, amount: int) -> None:
-        pass
 
     def counter(self, description: str, total: int | None = None, unit: str = "files"
                 ) -> Advance:

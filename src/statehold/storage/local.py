@@ -47,6 +47,17 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 #: hard links (or not allowed to link this file).
 _CANNOT_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP)
 
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """`dst` a hard link to `src`, or a copy where no link can be made."""
+    try:
+        os.link(src, dst)
+    except OSError as e:
+        if e.errno not in _CANNOT_LINK:
+            raise
+        shutil.copyfile(src, dst)
+
+
 #: Attempts at creating a file in a directory that a concurrent `delete_many` may remove
 #: (as empty) between our mkdir and the file's creation.
 _DIR_ATTEMPTS = 5
@@ -251,12 +262,7 @@ class LocalStorage(Storage):
         """See Storage: a hard link where `local_path` is on the same file system."""
         src = self._existing(key)
         local_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(src, local_path)
-        except OSError as e:
-            if e.errno not in _CANNOT_LINK:
-                raise
-            shutil.copyfile(src, local_path)
+        _link_or_copy(src, local_path)
 
     # -- writing -----------------------------------------------------------------------
     def hand_over(self, local_path: Path, key: str) -> None:
@@ -415,12 +421,7 @@ class LocalStorage(Storage):
         src_path = self._existing(src)
 
         def link_or_copy(tmp: Path) -> None:
-            try:
-                os.link(src_path, tmp)
-            except OSError as e:
-                if e.errno not in _CANNOT_LINK:
-                    raise
-                shutil.copyfile(src_path, tmp)
+            _link_or_copy(src_path, tmp)
             if target is self:
                 # A copy is a new file, as on object stores: a link would carry its
                 # source's age, and a savepoint's copies in the making would look like an
