@@ -217,7 +217,7 @@ Check = Callable[[list[bytes], list[bytes | None]], None] | None
 
 
 def _checker(location: SparkCheckpoint, found: Scan, store: StoreId, version: int,
-              provider: str, result: DeepResult) -> Check:
+             provider: str, result: DeepResult) -> Check:
     """The check of each batch of records, or None where the store has no schema file
     (transformWithState's): then the records are read to their end undecoded."""
     schema_file = found.stores[StoreId(store.operator, 0, store.name)].schema \
