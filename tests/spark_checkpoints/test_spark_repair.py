@@ -10,6 +10,7 @@ a repaired location is test_spark_repair_live.py's."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import uuid
 from collections.abc import Callable
@@ -277,7 +278,7 @@ def test_repair_on_s3(
     assert bucket.read(f"keep/{damaged}") == damaged_bytes
     if expected == "set-aside":
         folder = report.repaired_dir
-        assert folder is not None and folder.startswith("_repaired/")
+        assert folder is not None and re.fullmatch(r"_repaired/\d{8}T\d{6}Z", folder)
         assert damaged in report.moved and report.rollback is None
         assert {k for k in before if k not in after} == set(report.moved)
         assert {k for k in after if k not in before} == {f"{folder}/{k}" for k in report.moved}
