@@ -4,8 +4,9 @@ planted in a copy, then the plan chosen for the damaged store (a snapshot set as
 rollback, or nothing that can repair it), `--dry-run` changing nothing (every file's size
 and mtime), the files set aside moved under ``_repaired/<time>/`` with their bytes,
 `verify --deep` passing after, the ``--keep`` copy holding the whole location as it was,
-gc and its rule leaving ``_repaired/`` alone and `list` showing it. Spark restarting from
-a repaired location is test_spark_repair_live.py's."""
+gc and its rule leaving ``_repaired/`` alone and `list` showing it; the rule a set-aside
+asks; the same on a location on S3 (moto), its keep there too, proven by listing the
+bucket. Spark restarting from a repaired location is test_spark_repair_live.py's."""
 
 from __future__ import annotations
 
@@ -289,4 +290,5 @@ def test_repair_on_s3(
         assert damaged in report.rollback.deleted
         assert {k for k in before if k not in after} == set(report.rollback.deleted)
         assert after.keys() <= before.keys()
+    assert all(after[k] == n for k, n in before.items() if k in after)  # none rewritten
     assert open_spark_checkpoint(uri, **s3_server.options).verify(deep=True).ok
