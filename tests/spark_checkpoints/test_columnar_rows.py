@@ -2,7 +2,9 @@
 Arrow arrays the row-by-row decoder's rows make (`arrow_batch`), for Hypothesis rows of
 every flat type with nulls, more than 64 fields and RocksDB's version byte; and it hands
 back (None) every batch it must not take as it is: a row cut short, an offset outside its
-row, a version byte not 0, a string that is not UTF-8. The read of every committed
+row, a version byte not 0, a string that is not UTF-8. `all_decode` (verify --deep's
+check of many rows at once) says True exactly where the row decoder takes every row,
+for rows damaged at random. The read of every committed
 fixture through it: test_spark_state_read.py."""
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statehold.spark_checkpoints.columnar_rows import flat_columns, is_flat
+from statehold.spark_checkpoints.columnar_rows import all_decode, flat_columns, is_flat
+from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.spark_types import Atomic, Decimal, Field, Struct, arrow_fields
 from statehold.spark_checkpoints.state_reader import arrow_batch
-from statehold.spark_checkpoints.unsafe_row import decode_row
+from statehold.spark_checkpoints.unsafe_row import decode_row, row_decoder
 from tests.spark_checkpoints.test_unsafe_row_writer import _INTS, _values
 from tests.support.spark_locations.unsafe_rows import encode_row
 
@@ -83,6 +86,32 @@ def test_what_is_not_taken_as_it_is_goes_back_to_the_row_decoder() -> None:
         ([], 0),
     ]:
         assert _columns(rows, schema, skip) is None, rows
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), schema=_schemas(), skip=st.sampled_from([0, 1]))
+def test_all_decode_is_whether_the_row_decoder_takes_every_row(
+    data: st.DataObject, schema: Struct, skip: int
+) -> None:
+    values = data.draw(st.lists(st.tuples(*[_value(f.type) for f in schema.fields]),
+                                min_size=1, max_size=20))
+    rows = [b"\x00" * skip + encode_row(v, schema) for v in values]
+    for i in data.draw(st.lists(st.integers(0, len(rows) - 1), max_size=3)):
+        row = bytearray(rows[i] or b"\x00")  # a byte changed anywhere, then cut
+        row[data.draw(st.integers(0, len(row) - 1))] = data.draw(st.integers(0, 255))
+        rows[i] = bytes(row[: data.draw(st.integers(0, len(row)))])
+    decode = row_decoder(schema, "r", skip)
+
+    def takes(row: bytes) -> bool:
+        if skip and row[:1] != b"\x00":  # as the reader's RocksDB decoders refuse it
+            return False
+        try:
+            decode(row)
+        except SparkCheckpointError:
+            return False
+        return True
+
+    assert all_decode(rows, schema, skip) == all(takes(r) for r in rows)
 
 
 @pytest.mark.parametrize("schema", [

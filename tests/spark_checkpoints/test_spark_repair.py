@@ -4,13 +4,16 @@ planted in a copy, then the plan chosen for the damaged store (a snapshot set as
 rollback, or nothing that can repair it), `--dry-run` changing nothing (every file's size
 and mtime), the files set aside moved under ``_repaired/<time>/`` with their bytes,
 `verify --deep` passing after, the ``--keep`` copy holding the whole location as it was,
-gc and its rule leaving ``_repaired/`` alone and `list` showing it. Spark restarting from
-a repaired location is test_spark_repair_live.py's."""
+gc and its rule leaving ``_repaired/`` alone and `list` showing it; the rule a set-aside
+asks; the same on a location on S3 (moto), its keep there too, proven by listing the
+bucket. Spark restarting from a repaired location is test_spark_repair_live.py's."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,8 +23,16 @@ from typer.testing import CliRunner
 from statehold.cli.app import app
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.layout import Kind, parse
-from statehold.spark_checkpoints.policy import check_deletable, check_rollback_deletable
+from statehold.spark_checkpoints.policy import (
+    DeletionRefusedError,
+    check_deletable,
+    check_rollback_deletable,
+    check_set_aside,
+)
+from statehold.spark_checkpoints.repair import _move
+from statehold.storage import open_storage
 from statehold.storage.base import UnsafePathError
+from tests.support.infra.object_store_servers import S3Server
 from tests.support.spark_locations.committed_fixtures import copy_of, make_old, manifests
 from tests.support.spark_locations.disk_trees import TWO_HOURS
 from tests.support.spark_locations.planted_damage import (
@@ -29,7 +40,9 @@ from tests.support.spark_locations.planted_damage import (
     Plant,
     hdfs_snapshot_corrupted,
     needs_of,
+    newest_changelog_cut_short,
     queries,
+    zip_cut_short,
 )
 
 VERSION = sorted(manifests())[-1]
@@ -170,6 +183,30 @@ def test_repaired_is_a_kind_no_rule_deletes(tmp_path: Path) -> None:
             check_rollback_deletable(key)
 
 
+def test_a_repair_sets_aside_only_snapshots_and_ssts_and_asks_before_moving_any(
+    extracted: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """A set-aside is a move, on an object store a copy then a delete: the deletion rule
+    is asked for every file first (`check_set_aside`), so a refused one moves nothing."""
+    to = "_repaired/20261130T000000Z"
+    for key in ("state/0/0/6.zip", "state/0/0/.6.zip.crc", "state/0/0/6.snapshot",
+                "state/0/0/SSTs/000013-7c3e2b1a-0000-4000-8000-000000000000.sst"):
+        check_set_aside(key, f"{to}/{key}")
+        with pytest.raises(DeletionRefusedError, match="only under _repaired/"):
+            check_set_aside(key, f"elsewhere/{key}")
+    for key in ("offsets/5", "commits/5", "metadata", "state/0/0/6.changelog",
+                "state/0/0/6.delta", "state/0/_metadata/metadata", "sources/0/5"):
+        with pytest.raises(DeletionRefusedError, match="never sets this file aside"):
+            check_set_aside(key, f"{to}/{key}")
+
+    fx = copy_of(extracted(VERSION), VERSION, "window", "rocksdb_changelog", tmp_path / "w")
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    before = files_of(fx.checkpoint)
+    with pytest.raises(DeletionRefusedError, match="offsets/5"):
+        _move(location, location.scan(), ["state/0/0/6.zip", "offsets/5"], to)
+    assert files_of(fx.checkpoint) == before
+
+
 def test_nothing_to_repair_and_refused_while_alive(
     extracted: Callable[[str], Path], tmp_path: Path
 ) -> None:
@@ -196,3 +233,62 @@ def test_nothing_to_repair_and_refused_while_alive(
     assert files_of(fx.checkpoint) == before and not keep.exists()
     forced = open_spark_checkpoint(str(fx.checkpoint)).repair(keep=str(keep), force=True)
     assert forced.ok and forced.moved, forced
+
+
+# -- S3 -----------------------------------------------------------------------------------
+S3_CASES = [
+    # the newest zip cut short: the older zip and the changelogs after it rebuild the version
+    ("zip-cut-short", zip_cut_short, "set-aside"),
+    # the newest changelog cut short: only a rollback avoids it
+    ("changelog-cut-short", newest_changelog_cut_short, "rollback"),
+]
+
+
+@pytest.mark.parametrize(("name", "plant", "expected"), S3_CASES,
+                         ids=[n for n, _p, _e in S3_CASES])
+def test_repair_on_s3(
+    extracted: Callable[[str], Path], tmp_path: Path, s3_server: S3Server, name: str,
+    plant: Plant, expected: str,
+) -> None:
+    """A location on S3 (a committed fixture uploaded, the damage planted first) repaired
+    with its keep on S3 too: the bucket's listing shows the damaged file moved under
+    ``_repaired/<time>/`` with its bytes (or the rollback's files gone), nothing else
+    lost, the keep holding every file as it was; `verify --deep` passes after."""
+    local, damaged = planted(extracted, tmp_path, name, plant, "rocksdb_changelog", ["window"])
+    run = f"s3://{s3_server.bucket}/repair-{uuid.uuid4().hex}"
+    uri, keep_uri = f"{run}/ckpt", f"{run}/keep"
+    bucket = open_storage(run, **s3_server.options)
+    for rel in files_of(local):
+        bucket.write(f"ckpt/{rel}", (local / rel).read_bytes())
+    before = {i.key.removeprefix("ckpt/"): i.size for i in bucket.list("ckpt")}
+    assert before.keys() == files_of(local).keys()
+    damaged_bytes = (local / damaged).read_bytes()
+
+    # every object was uploaded just now: the query would look alive (its files' times)
+    report = open_spark_checkpoint(uri, **s3_server.options).repair(
+        keep=keep_uri, force=True, **s3_server.options)
+    assert report.ok, report
+    [mine] = [s for s in report.stores if damaged in [d.path for d in s.damage]]
+    assert mine.step == expected, mine
+
+    listed = {i.key: i.size for i in bucket.list()}
+    after = {k.removeprefix("ckpt/"): n for k, n in listed.items() if k.startswith("ckpt/")}
+    kept = {k.removeprefix("keep/"): n for k, n in listed.items() if k.startswith("keep/")}
+    assert listed.keys() == {f"ckpt/{k}" for k in after} | {f"keep/{k}" for k in kept}
+    assert kept == before  # the whole location as it was, its damage included
+    assert bucket.read(f"keep/{damaged}") == damaged_bytes
+    if expected == "set-aside":
+        folder = report.repaired_dir
+        assert folder is not None and re.fullmatch(r"_repaired/\d{8}T\d{6}Z", folder)
+        assert damaged in report.moved and report.rollback is None
+        assert {k for k in before if k not in after} == set(report.moved)
+        assert {k for k in after if k not in before} == {f"{folder}/{k}" for k in report.moved}
+        assert all(after[f"{folder}/{k}"] == before[k] for k in report.moved)
+        assert bucket.read(f"ckpt/{folder}/{damaged}") == damaged_bytes
+    else:
+        assert report.rollback is not None and not report.moved
+        assert damaged in report.rollback.deleted
+        assert {k for k in before if k not in after} == set(report.rollback.deleted)
+        assert after.keys() <= before.keys()
+    assert all(after[k] == n for k, n in before.items() if k in after)  # none rewritten
+    assert open_spark_checkpoint(uri, **s3_server.options).verify(deep=True).ok

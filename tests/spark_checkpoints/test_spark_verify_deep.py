@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from typer.testing import CliRunner
 
 from statehold.cli.app import app
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
+from statehold.spark_checkpoints.state_files import decompressed
+from statehold.spark_checkpoints.state_records import records
+from tests.support.spark_locations import handmade_files as handmade
 from tests.support.spark_locations.committed_fixtures import copy_of, fixture, manifests
 from tests.support.spark_locations.planted_damage import (
     CASES,
@@ -168,3 +172,37 @@ def test_records_that_do_not_decode_with_the_schema_are_named(
     report = open_spark_checkpoint(str(fx.checkpoint)).verify(deep=True)
     kinds = {(p.path.split("/")[2], p.kind) for p in report.problems}
     assert kinds == {("0", "record-undecodable"), ("1", "record-undecodable")}, report.problems
+
+
+@pytest.mark.parametrize("then_cut", [False, True], ids=["among-good-ones", "then-cut-short"])
+def test_one_record_that_does_not_decode_is_named_in_file_order(
+    extracted: Callable[[str], Path], tmp_path: Path, then_cut: bool
+) -> None:
+    """A delta of a flat schema (dropDuplicates': a string and a timestamp) whose middle
+    record's string lies outside its row: records are checked many at once, and the one
+    that does not decode is still named; where the file is also cut short after it, the
+    record comes first in the file, so it is what is named (as one record at a time
+    would)."""
+    version = VERSIONS[-1]
+    fx = copy_of(extracted(version), version, "dedup", "hdfs", tmp_path / "d")
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    needed = [k for n in needs_of(location) for k in n.files if k.endswith(".delta")]
+    key = max(needed, key=lambda k: len(_delta_records(fx.checkpoint / k)))
+    pairs = _delta_records(fx.checkpoint / key)
+    middle = len(pairs) // 2
+    row, value = pairs[middle]
+    # the string's slot (field 0, after the null word): 100 bytes from the end of the slots
+    pairs[middle] = (row[:8] + struct.pack("<q", (24 << 32) | 100) + row[16:], value)
+    data = handmade.records(pairs)
+    if then_cut:  # the records end 3 bytes into the next record's size
+        data = handmade.records(pairs[: middle + 1])[:-4] + b"\x00\x00\x00"
+    (fx.checkpoint / key).write_bytes(handmade.lz4_stream(data))
+
+    report = location.verify(deep=True)
+    named = [(p.path, p.kind) for p in report.problems if p.kind]
+    assert named == [(key, "record-undecodable")], report.problems
+
+
+def _delta_records(path: Path) -> list[tuple[bytes, bytes | None]]:
+    return list(records(decompressed(iter([path.read_bytes()]), path.name), path.name,
+                        deletes=True))

@@ -6,7 +6,10 @@ MANIFEST and OPTIONS beside the SSTs it lists) and opened read-only by RocksDB i
 which compares each SST's size and unique id with the MANIFEST's at open
 (`rocksdb_snapshot._options`); then every row is iterated (every block's checksum
 verified). Its changelogs, and an HDFS-backed version's snapshot and deltas, are read to
-their end, every record decoded with the store's schema where it has one. Each file is
+their end, every record decoded with the store's schema where it has one (a flat schema's
+rows a batch at a time, `columnar_rows.all_decode`: the row decoder's refusals without a
+Python call per value; a batch with a row refused is decoded row by row, which names the
+first in file order). Each file is
 read on its own, streamed (`state_reader.file_records`: memory is one block and one
 record, not the state), so every damaged file of a version is named, not only the first.
 
@@ -24,9 +27,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from statehold.progress import NoProgress, Progress
+from statehold.spark_checkpoints.columnar_rows import all_decode, is_flat
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint
@@ -34,6 +37,7 @@ from statehold.spark_checkpoints.rocksdb_snapshot import local_names
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.state_files import read_zip_metadata
 from statehold.spark_checkpoints.state_reader import (
+    BATCH_ROWS,
     file_records,
     resolved,
     row_decoders,
@@ -184,7 +188,7 @@ def _load_store(location: SparkCheckpoint, found: Scan, store: StoreId, batch: i
     total = sum(found.files[k].size for k in needs.files if k in found.files)
     progress.start(f"verify --deep {store} version {version}", total)
     result.findings += _missing(needs, batch)
-    decode = _decoders(location, found, store, version, provider, result)
+    check = _checker(location, found, store, version, provider, result)
     with tempfile.TemporaryDirectory(prefix="statehold-deep-") as tmp:
         for key in needs.files:
             if not key.endswith((".zip", *_STEP)) or key not in found.files:
@@ -198,7 +202,7 @@ def _load_store(location: SparkCheckpoint, found: Scan, store: StoreId, batch: i
                                     for k in gone]
             else:
                 try:
-                    result.records += _read(location, key, store, Path(tmp), decode)
+                    result.records += _read(location, key, store, Path(tmp), check)
                 except SparkCheckpointError as e:
                     result.findings.append(
                         _classify(location, found, store, key, str(e), Path(tmp)))
@@ -207,12 +211,14 @@ def _load_store(location: SparkCheckpoint, found: Scan, store: StoreId, batch: i
             progress.advance(size)
 
 
-Decode = Callable[[bytes, bytes | None], Any] | None
+#: Checks that each record of a batch decodes (key rows; value rows, None for a delete);
+#: raises (the first in file order that does not) like the row decoders.
+Check = Callable[[list[bytes], list[bytes | None]], None] | None
 
 
-def _decoders(location: SparkCheckpoint, found: Scan, store: StoreId, version: int,
-              provider: str, result: DeepResult) -> Decode:
-    """Each record's decoder (key and value), or None where the store has no schema file
+def _checker(location: SparkCheckpoint, found: Scan, store: StoreId, version: int,
+             provider: str, result: DeepResult) -> Check:
+    """The check of each batch of records, or None where the store has no schema file
     (transformWithState's): then the records are read to their end undecoded."""
     schema_file = found.stores[StoreId(store.operator, 0, store.name)].schema \
         if StoreId(store.operator, 0, store.name) in found.stores else None
@@ -227,23 +233,46 @@ def _decoders(location: SparkCheckpoint, found: Scan, store: StoreId, version: i
                                        _detail(str(e), schema_file.key)))
         return None
     key_of, value_of = row_decoders(schema, store, version, provider)
+    skip = 1 if provider == "rocksdb" else 0
+    flat = is_flat(schema.key) and is_flat(schema.value)
 
-    def decode(k: bytes, v: bytes | None) -> None:
-        key_of(k)
-        if v is not None:
-            value_of(v)
+    def check(keys: list[bytes], values: list[bytes | None]) -> None:
+        # a flat schema's rows checked many at once (the same refusals, nothing built);
+        # where one would be refused, each decoded in file order names the first
+        if flat and all_decode(keys, schema.key, skip) and all_decode(
+                [v for v in values if v is not None], schema.value, skip):
+            return
+        for k, v in zip(keys, values, strict=True):
+            key_of(k)
+            if v is not None:
+                value_of(v)
 
-    return decode
+    return check
 
 
 def _read(location: SparkCheckpoint, key: str, store: StoreId, tmp: Path,
-          decode: Decode) -> int:
+          check: Check) -> int:
+    """The records of `key` read to their end, each checked to decode (`check`, a
+    batch at a time); their count."""
     count = 0
-    for k, v in file_records(location, key, store, tmp, column_families=decode is None,
-                             checksums=True):
-        if decode is not None:
-            decode(k, v)
-        count += 1
+    keys: list[bytes] = []
+    values: list[bytes | None] = []
+    try:
+        for k, v in file_records(location, key, store, tmp, column_families=check is None,
+                                 checksums=True):
+            count += 1
+            if check is not None:
+                keys.append(k)
+                values.append(v)
+                if len(keys) >= BATCH_ROWS:
+                    check(keys, values)
+                    keys, values = [], []
+    except SparkCheckpointError:
+        if check is not None and keys:  # a record before the damage is named first
+            check(keys, values)
+        raise
+    if check is not None and keys:
+        check(keys, values)
     return count
 
 

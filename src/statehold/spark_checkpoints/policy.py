@@ -28,6 +28,12 @@ schema v3 files, their checksums, and its own mark once it is done. Never the qu
 decides about them), nor a name Spark does not write. Which *batches* go is the caller's
 decision; this rule guarantees a rollback cannot delete a kind of file it has no
 business with, whatever its planning got wrong.
+
+A repair (`statehold repair`) sets aside a snapshot that does not load: it moves it out
+of Spark's way, under ``_repaired/<time>/``, which on an object store is a copy then a
+delete of the original. `check_set_aside` is its last line, for every key it moves: only
+a RocksDB snapshot zip, an SST a zip lists, an HDFS-backed snapshot and their checksums,
+and only to a key under ``_repaired/``.
 """
 
 from __future__ import annotations
@@ -245,6 +251,21 @@ def check_rollback_deletable(key: str) -> None:
         raise DeletionRefusedError(f"{key}: a rollback never deletes this file")
 
 
+#: Kinds a repair may move out of Spark's way (`check_set_aside`).
+SET_ASIDE_KINDS = frozenset({Kind.ZIP, Kind.SST, Kind.HDFS_SNAPSHOT})
+
+
+def check_set_aside(key: str, dest: str) -> None:
+    """Raise DeletionRefusedError unless a repair may move `key` to `dest`: a snapshot,
+    an SST or a checksum of one, to a key under ``_repaired/`` (the move removes `key`
+    from where Spark reads it: on an object store it deletes it after the copy)."""
+    if parse(check_key(dest)).kind is not Kind.REPAIRED:
+        raise DeletionRefusedError(f"{key}: a repair moves files only under _repaired/, "
+                                   f"not to {dest}")
+    if parse(check_key(_subject(key))).kind not in SET_ASIDE_KINDS:
+        raise DeletionRefusedError(f"{key}: a repair never sets this file aside")
+
+
 def _subject(key: str) -> str:
     """The file a checksum companion belongs to (Hadoop's ``.NAME.crc``, Spark 4's
     ``NAME.crc`` beside state files, and the ``.crc`` of either), else the key itself."""
@@ -266,12 +287,14 @@ __all__ = [
     "DELETABLE_KINDS",
     "KEPT_KINDS",
     "ROLLBACK_KINDS",
+    "SET_ASIDE_KINDS",
     "SPARK_GC_GRACE_SECONDS",
     "DeletionRefusedError",
     "SparkView",
     "check_deletable",
     "check_deletable_names",
     "check_rollback_deletable",
+    "check_set_aside",
     "judge",
     "judge_names",
     "shared_dir_store",

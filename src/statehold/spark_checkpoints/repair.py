@@ -52,6 +52,7 @@ from statehold.spark_checkpoints.deep_verify import DeepResult, Finding, Kind, L
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import REPAIRED_DIR, StoreId, parse
 from statehold.spark_checkpoints.location import SparkCheckpoint, refuse_alive
+from statehold.spark_checkpoints.policy import check_set_aside
 from statehold.spark_checkpoints.reports import SparkProblem, default_batch, verify
 from statehold.spark_checkpoints.rollback import (
     DEFAULT_GRACE_SECONDS,
@@ -350,18 +351,22 @@ def _remaining(plan: _Plan) -> list[SparkProblem]:
 # -- carrying it out ---------------------------------------------------------------------
 def _move(checkpoint: SparkCheckpoint, found: Scan, keys: Iterable[str], folder: str
           ) -> list[str]:
-    """Each key, then its checksum companions, moved to ``folder/<key>``."""
+    """Each key, then its checksum companions, moved to ``folder/<key>``; every one
+    asked of the deletion rule first (`policy.check_set_aside`: a move removes it from
+    where Spark reads it), so a refusal moves nothing."""
+    moves = [one for key in keys for one in [key, *companions(key, found)]]
+    for one in moves:
+        check_set_aside(one, f"{folder}/{one}")
     moved: list[str] = []
-    for key in keys:
-        for one in [key, *companions(key, found)]:
-            try:
-                checkpoint.storage.move(one, f"{folder}/{one}")
-            except StorageError as e:
-                raise SparkCheckpointError(
-                    f"repair of {checkpoint.uri} stopped moving {one} to {folder}/ ({e}); "
-                    f"what was moved is there; the keep holds the location as it was"
-                ) from None
-            moved.append(one)
+    for one in moves:
+        try:
+            checkpoint.storage.move(one, f"{folder}/{one}")
+        except StorageError as e:
+            raise SparkCheckpointError(
+                f"repair of {checkpoint.uri} stopped moving {one} to {folder}/ ({e}); "
+                f"what was moved is there; the keep holds the location as it was"
+            ) from None
+        moved.append(one)
     return moved
 
 

@@ -45,24 +45,26 @@ def _records(stream: _Stream, key: str, *, deletes: bool) -> Iterator[
         if size == -1:
             stream.at = at + 4
             break
-        _checked(size, key, count, "key")
+        if not 0 <= size <= MAX_RECORD_BYTES:  # `_checked` inline: the loop's cost per record
+            _checked(size, key, count, "key")
         if len(buffer) - at < 8 + size:
             stream.need(8 + size)
             buffer, at = stream.buffer, stream.at
-        row = bytes(buffer[at + 4 : at + 4 + size])
+        row = buffer[at + 4 : at + 4 + size]
         (value_size,) = unpack(buffer, at + 4 + size)
         end = at + 8 + size
         if value_size == -1 and deletes:
             stream.at = end
             yield row, None
         else:
-            _checked(value_size, key, count, "value")
+            if not 0 <= value_size <= MAX_RECORD_BYTES:
+                _checked(value_size, key, count, "value")
             if len(buffer) - at < 8 + size + value_size:
                 stream.need(8 + size + value_size)
                 buffer, at = stream.buffer, stream.at
                 end = at + 8 + size
             stream.at = end + value_size
-            yield row, bytes(buffer[end : end + value_size])
+            yield row, buffer[end : end + value_size]
         count += 1
     if not stream.at_end():
         raise SparkCheckpointError(f"{key}: data after the end of the records")
@@ -99,20 +101,24 @@ class _Stream:
 
     def __init__(self, blocks: Iterator[bytes], key: str) -> None:
         self._blocks = blocks
-        self.buffer = bytearray()
+        # bytes, not a bytearray: a record's rows are sliced out of it in one copy
+        self.buffer = b""
         self.at = 0
         self._key = key
 
     def _fill(self, n: int) -> bool:
-        while len(self.buffer) - self.at < n:
+        have = len(self.buffer) - self.at
+        if have >= n:
+            return True
+        parts = [self.buffer[self.at:]]
+        while have < n:
             block = next(self._blocks, None)
             if block is None:
-                return False
-            if self.at:
-                del self.buffer[: self.at]
-                self.at = 0
-            self.buffer += block
-        return True
+                break
+            parts.append(block)
+            have += len(block)
+        self.buffer, self.at = b"".join(parts), 0
+        return have >= n
 
     def need(self, n: int) -> None:
         """At least `n` bytes from `at` (the buffer may be compacted: read `at` again)."""
@@ -121,14 +127,14 @@ class _Stream:
 
     def take(self, n: int) -> bytes:
         self.need(n)
-        out = bytes(self.buffer[self.at : self.at + n])
+        out = self.buffer[self.at : self.at + n]
         self.at += n
         return out
 
     def peek(self, n: int) -> bytes:
         """Up to `n` next bytes, left to be read."""
         self._fill(n)
-        return bytes(self.buffer[self.at : self.at + n])
+        return self.buffer[self.at : self.at + n]
 
     def utf(self) -> str:
         (length,) = struct.unpack(">H", self.take(2))
@@ -146,9 +152,8 @@ class _Stream:
 
     def drain_to_end_record(self, end: bytes) -> None:
         """Read the rest (memory: one block); refused unless it ends with `end`."""
-        last = bytes(self.buffer[self.at:])[-len(end):]
-        self.buffer.clear()
-        self.at = 0
+        last = self.buffer[self.at:][-len(end):]
+        self.buffer, self.at = b"", 0
         for block in self._blocks:
             last = (last + block)[-len(end):]
         if last != end:
