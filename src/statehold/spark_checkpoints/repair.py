@@ -14,11 +14,14 @@ do not load. For each damaged store version the plan takes the first of these th
    version is loaded with the damaged snapshots left out (older ones that also fail are
    set aside in turn).
 2. **A rebuilt snapshot** (``rebuilt-snapshot``): the version's state replayed into a new
-   snapshot. For the HDFS-backed store it would be replayed from the same snapshot and
-   deltas step 1 tried, which Spark replays itself once the damaged file is set aside, so
-   it never adds a way step 1 lacks and is not written; for RocksDB a repair does not
-   write one yet (repartition's `rocksdb_writer` writes a version's zip and SSTs; a
-   repair replaying into it is not built). The plan says so, per store, in one line.
+   snapshot. Every replay there is goes through an older snapshot and the deltas or
+   changelogs after it, the very ways step 1 tries, and Spark's load takes such a way by
+   itself once the damaged file is set aside; where step 1 finds none, the version's
+   state is read only through the damaged file (RocksDB without changelog checkpointing:
+   each version is its own zip; a cut delta or changelog: the batch's changes are lost),
+   so there is nothing to replay. A rebuilt snapshot (`state_writer.SnapshotWriter`,
+   `rocksdb_writer`, which repartition writes with) would never keep more than step 1 or
+   step 3 does and is not written. The plan says so, per store, in one line.
 3. **A rollback** (``rollback``) to the newest batch whose every store version loads
    (deep), by `rollback.rollback` under its own rules: the sources' logs and the state
    versions after it removed, the sink note, its mark while under way.
@@ -243,14 +246,9 @@ def _store_repair(checkpoint: SparkCheckpoint, found: Scan, store: StoreId, batc
         out.loads_from = _how(needs.how, needs.base, needs.version)
         return out
     out.not_chosen.append(f"another way to version {batch + 1}: {why}")
-    if provider == "rocksdb":
-        out.not_chosen.append(
-            "a rebuilt snapshot: not yet for RocksDB (a repair writes no RocksDB snapshot "
-            "yet)")
-    else:
-        out.not_chosen.append(
-            "a rebuilt snapshot: nothing to replay it from (the version's state is read "
-            "only through the damaged file; Spark replays any other way itself)")
+    out.not_chosen.append(
+        "a rebuilt snapshot: nothing to replay it from (the version's state is read only "
+        "through the damaged file; any other way Spark replays itself, step 1)")
     return out
 
 
