@@ -62,9 +62,10 @@ open_spark_checkpoint(sys.argv[1]).repartition(sys.argv[2], partitions=int(sys.a
 """
 
 #: The tests' moto server, in its own process (in this one it would share the GIL with
-#: statehold's read), serving until its stdin closes.
+#: statehold's read), serving until its stdin closes; quiet.
 _MOTO = """
-import sys
+import logging, sys
+logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
 from tests.support.infra.object_store_servers import AtomicConditionalMotoServer
 server = AtomicConditionalMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
