@@ -24,7 +24,7 @@ times each:
   tests/support/infra/jvm.py fills, with Maven the first time). Both sides' bytes come
   from the same server over loopback HTTP;
 * **repartition:** ``statehold repartition`` of that batch to ``--to`` partitions, in a
-  child process (its peak resident memory read from the kernel), against ``cp -r`` of
+  child process (its peak resident memory, its own ``VmHWM``), against ``cp -r`` of
   the whole location. The ratio (issue 43: at most 5), and each side's CPU seconds from
   the kernel (what the machine's other load does not change); the peak memory is also
   taken on a location with a quarter of the keys, so whether it grows with the state
@@ -55,10 +55,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from verify_deep import _PROVIDERS, _session, add_run_options, emit  # noqa: E402 - the bench folder on the path
 
+#: A repartition that writes its own peak resident memory (VmHWM, KiB) to argv[4]. Not
+#: `wait4`'s ru_maxrss: Linux carries the parent's high-water mark across fork and exec,
+#: so it reported this process's (which has read the whole state) for every child.
 _REPARTITION = """
 import sys
 from statehold.spark_checkpoints import open_spark_checkpoint
 open_spark_checkpoint(sys.argv[1]).repartition(sys.argv[2], partitions=int(sys.argv[3]))
+with open("/proc/self/status") as status:
+    peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+with open(sys.argv[4], "w") as out:
+    out.write(peak)
 """
 
 #: The tests' moto server, in its own process (in this one it would share the GIL with
@@ -199,29 +206,31 @@ def s3a_session_conf(server: Any) -> dict[str, str]:
     return {**classpath_conf(jars), **s3a_conf(server.options)}
 
 
-def _child(argv: list[str]) -> tuple[float, float, int]:
-    """A child process run to its end: wall seconds, its CPU seconds (user and system,
-    from the kernel, so the machine's other load does not count) and peak resident KiB."""
+def _child(argv: list[str]) -> tuple[float, float]:
+    """A child process run to its end: wall seconds and its CPU seconds (user and system,
+    from the kernel, so the machine's other load does not count)."""
     start = time.perf_counter()
     pid = subprocess.Popen(argv).pid
     _pid, status, usage = os.wait4(pid, 0)
     seconds = time.perf_counter() - start
     if status != 0:
         raise SystemExit(f"{argv[0]} failed (status {status})")
-    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
+    return seconds, usage.ru_utime + usage.ru_stime
 
 
 def time_repartition(ckpt: Path, dest: Path, partitions: int) -> tuple[float, float, int]:
     """A repartition in a child process: wall and CPU seconds, peak resident KiB."""
     shutil.rmtree(dest, ignore_errors=True)
-    return _child([sys.executable, "-c", _REPARTITION, str(ckpt), str(dest), str(partitions)])
+    peak = dest.with_name(dest.name + ".peak")
+    seconds, cpu = _child([sys.executable, "-c", _REPARTITION, str(ckpt), str(dest),
+                           str(partitions), str(peak)])
+    return seconds, cpu, int(peak.read_text())
 
 
 def time_copy(ckpt: Path, dest: Path) -> tuple[float, float]:
     """`cp -r` of the location: wall and CPU seconds."""
     shutil.rmtree(dest, ignore_errors=True)
-    seconds, cpu, _peak = _child(["cp", "-r", str(ckpt), str(dest)])
-    return seconds, cpu
+    return _child(["cp", "-r", str(ckpt), str(dest)])
 
 
 def tree_bytes(root: Path) -> int:
