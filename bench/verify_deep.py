@@ -73,10 +73,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
 
 
-def _session(partitions: int) -> Any:
+def _session(partitions: int, conf: dict[str, str] | None = None) -> Any:
+    """A local session on every core; `conf`: more settings (class path ones included:
+    the JVM starts here)."""
     from pyspark.sql import SparkSession
 
-    return (
+    builder = (
         SparkSession.builder.master(f"local[{os.cpu_count() or 2}]")
         .appName("statehold-bench-verify-deep")
         .config("spark.ui.enabled", "false")
@@ -84,8 +86,10 @@ def _session(partitions: int) -> Any:
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.default.parallelism", str(partitions))
         .config("spark.driver.memory", "2g")
-        .getOrCreate()
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 def write_inputs(folder: Path, keys: int, batches: int) -> None:
