@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from statehold.spark_checkpoints.state_records import changelog_records, records
 from statehold.spark_checkpoints.state_schema import StateSchema, read_state_schema
 from statehold.spark_checkpoints.stores import Needs, StoreFiles, resolve
 from statehold.spark_checkpoints.unsafe_row import row_decoder
+from statehold.spark_checkpoints.version_changes import VersionChanges
 from statehold.storage import StorageError
 
 #: Rows per record batch.
@@ -136,31 +137,38 @@ def store_records(
 
 def _merged_records(location: SparkCheckpoint, store: StoreId, needs: Needs
                     ) -> Iterator[tuple[bytes, bytes]]:
-    """The deltas or changelogs after the base snapshot read first into a map of the keys
-    they touch (newest wins, None for a delete); then the snapshot streamed, each record
-    not in that map emitted as it is read, the map's surviving records merged in among
-    them by key. A RocksDB store's records come in key order (its snapshot is iterated in
-    order, its changelogs' survivors sorted), which lets a writer put them straight into
-    an SST; an HDFS-backed store's in no order."""
+    """The deltas or changelogs after the base snapshot read first into the keys they
+    touch (`VersionChanges`: newest wins, in memory or, past a bound, on local disk);
+    then the snapshot streamed, each record not changed emitted as it is read, the
+    surviving changes merged in among them by key. A RocksDB store's records come in key
+    order (its snapshot is iterated in order, its changes' survivors sorted), which lets a
+    writer put them straight into an SST; an HDFS-backed store's in no order."""
     steps = [k for k in needs.files if k.endswith((".delta", ".changelog"))]
     bases = [k for k in needs.files if k.endswith((".snapshot", ".zip"))]
-    changed: dict[bytes, bytes | None] = {}
+    in_key_order = not any(k.endswith(".delta") for k in steps)
     with tempfile.TemporaryDirectory(prefix="statehold-state-") as tmp:
-        for key in steps:
-            changed.update(file_records(location, key, store, Path(tmp)))
-        survivors = [(k, v) for k, v in changed.items() if v is not None]
-        if not any(k.endswith(".delta") for k in steps):  # RocksDB's: in key order
-            survivors.sort()
-        at = 0
-        for key in bases:
-            for k, value in file_records(location, key, store, Path(tmp)):
-                if k in changed or value is None:
-                    continue
-                while at < len(survivors) and survivors[at][0] < k:
-                    yield survivors[at]
-                    at += 1
-                yield k, value
-    yield from survivors[at:]
+        changes = VersionChanges(Path(tmp))
+        survivors: Generator[tuple[bytes, bytes], None, None] | None = None
+        try:
+            for key in steps:
+                changes.update(file_records(location, key, store, Path(tmp)))
+            survivors = changes.survivors(in_key_order=in_key_order)
+            pending = next(survivors, None)
+            for key in bases:
+                for k, value in file_records(location, key, store, Path(tmp)):
+                    if value is None or k in changes:
+                        continue
+                    while pending is not None and pending[0] < k:
+                        yield pending
+                        pending = next(survivors, None)
+                    yield k, value
+            if pending is not None:
+                yield pending
+                yield from survivors
+        finally:
+            if survivors is not None:
+                survivors.close()
+            changes.close()
 
 
 def resolved(location: SparkCheckpoint, found: Scan, store: StoreId, batch: int
