@@ -39,7 +39,7 @@ from statehold.cleanup.retry import Backoff, RetryingCleaner, RetrySchedule
 from statehold.cleanup.rule import DeletionInterrupted, DeletionRule
 from statehold.errors import InvalidArgumentError
 from statehold.ha.base import FencedError
-from statehold.storage.base import DeleteError, Storage
+from statehold.storage.base import DeleteError, Storage, check_key
 
 #: Called from a worker thread after each deleted batch: (files deleted, bytes freed).
 OnDeleted = Callable[[int, int], None]
@@ -122,7 +122,7 @@ class BulkDeleter(RetryingCleaner[_Batch]):
             raise InvalidArgumentError("BulkDeleter deletes files, not directories")
         groups: dict[str, list[str]] = {}
         for key in discard.keys:
-            parent, _, name = key.rpartition("/")
+            parent, _, name = check_key(key).rpartition("/")
             groups.setdefault(parent, []).append(name)
         checked = {d: self.rule.check_names(d, names) for d, names in groups.items()}
         for directory, names in checked.items():

@@ -146,8 +146,7 @@ def gc(
     planned = [e for entries in plan.values() for e in entries]
     deleted = progress.counter(f"gc {checkpoint.uri}: deleted", len(planned), "files")
     freed = progress.counter(f"gc {checkpoint.uri}: freed", sum(e[1] for e in planned), "bytes")
-    listed = {d: {n: (b, m) for n, b, m in entries} for d, entries in plan.items()}
-    rule = SparkGcRule(storage, view, listed, newest, mark.mtime if mark else None)
+    rule = SparkGcRule(storage, view, newest, mark.mtime if mark else None)
     _delete(storage, plan, rule, size, report, (deleted, freed))
     return report
 
@@ -449,8 +448,7 @@ def _delete(
         if error is not None:
             report.problems.append(f"{batch.directory}: {error}")
         prefix = f"{batch.directory}/" if batch.directory else ""
-        listed = rule.planned[batch.directory]
-        done = [(prefix + n, listed[n][0]) for n in batch.deleted]
+        done = [(prefix + n, rule.listed[n][0]) for n in batch.deleted]
         nbytes = sum(size for _k, size in done)
         report.deleted += len(done)
         report.deleted_bytes += nbytes
@@ -467,9 +465,9 @@ def _delete(
     try:
         for directory, entries in plan.items():
             for start in range(0, len(entries), batch_size):
-                deleter.discard_names(
-                    directory, [e[0] for e in entries[start : start + batch_size]]
-                )
+                batch = entries[start : start + batch_size]
+                rule.listed = {n: (size, mtime) for n, size, mtime in batch}
+                deleter.discard_names(directory, [e[0] for e in batch])
                 report.changed = rule.changed
                 if raised:
                     raise raised[0]

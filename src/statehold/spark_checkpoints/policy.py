@@ -38,7 +38,6 @@ business with, whatever its planning got wrong.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from statehold.cleanup.rule import DeletionInterrupted, Verdict
@@ -234,10 +233,6 @@ def check_deletable_names(directory: str, names: list[str]) -> list[str]:
 #: A file's mtime may read back this much apart from its listing's (an object store's
 #: HEAD gives whole seconds, its listing milliseconds).
 _MTIME_SLACK = 1.0
-#: A file gc planned to delete, by its name in its directory: (size, mtime) as listed.
-Planned = Mapping[str, Mapping[str, tuple[int, float]]]
-
-
 class SparkGcInterruptedError(SparkCheckpointError, DeletionInterrupted):
     """The query was rolled back or restarted from an older batch while gc ran; gc
     stopped before its next batch of deletes. Run it again."""
@@ -247,13 +242,14 @@ class SparkGcInterruptedError(SparkCheckpointError, DeletionInterrupted):
 class SparkGcRule:
     """This rule for one gc pass, as the one deleter asks it (`cleanup.rule.DeletionRule`).
     `newest` and `mark`: the newest committed batch and the rollback mark's mtime in the
-    listing; `planned`: each planned file's listed size and mtime."""
+    listing."""
 
     storage: Storage
     view: SparkView
-    planned: Planned
     newest: int | None
     mark: float | None
+    #: The batch being handed over: each name's size and mtime as listed (gc sets it).
+    listed: dict[str, tuple[int, float]] = field(default_factory=dict)
     #: Files deleted so far this pass (gc tells it after each batch), for a stop's message.
     deleted: int = 0
     #: Files left because they changed (or vanished) since the listing.
@@ -268,8 +264,7 @@ class SparkGcRule:
     def unchanged(self, directory: str, names: list[str]) -> list[str]:
         if unique_names(directory):
             return names
-        listed = self.planned[directory]
-        batch = [(n, *listed[n]) for n in names]
+        batch = [(n, *self.listed[n]) for n in names]
         same = _unchanged(self.storage, directory, names, batch, self.view)
         self.changed += len(batch) - len(same)
         return [e[0] for e in same]
