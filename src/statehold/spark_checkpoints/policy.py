@@ -233,6 +233,8 @@ def check_deletable_names(directory: str, names: list[str]) -> list[str]:
 #: A file's mtime may read back this much apart from its listing's (an object store's
 #: HEAD gives whole seconds, its listing milliseconds).
 _MTIME_SLACK = 1.0
+
+
 class SparkGcInterruptedError(SparkCheckpointError, DeletionInterrupted):
     """The query was rolled back or restarted from an older batch while gc ran; gc
     stopped before its next batch of deletes. Run it again."""
