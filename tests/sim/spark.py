@@ -1660,8 +1660,8 @@ PLANTS: dict[str, tuple[str, tuple[str, ...], list[tuple[str, str, Any]], dict[s
     "gc-without-recheck": (
         "gc without its re-check of liveness after listing",
         ("restart-broken",),
-        [("statehold.spark_checkpoints.gc", "_check_commits", _no_recheck),
-         ("statehold.spark_checkpoints.gc", "_unchanged", _unchanged_unchecked)],
+        [("statehold.spark_checkpoints.policy", "_check_commits", _no_recheck),
+         ("statehold.spark_checkpoints.policy", "_unchanged", _unchanged_unchecked)],
         {"provider": "hdfs", "gc_race": 1.0, "operate_rate": 0.005, "snapshot_every": 2,
          "retain": 5, "rollback_crash": 0.0},
     ),

@@ -13,6 +13,7 @@ the sweep, and the test says so."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from pathlib import Path
 
@@ -281,8 +282,9 @@ def test_planted_gc_without_recheck_deletes_a_rewritten_file(
 
     planted_root = location(tmp_path / "planted")
     rerun_after_listing(planted_root)
-    for _module, attr, wrap in PLANTS["gc-without-recheck"][2]:
-        monkeypatch.setattr(spark_gc, attr, wrap(getattr(spark_gc, attr)))
+    for module, attr, wrap in PLANTS["gc-without-recheck"][2]:
+        owner = importlib.import_module(module)
+        monkeypatch.setattr(owner, attr, wrap(getattr(owner, attr)))
     open_spark_checkpoint(str(planted_root)).gc(grace_seconds=0)
     assert not (planted_root / "state/0/0/5.delta").exists()
     assert not open_spark_checkpoint(str(planted_root)).verify().ok

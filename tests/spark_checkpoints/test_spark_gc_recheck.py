@@ -79,3 +79,34 @@ def test_a_commit_written_during_the_listing_puts_its_state_in_flight(tmp_path: 
     assert report.problems == [] and report.newest_batch == 6
     assert not (tmp_path / STORE / "1.delta").exists()  # the pass still collects
     assert (tmp_path / STORE / "7.delta").exists()
+
+
+def test_a_failed_delete_is_named_in_the_report(tmp_path: Path) -> None:
+    """A delete the store refuses is named in gc's report, one line for its batch, and
+    the rest of the batch is deleted and counted (as before gc deleted through the
+    deleter both worlds share, which the Spark gc hands `max_attempts=1`)."""
+    from statehold.storage.base import DeleteError
+
+    old_checkpoint(tmp_path)
+    location = open_spark_checkpoint(str(tmp_path))
+    storage: Any = location.storage
+    delete = storage.delete_names
+    calls: list[list[str]] = []
+
+    def refusing_one(directory: str, names: list[str], **options: Any) -> int:
+        calls.append(list(names))
+        if "1.delta" not in names:
+            return int(delete(directory, names, **options))
+        delete(directory, [n for n in names if n != "1.delta"], **options)
+        raise DeleteError({f"{directory}/1.delta": PermissionError("refused by the store")})
+
+    storage.delete_names = refusing_one
+    report = location.gc(grace_seconds=60)
+    assert (tmp_path / STORE / "1.delta").exists()
+    assert not (tmp_path / STORE / "2.delta").exists()
+    assert report.problems == [
+        f"{STORE}: 1 delete(s) failed ({STORE}/1.delta: refused by the store)"
+    ]
+    assert sum(n.count("1.delta") for n in calls) == 1
+    assert f"{STORE}/1.delta" not in report.deleted_keys
+    assert report.deleted == len(report.deleted_keys) == sum(len(n) for n in calls) - 1

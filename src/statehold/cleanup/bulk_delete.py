@@ -1,19 +1,28 @@
-"""`BulkDeleter`: the outside gc's cleaner, for millions of files.
+"""`BulkDeleter`: the one guarded batch deleter, both worlds' outside gc: a job
+directory's (`cleanup.gc`) and a Spark checkpoint location's (`spark_checkpoints.gc`),
+for millions of files.
+
+Each world hands it its rule (`rule.DeletionRule`: `policy.JobDirectoryRule`, or the
+Spark location's `SparkGcRule`) and batches of one directory's file names. Every batch
+is checked by the rule's last line when it is handed over (`check_names`); just before
+it is deleted (and before each retry) the rule re-checks what the listing relied on
+(`recheck`: a job's HA epoch and lease, a Spark location's commit log and rollback
+mark) and which files are still as listed (`unchanged`: the others are kept); then one
+`Storage.delete_names` call deletes it (unlinks relative to the directory on a local
+disk, DeleteObjects on S3). A re-check that says stop (`FencedError`,
+`DeletionInterrupted`) stops everything, as `AsyncCleaner`'s guard does.
 
 The attempt's `AsyncCleaner` keeps a record per pending path (for its status, retries
 and backlog bound); at a million files that bookkeeping costs more than the deletes.
-This cleaner queues whole batches of one directory's file names instead: each batch is
-checked by the deletion policy when it is handed over (`policy.check_discardable_names`,
-in the caller), re-checked against the job by the guard just before it is deleted
-(`gc.outside_guard`), and deleted with one `Storage.delete_names` call (unlinks
-relative to the directory on a local disk, DeleteObjects on S3). `workers` batches are
-in flight at once on an object store. With `workers=0` (a local disk) each batch is
-deleted in the caller's thread as it is handed over, between two pages of the listing,
-as `find -delete` does: a directory's lock serialises a listing and unlinks, and a
-listing thread and a deleting thread were measured contending for it (each unlink
-twice as slow). A failing batch is retried on backoff with only its failed names (with
-no worker, when the caller hands over or waits); a guard that says FencedError stops
-everything, as `AsyncCleaner`'s does. The retry engine is the one they share (`retry.py`).
+This cleaner queues whole batches instead. `workers` batches are in flight at once on
+an object store. With `workers=0` (a local disk; every Spark gc) each batch is deleted
+in the caller's thread as it is handed over, between two pages of the listing, as
+`find -delete` does: a directory's lock serialises a listing and unlinks, and a listing
+thread and a deleting thread were measured contending for it (each unlink twice as
+slow). A failing batch is retried on backoff with only its failed names (with no
+worker, when the caller hands over or waits) up to `max_attempts` (a Spark gc: once,
+its report names the failure). The retry engine is the one the cleaners share
+(`retry.py`).
 """
 
 from __future__ import annotations
@@ -25,14 +34,33 @@ from dataclasses import dataclass
 
 from statehold.cleanup.cleaner import CleanerStatus, Guard
 from statehold.cleanup.discard import Discard
-from statehold.cleanup.policy import check_discard, check_discardable_names
-from statehold.cleanup.retry import Backoff, RetryingCleaner, RetrySchedule, failures_of
+from statehold.cleanup.policy import JobDirectoryRule
+from statehold.cleanup.retry import Backoff, RetryingCleaner, RetrySchedule
+from statehold.cleanup.rule import DeletionInterrupted, DeletionRule
 from statehold.errors import InvalidArgumentError
 from statehold.ha.base import FencedError
-from statehold.storage.base import Storage
+from statehold.storage.base import DeleteError, Storage, check_key
 
 #: Called from a worker thread after each deleted batch: (files deleted, bytes freed).
 OnDeleted = Callable[[int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTry:
+    """One try of a batch, as the deleter tells it (`on_batch`) after the try."""
+
+    directory: str
+    #: The names it deleted.
+    deleted: list[str]
+    #: Bytes they held, where the store told (`count_bytes`), else 0.
+    freed: int
+    #: Why the rest failed (a `DeleteError` names each failed key); None: none failed.
+    #: The failed names are retried, or given up after `max_attempts`.
+    error: Exception | None = None
+
+
+#: Called after each try of a batch (not after a stop), in the thread that tried it.
+OnBatch = Callable[[BatchTry], None]
 
 
 @dataclass(eq=False, slots=True)
@@ -45,28 +73,38 @@ class _Batch:
 
 class BulkDeleter(RetryingCleaner[_Batch]):
     """Deletes batches of one directory's files in `workers` background threads, or in
-    the caller's thread (`workers=0`)."""
+    the caller's thread (`workers=0`), as `rule` allows (default: the job directory's,
+    re-checked by `guard`)."""
 
     def __init__(
         self,
         storage: Storage,
         guard: Guard | None = None,
         *,
+        rule: DeletionRule | None = None,
         workers: int = 1,
         max_attempts: int = 20,
         initial_delay: float = 0.05,
         max_delay: float = 5.0,
         max_errors: int = 20,
         on_deleted: OnDeleted | None = None,
+        on_batch: OnBatch | None = None,
         count_bytes: bool = True,
     ) -> None:
         if workers < 0 or max_attempts < 1:
             raise InvalidArgumentError("workers must be >= 0 and max_attempts >= 1")
+        if rule is not None and guard is not None:
+            raise InvalidArgumentError("a rule re-checks itself: give a rule or a guard")
+        self.rule: DeletionRule = rule if rule is not None else JobDirectoryRule(guard)
         backoff = Backoff(initial_delay, max_delay, jitter=0.0)
         super().__init__(
-            storage, guard, backoff, max_attempts=max_attempts, max_errors=max_errors
+            storage, self.rule.recheck, backoff, max_attempts=max_attempts,
+            max_errors=max_errors,
         )
         self.on_deleted = on_deleted
+        self.on_batch = on_batch
+        #: What stopped it (`FencedError`, `DeletionInterrupted`), for its caller to raise.
+        self.stopped: Exception | None = None
         #: False: the caller knows the bytes from its listing; no stat per file here.
         self.count_bytes = count_bytes
         self._queue: deque[_Batch] = deque()
@@ -77,22 +115,23 @@ class BulkDeleter(RetryingCleaner[_Batch]):
 
     # -- caller side ---------------------------------------------------------------------
     def discard(self, discard: Discard) -> None:
-        """Files of any directories (grouped here by directory); whole directories are
-        not this cleaner's (the gc judges files)."""
-        keys, dirs = check_discard(discard)
-        if dirs:
+        """Files of any directories (grouped here by directory, every group checked by
+        the rule before any is queued); whole directories are not this cleaner's (the gc
+        judges files)."""
+        if discard.dirs:
             raise InvalidArgumentError("BulkDeleter deletes files, not directories")
         groups: dict[str, list[str]] = {}
-        for key in keys:
-            parent, _, name = key.rpartition("/")
+        for key in discard.keys:
+            parent, _, name = check_key(key).rpartition("/")
             groups.setdefault(parent, []).append(name)
-        for directory, names in groups.items():
+        checked = {d: self.rule.check_names(d, names) for d, names in groups.items()}
+        for directory, names in checked.items():
             self._put(directory, names)
 
     def discard_names(self, directory: str, names: list[str]) -> None:
-        """Files `names` of `directory`, each one the policy may delete (else raises here,
+        """Files `names` of `directory`, each one the rule may delete (else raises here,
         before anything is queued)."""
-        self._put(directory, check_discardable_names(directory, names))
+        self._put(directory, self.rule.check_names(directory, names))
 
     def _put(self, directory: str, names: list[str]) -> None:
         if not names:
@@ -189,38 +228,48 @@ class BulkDeleter(RetryingCleaner[_Batch]):
         return dropped
 
     def _attempt(self, batch: _Batch) -> None:
+        """One try: the rule's re-checks, then one delete of the names still as listed."""
         prefix = f"{batch.directory}/" if batch.directory else ""
-        freed = 0
-
-        def delete() -> None:
-            nonlocal freed
-            if self.guard is not None:
-                self.guard()
-            freed = self.storage.delete_names(
-                batch.directory, batch.names, count_bytes=self.count_bytes
-            )
-
+        names, freed = batch.names, 0
+        failed: dict[str, BaseException] | None = {}  # None: every name failed
+        error: Exception | None = None
         try:
-            failed = failures_of(delete, [prefix + n for n in batch.names])
-        except FencedError as e:
+            self.rule.recheck()
+            names = self.rule.unchanged(batch.directory, batch.names)
+            freed = self.storage.delete_names(
+                batch.directory, names, count_bytes=self.count_bytes
+            )
+        except (FencedError, DeletionInterrupted) as e:
             with self._cond:
+                self.stopped = self.stopped or e
                 self._fence(e)
             return
-        left = [n for n in batch.names if prefix + n in failed]
-        done = len(batch.names) - len(left)
+        except DeleteError as e:
+            error, failed = e, e.failed
+        except Exception as e:
+            error, failed = e, None
+        left = [n for n in names if failed is None or prefix + n in failed]
+        done = len(names) - len(left)
         with self._cond:
             if self._fenced:
                 return
             self._deleted += done
             self._freed += freed
-            self._pending -= done
+            self._pending -= len(batch.names) - len(left)  # deleted, or kept as changed
             if left:
                 batch.names = left
-                error = f"{prefix}{left[0]}: {failed[prefix + left[0]]}"
-                if self._failed(batch, len(left), error, time.monotonic()):
+                why = error if failed is None else failed[prefix + left[0]]
+                if self._failed(batch, len(left), f"{prefix}{left[0]}: {why}", time.monotonic()):
                     self._retries.push(batch)
                 else:
                     self._pending -= len(left)
             self._cond.notify_all()
+        if self.on_batch is not None:
+            gone = set(left)
+            deleted = [n for n in names if n not in gone] if left else list(names)
+            self.on_batch(BatchTry(batch.directory, deleted, freed, error))
         if done and self.on_deleted is not None:
             self.on_deleted(done, freed)
+
+
+__all__ = ["BatchTry", "BulkDeleter", "OnBatch", "OnDeleted"]

@@ -2,10 +2,11 @@
 
 Every discard — subsumed and aborted checkpoints, reconcile orphans, job-end cleanup —
 goes through a `Cleaner`, so batching, idempotence, retries and fencing live in one place,
-and every cleaner passes each path through the policy's `check_discard` first.
+and every cleaner passes each path through the policy's `check_discard` first (the
+outside gc's, through the rule it is handed: the policy's, or a Spark location's).
 `AsyncCleaner` (`async_cleaner.py`) is the one the driver runs (deletes never delay
-processing or recovery); `BulkDeleter` (`bulk_delete.py`) the outside gc's; `SyncCleaner`
-deletes in the caller's thread, for tools and tests.
+processing or recovery); `BulkDeleter` (`bulk_delete.py`) the outside gc's, both
+worlds'; `SyncCleaner` deletes in the caller's thread, for tools and tests.
 """
 
 from __future__ import annotations

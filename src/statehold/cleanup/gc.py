@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from statehold.cleanup.bulk_delete import BulkDeleter, OnDeleted
 from statehold.cleanup.cleaner import Cleaner, Guard
-from statehold.cleanup.policy import LiveAttempt
+from statehold.cleanup.policy import JobDirectoryRule, LiveAttempt
 from statehold.cleanup.reconcile import (
     PAGE_SIZE,
     ReconcileError,
@@ -147,12 +147,12 @@ def gc_cleaner(
     job: JobDirectory, guard: Guard, on_deleted: OnDeleted | None = None,
     *, count_bytes: bool = True,
 ) -> BulkDeleter:
-    """The outside gc's default cleaner: batches of names, retried, guarded before every
-    batch (`bulk_delete`); `count_bytes`: the deleter learns the bytes (a stat per file
-    on a local disk)."""
+    """The outside gc's default cleaner: the one guarded batch deleter (`bulk_delete`),
+    asking the job directory's rule, re-checked by `guard` before every batch;
+    `count_bytes`: the deleter learns the bytes (a stat per file on a local disk)."""
     return BulkDeleter(
-        job.storage, guard=guard, workers=gc_tuning(job).workers, on_deleted=on_deleted,
-        count_bytes=count_bytes,
+        job.storage, rule=JobDirectoryRule(guard), workers=gc_tuning(job).workers,
+        on_deleted=on_deleted, count_bytes=count_bytes,
     )
 
 

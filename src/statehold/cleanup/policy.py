@@ -2,8 +2,10 @@
 
 Every path that deletes asks it: the coordinator's subsume and abort (through the
 registry, which holds the same references), the reconcile, `statehold gc`, dispose, job
-end, and `du`'s count of unreferenced bytes. Spark's own checkpoint locations have their
-rule in `statehold.spark_checkpoints.policy` (same `Verdict`s). Stated once:
+end, and `du`'s count of unreferenced bytes; the outside gc's deletes go through the one
+guarded batch deleter (`bulk_delete`), which asks it as `JobDirectoryRule`. Spark's own
+checkpoint locations have their rule in `statehold.spark_checkpoints.policy` (same
+`Verdict`s, `cleanup.rule`), asked by the same deleter. Stated once:
 
 * **Referenced** (never deleted): the `_metadata` of every retained checkpoint and
   savepoint, and every file one of them names. A document that cannot be verified is
@@ -34,12 +36,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from statehold import clock
 from statehold.cleanup.discard import Discard
 from statehold.cleanup.holders import Holders
+from statehold.cleanup.rule import Verdict
 from statehold.errors import InvalidArgumentError
 from statehold.format import layout
 from statehold.format.layout import Kind
@@ -56,14 +58,6 @@ TEMP_GRACE_SECONDS = 3600.0
 _KEPT = {Kind.HA, Kind.JOB, Kind.SPARK, Kind.TASKOWNED}
 _LEASE = re.compile(rf"^{re.escape(layout.JOB_DIR)}/lease-e(?P<epoch>\d+)\.json$")
 _SAVEPOINT_DIR = re.compile(rf"^{layout.SAVEPOINTS_DIR}/[^/]+$")
-
-
-class Verdict(StrEnum):
-    REFERENCED = "referenced"
-    KEPT = "kept"
-    FOREIGN = "foreign"
-    PROTECTED = "protected"
-    DELETABLE = "deletable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +235,27 @@ def check_discardable_names(directory: str, names: list[str]) -> list[str]:
     return names
 
 
+@dataclass(frozen=True)
+class JobDirectoryRule:
+    """The job directory's rule as the one deleter asks it (`rule.DeletionRule`): this
+    policy's last line (`check_discardable_names`), and the outside writer's re-check
+    (`guard`, e.g. `gc.outside_guard`: no failover, no attempt back) before each batch.
+    A job directory's names are written once, so a listed file is the file deleted: no
+    file is re-checked."""
+
+    guard: Callable[[], None] | None = None
+
+    def check_names(self, directory: str, names: list[str]) -> list[str]:
+        return check_discardable_names(directory, names)
+
+    def recheck(self) -> None:
+        if self.guard is not None:
+            self.guard()
+
+    def unchanged(self, directory: str, names: list[str]) -> list[str]:
+        return names
+
+
 def _dead_bookkeeping(info: FileInfo, kind: Kind, view: View) -> bool:
     """Leftovers of the HA store's and the job entries' own writes that nobody can use:
     the lease of an epoch older than the job's (it vouches for nothing), and, when no
@@ -410,6 +425,7 @@ def retention_split(
 __all__ = [
     "ANSWER_KEEP_SECONDS",
     "BOOKKEEPING_TEMP_GRACE_SECONDS",
+    "JobDirectoryRule",
     "MAX_RETAINED",
     "LiveAttempt",
     "TEMP_GRACE_SECONDS",

@@ -185,9 +185,10 @@ class RetryingCleaner(Cleaner, abc.ABC, Generic[B]):
         work.due = now + self.backoff.delay(work.attempts, self._rng)
         return True
 
-    def _fence(self, err: FencedError) -> int:
-        """Must hold the lock. A newer attempt owns the job: delete nothing any more and
-        drop what is queued (its reconcile takes over); how many paths were dropped."""
+    def _fence(self, err: Exception) -> int:
+        """Must hold the lock. A newer attempt owns the job (or a rule's re-check said
+        stop): delete nothing any more and drop what is queued (its reconcile, or the
+        next gc, takes over); how many paths were dropped."""
         self._fenced = True
         dropped = self._drop_pending()
         self._errors.append(f"fenced: {err}")

@@ -9,15 +9,17 @@ the one commits/B recorded), plus the files every zip it keeps lists. A store wh
 retained versions cannot be resolved (an unreadable zip, a bad lineage, a gap after a
 held version) is spared whole and named, one line each.
 
-Before each batch of deletes (one directory's files, at most `batch_size`) it re-checks:
-no rollback has begun (its mark) and the commit log's newest batch has not gone back (a
-rollback or a restart from an older checkpoint: it stops, `SparkGcInterruptedError`),
-and each file still has the size and mtime it was judged by (a changed or vanished one
-is left). SSTs and RocksDB logs skip that second check: their names carry a uuid Spark
-draws for each snapshot it uploads, so no later upload writes another file under a name
-(a later zip may list the same file again, never rewrite it), and a file the listing saw
-is the file being deleted. Deletes go through the storage's bulk delete (`Storage.delete_names`), a
-file's ``.crc`` right after it.
+The deletable files go, a batch at a time (one directory's files, at most
+`batch_size`; a file's ``.crc`` right after it), to the one guarded batch deleter both
+worlds' gc use (`cleanup.bulk_delete.BulkDeleter`), in this thread, with the rule for
+this pass (`policy.SparkGcRule`). Before each batch it re-checks: no rollback has begun
+(its mark) and the commit log's newest batch has not gone back (a rollback or a restart
+from an older checkpoint: it stops, `SparkGcInterruptedError`), and each file still has
+the size and mtime it was judged by (a changed or vanished one is left). SSTs and
+RocksDB logs skip that second check: their names carry a uuid Spark draws for each
+snapshot it uploads, so no later upload writes another file under a name (a later zip
+may list the same file again, never rewrite it), and a file the listing saw is the file
+being deleted. A failed delete is not retried: the report names it.
 """
 
 from __future__ import annotations
@@ -28,34 +30,37 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from statehold import clock
-from statehold.cleanup.policy import Verdict
+from statehold.cleanup.bulk_delete import BatchTry, BulkDeleter
+from statehold.cleanup.rule import Verdict
 from statehold.format import results as shared
 from statehold.progress import Advance, NoProgress
 from statehold.progress import Progress as ProgressProtocol
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import (
-    COMMITS_DIR,
     ROLLBACK_MARKER,
     Kind,
     StoreId,
     crc_of,
-    is_decimal,
     parse,
 )
 from statehold.spark_checkpoints.location import SparkCheckpoint, unique_id
 from statehold.spark_checkpoints.logs import Commit
 from statehold.spark_checkpoints.policy import (
     SPARK_GC_GRACE_SECONDS,
+    SparkGcRule,
     SparkView,
-    check_deletable_names,
     judge,
     judge_names,
     shared_dir_store,
 )
+from statehold.spark_checkpoints.policy import (  # their old home: still imported from here
+    SparkGcInterruptedError as SparkGcInterruptedError,
+)
+from statehold.spark_checkpoints.policy import unique_names as unique_names
 from statehold.spark_checkpoints.rollback_marker import refuse_unfinished
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.stores import resolve
-from statehold.storage.base import DeleteError, FileInfo, Storage, StorageError
+from statehold.storage.base import DeleteError, FileInfo, Storage
 
 #: At most this many keys are named in each of a report's key lists.
 SAMPLE = 1000
@@ -63,14 +68,6 @@ SAMPLE = 1000
 #: deletes 1,000 keys a request and re-checks by listing the same range).
 LOCAL_BATCH = 20_000
 OBJECT_STORE_BATCH = 1000
-#: A file's mtime may read back this much apart from its listing's (an object store's
-#: HEAD gives whole seconds, its listing milliseconds).
-_MTIME_SLACK = 1.0
-
-
-class SparkGcInterruptedError(SparkCheckpointError):
-    """The query was rolled back or restarted from an older batch while gc ran; gc
-    stopped before its next batch of deletes. Run it again."""
 
 
 class SparkGcReport(shared.GcReport):
@@ -149,8 +146,8 @@ def gc(
     planned = [e for entries in plan.values() for e in entries]
     deleted = progress.counter(f"gc {checkpoint.uri}: deleted", len(planned), "files")
     freed = progress.counter(f"gc {checkpoint.uri}: freed", sum(e[1] for e in planned), "bytes")
-    _delete(storage, plan, view, (newest, mark.mtime if mark else None), size, report,
-            (deleted, freed))
+    rule = SparkGcRule(storage, view, newest, mark.mtime if mark else None)
+    _delete(storage, plan, rule, size, report, (deleted, freed))
     return report
 
 
@@ -432,96 +429,52 @@ def _crc_after_subject(entries: list[tuple[str, int, float]]) -> list[tuple[str,
 def _delete(
     storage: Storage,
     plan: _Plan,
-    view: SparkView,
-    listed: tuple[int | None, float | None],
+    rule: SparkGcRule,
     batch_size: int,
     report: SparkGcReport,
     counters: tuple[Advance, Advance],
 ) -> None:
-    """`listed`: the newest committed batch and the rollback mark's mtime in the listing;
-    `counters`: files deleted and bytes freed, told after each batch."""
+    """Hand the plan to the one deleter, a batch at a time, in this thread; `counters`:
+    files deleted and bytes freed, told after each batch. A re-check that says stop, or
+    an error that is not a failed delete, is raised after its batch."""
     deleted, freed = counters
-    for directory, entries in plan.items():
-        for start in range(0, len(entries), batch_size):
-            batch = entries[start : start + batch_size]
-            _check_commits(storage, *listed, report)
-            names = check_deletable_names(directory, [e[0] for e in batch])
-            same = (
-                batch
-                if unique_names(directory)
-                else _unchanged(storage, directory, names, batch, view)
-            )
-            report.changed += len(batch) - len(same)
-            failed: dict[str, BaseException] = {}
-            try:
-                storage.delete_names(directory, [e[0] for e in same], count_bytes=False)
-            except DeleteError as e:
-                failed = e.failed
-                report.problems.append(f"{directory}: {e}")
-            prefix = f"{directory}/" if directory else ""
-            done = [(prefix + n, size) for n, size, _m in same if prefix + n not in failed]
-            nbytes = sum(size for _k, size in done)
-            report.deleted += len(done)
-            report.deleted_bytes += nbytes
-            room = SAMPLE - len(report.deleted_keys)
-            if room > 0:
-                report.deleted_keys.extend(k for k, _s in done[:room])
-            deleted(len(done))
-            freed(nbytes)
+    raised: list[Exception] = []
 
+    def tried(batch: BatchTry) -> None:
+        error = batch.error
+        if error is not None and not isinstance(error, DeleteError):
+            raised.append(error)  # (a failed re-stat, say): raised as it always was
+            return
+        if error is not None:
+            report.problems.append(f"{batch.directory}: {error}")
+        prefix = f"{batch.directory}/" if batch.directory else ""
+        done = [(prefix + n, rule.listed[n][0]) for n in batch.deleted]
+        nbytes = sum(size for _k, size in done)
+        report.deleted += len(done)
+        report.deleted_bytes += nbytes
+        rule.deleted = report.deleted
+        room = SAMPLE - len(report.deleted_keys)
+        if room > 0:
+            report.deleted_keys.extend(k for k, _s in done[:room])
+        deleted(len(done))
+        freed(nbytes)
 
-def _unchanged(
-    storage: Storage,
-    directory: str,
-    names: list[str],
-    batch: list[tuple[str, int, float]],
-    view: SparkView,
-) -> list[tuple[str, int, float]]:
-    """The files of `batch` still as the listing saw them, and still not young."""
-    now = storage.stat_names(directory, names)
-    oldest = min(view.listed_at, view.now - view.grace)  # `SparkView.young`
-    return [
-        e
-        for e, cur in zip(batch, now, strict=True)
-        if cur is not None
-        and cur.size == e[1]
-        and abs(cur.mtime - e[2]) <= _MTIME_SLACK
-        and cur.mtime < oldest
-    ]
-
-
-def unique_names(directory: str) -> bool:
-    """A store's ``SSTs/`` or ``logs/``: every name there is written once (it carries the
-    uploading task's UUID)."""
-    return shared_dir_store(directory) is not None
-
-
-def _check_commits(
-    storage: Storage, newest: int | None, mark: float | None, report: SparkGcReport
-) -> None:
-    """Stop if a rollback began (a mark not in the listing, `mark` its mtime there) or the
-    commit log's newest batch went back since the listing."""
+    deleter = BulkDeleter(
+        storage, rule=rule, workers=0, max_attempts=1, count_bytes=False, on_batch=tried
+    )
     try:
-        mark_now = storage.stat(ROLLBACK_MARKER)
-        marked = mark_now is not None and mark_now.mtime != mark
-        _dirs, files = storage.list_top(COMMITS_DIR) if newest is not None else ([], [])
-    except StorageError as e:
-        raise SparkGcInterruptedError(f"{COMMITS_DIR}: cannot be listed ({e})") from None
-    if marked:
-        raise SparkGcInterruptedError(
-            f"{ROLLBACK_MARKER}: a rollback began while gc ran; gc stopped after deleting "
-            f"{report.deleted} files. Run it again once the rollback is done."
-        )
-    if newest is None:
-        return
-    batches = [int(n) for f in files if is_decimal(n := f.key.rpartition("/")[2])]
-    now = max(batches, default=None)
-    if now is None or now < newest:
-        raise SparkGcInterruptedError(
-            f"{COMMITS_DIR}: the newest committed batch went from {newest} to {now} while gc "
-            "ran (the query was rolled back or restarted from an older checkpoint); gc "
-            f"stopped after deleting {report.deleted} files. Run it again."
-        )
+        for directory, entries in plan.items():
+            for start in range(0, len(entries), batch_size):
+                batch = entries[start : start + batch_size]
+                rule.listed = {n: (size, mtime) for n, size, mtime in batch}
+                deleter.discard_names(directory, [e[0] for e in batch])
+                report.changed = rule.changed
+                if raised:
+                    raise raised[0]
+                if deleter.stopped is not None:
+                    raise deleter.stopped
+    finally:
+        deleter.close()
 
 
 # -- deprecated --------------------------------------------------------------------------

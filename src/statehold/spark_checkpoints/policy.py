@@ -19,6 +19,11 @@ from plain data (`SparkView`), in this order:
   snapshots no retained version needs, old temp files.
 
 `check_deletable` is the last line, run on every key just before gc deletes it.
+`SparkGcRule` is this rule as the one guarded batch deleter (`cleanup.bulk_delete`)
+asks it for one gc pass: that last line, and before each batch of deletes the re-check
+of what the listing relied on (no rollback begun, the commit log not gone back) and of
+each file (still the size and mtime it was judged by, still old; not for SSTs and
+RocksDB logs, whose names are never written twice).
 
 A rollback (`statehold rollback`) deletes what the batches after the one it rolls back
 to wrote, and `check_rollback_deletable` is its last line: the offsets and commit logs,
@@ -41,10 +46,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from statehold.cleanup.policy import Verdict
+from statehold.cleanup.rule import DeletionInterrupted, Verdict
 from statehold.errors import StateholdError
-from statehold.spark_checkpoints.layout import VERSION_FILES, Kind, Name, StoreId, parse
-from statehold.storage.base import FileInfo, UnsafePathError, check_key
+from statehold.spark_checkpoints.errors import SparkCheckpointError
+from statehold.spark_checkpoints.layout import (
+    COMMITS_DIR,
+    ROLLBACK_MARKER,
+    VERSION_FILES,
+    Kind,
+    Name,
+    StoreId,
+    is_decimal,
+    parse,
+)
+from statehold.storage.base import FileInfo, Storage, StorageError, UnsafePathError, check_key
 
 #: A file younger than this may be an upload, a maintenance run or an atomic write still
 #: under way (Spark's maintenance runs every minute by default; a slow task's upload can
@@ -220,6 +235,103 @@ def check_deletable_names(directory: str, names: list[str]) -> list[str]:
     return names
 
 
+# -- the rule as gc's deleter asks it ------------------------------------------------------
+#: A file's mtime may read back this much apart from its listing's (an object store's
+#: HEAD gives whole seconds, its listing milliseconds).
+_MTIME_SLACK = 1.0
+
+
+class SparkGcInterruptedError(SparkCheckpointError, DeletionInterrupted):
+    """The query was rolled back or restarted from an older batch while gc ran; gc
+    stopped before its next batch of deletes. Run it again."""
+
+
+@dataclass
+class SparkGcRule:
+    """This rule for one gc pass, as the one deleter asks it (`cleanup.rule.DeletionRule`).
+    `newest` and `mark`: the newest committed batch and the rollback mark's mtime in the
+    listing."""
+
+    storage: Storage
+    view: SparkView
+    newest: int | None
+    mark: float | None
+    #: The batch being handed over: each name's size and mtime as listed (gc sets it).
+    listed: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: Files deleted so far this pass (gc tells it after each batch), for a stop's message.
+    deleted: int = 0
+    #: Files left because they changed (or vanished) since the listing.
+    changed: int = 0
+
+    def check_names(self, directory: str, names: list[str]) -> list[str]:
+        return check_deletable_names(directory, names)
+
+    def recheck(self) -> None:
+        _check_commits(self.storage, self.newest, self.mark, self.deleted)
+
+    def unchanged(self, directory: str, names: list[str]) -> list[str]:
+        if unique_names(directory):
+            return names
+        batch = [(n, *self.listed[n]) for n in names]
+        same = _unchanged(self.storage, directory, names, batch, self.view)
+        self.changed += len(batch) - len(same)
+        return [e[0] for e in same]
+
+
+def _unchanged(
+    storage: Storage,
+    directory: str,
+    names: list[str],
+    batch: list[tuple[str, int, float]],
+    view: SparkView,
+) -> list[tuple[str, int, float]]:
+    """The files of `batch` still as the listing saw them, and still not young."""
+    now = storage.stat_names(directory, names)
+    oldest = min(view.listed_at, view.now - view.grace)  # `SparkView.young`
+    return [
+        e
+        for e, cur in zip(batch, now, strict=True)
+        if cur is not None
+        and cur.size == e[1]
+        and abs(cur.mtime - e[2]) <= _MTIME_SLACK
+        and cur.mtime < oldest
+    ]
+
+
+def unique_names(directory: str) -> bool:
+    """A store's ``SSTs/`` or ``logs/``: every name there is written once (it carries the
+    uploading task's UUID)."""
+    return shared_dir_store(directory) is not None
+
+
+def _check_commits(
+    storage: Storage, newest: int | None, mark: float | None, deleted: int
+) -> None:
+    """Stop if a rollback began (a mark not in the listing, `mark` its mtime there) or the
+    commit log's newest batch went back since the listing."""
+    try:
+        mark_now = storage.stat(ROLLBACK_MARKER)
+        marked = mark_now is not None and mark_now.mtime != mark
+        _dirs, files = storage.list_top(COMMITS_DIR) if newest is not None else ([], [])
+    except StorageError as e:
+        raise SparkGcInterruptedError(f"{COMMITS_DIR}: cannot be listed ({e})") from None
+    if marked:
+        raise SparkGcInterruptedError(
+            f"{ROLLBACK_MARKER}: a rollback began while gc ran; gc stopped after deleting "
+            f"{deleted} files. Run it again once the rollback is done."
+        )
+    if newest is None:
+        return
+    batches = [int(n) for f in files if is_decimal(n := f.key.rpartition("/")[2])]
+    now = max(batches, default=None)
+    if now is None or now < newest:
+        raise SparkGcInterruptedError(
+            f"{COMMITS_DIR}: the newest committed batch went from {newest} to {now} while gc "
+            "ran (the query was rolled back or restarted from an older checkpoint); gc "
+            f"stopped after deleting {deleted} files. Run it again."
+        )
+
+
 
 #: Kinds a rollback removes (the batches after the one it rolls back to).
 ROLLBACK_KINDS = {
@@ -290,6 +402,8 @@ __all__ = [
     "SET_ASIDE_KINDS",
     "SPARK_GC_GRACE_SECONDS",
     "DeletionRefusedError",
+    "SparkGcInterruptedError",
+    "SparkGcRule",
     "SparkView",
     "check_deletable",
     "check_deletable_names",
@@ -298,4 +412,5 @@ __all__ = [
     "judge",
     "judge_names",
     "shared_dir_store",
+    "unique_names",
 ]
