@@ -40,14 +40,12 @@ from __future__ import annotations
 
 import functools
 import json
-import multiprocessing
 import os
 import re
 import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +93,7 @@ from statehold.spark_checkpoints.state_files import read_zip_metadata
 from statehold.spark_checkpoints.state_reader import resolved, store_records, store_schema
 from statehold.spark_checkpoints.state_writer import SnapshotWriter
 from statehold.spark_checkpoints.unsafe_row import row_decoder
+from statehold.spark_checkpoints.workers import Workers
 from statehold.storage import LocalStorage, Storage, StorageError
 
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
@@ -655,13 +654,13 @@ Pool = Callable[..., Iterator[Any]]
 
 @contextmanager
 def _pool(workers: int) -> Iterator[Pool]:
-    """A map over calls, in order: in `workers` spawned processes, or in this one (0)."""
+    """A map over calls, in order: in `workers` worker processes (`workers.Workers`), or
+    in this one (0)."""
     if workers == 0:
         yield map
         return
-    context = multiprocessing.get_context("spawn")  # no fork of a process with threads
-    with ProcessPoolExecutor(workers, mp_context=context) as executor:
-        yield executor.map
+    with Workers(workers) as pool:
+        yield pool.map
 
 
 def _route_to_runs(
