@@ -639,7 +639,8 @@ def _workers(checkpoint: SparkCheckpoint, found: Scan, store: _Store) -> int:
     a process) where the source is on local disk (a worker opens it by its path), holds at
     least `PARALLEL_BYTES` and is read as it is (a transform's function stays in this
     process); 0 (this process) otherwise."""
-    if store.records is not None or not isinstance(checkpoint.storage, LocalStorage):
+    if (store.provider != "rocksdb" or store.records is not None
+            or not isinstance(checkpoint.storage, LocalStorage)):
         return 0
     held = [found.stores[sid] for sid in store.source if sid in found.stores]
     size = sum(f.size for files in held
