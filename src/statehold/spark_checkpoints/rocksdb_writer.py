@@ -50,9 +50,6 @@ DEFAULT_FORMAT_VERSION = 5
 #: 3.5's rocksdbjni 8.3.2 reads up to 5; 6 (RocksDB 9's default, which rocksdict would
 #: write unless told) it cannot.
 FORMAT_VERSIONS = range(2, 6)
-#: The files of the RocksDB directory the zip holds; the rest (LOCK, LOG, IDENTITY,
-#: rocksdict's own config) RocksDB recreates, and Spark's checkpoint leaves out.
-_ZIPPED = ("CURRENT", "MANIFEST-", "OPTIONS-")
 _INT = struct.Struct(">i")
 
 

@@ -158,7 +158,7 @@ def _merged_records(location: SparkCheckpoint, store: StoreId, needs: Needs
                 for k, value in file_records(location, key, store, Path(tmp)):
                     if value is None or k in changes:
                         continue
-                    while pending is not None and pending[0] < k:
+                    while in_key_order and pending is not None and pending[0] < k:
                         yield pending
                         pending = next(survivors, None)
                     yield k, value
