@@ -94,6 +94,8 @@ class StoreInfo(BaseModel):
 
     storeName: str = DEFAULT_STORE  # noqa: N815 - Spark's field names
     numPartitions: int = Field(0, ge=0, le=MAX_PARTITIONS)  # noqa: N815
+    #: RocksDB's keys of this store lead with this many key columns (prefix scans).
+    numColsPrefixKey: int = Field(0, ge=0)  # noqa: N815
 
 
 class _OperatorMetadata(BaseModel):
@@ -308,6 +310,11 @@ class SparkCheckpoint:
             names, partitions = self._operator_layout(found, op)
             stores.update(StoreId(op, p, n) for p in range(partitions) for n in names)
         return sorted(stores)
+
+    def operator_stores(self, found: Scan, operator: int) -> list[StoreInfo]:
+        """The operator's stores as its newest metadata names them; none without metadata
+        (Spark 3.5 writes none)."""
+        return self._operator_metadata(found, operator)
 
     def _store_order(self, found: Scan, operator: int) -> list[str]:
         names, _partitions = self._operator_layout(found, operator)

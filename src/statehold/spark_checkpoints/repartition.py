@@ -69,6 +69,7 @@ from statehold.spark_checkpoints.layout import (
     version_file,
 )
 from statehold.spark_checkpoints.location import MAX_PARTITIONS, SparkCheckpoint
+from statehold.spark_checkpoints.prefix_keys import PrefixKeys, prefix_keys
 from statehold.spark_checkpoints.relocate import hadoop_crc
 from statehold.spark_checkpoints.rocksdb_writer import (
     DEFAULT_FORMAT_VERSION,
@@ -163,6 +164,8 @@ class _Store:
     zip_extra: dict[str, Any] | None = None
     #: A transform's records (`StoreChange.records`); None: the source's, bytes unchanged.
     records: Records | None = None
+    #: RocksDB keys laid out for prefix scans (a session window's): hashed by the prefix.
+    prefixed: PrefixKeys | None = None
 
 
 #: A source partition's records as written to the new location: (the key's values, key
@@ -395,12 +398,15 @@ def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int,
         source = [s for s in ids if s.name == store]
         providers = {found.stores[s].provider for s in source if s in found.stores}
         if providers == {"rocksdb"}:
-            if isinstance(prefix, int) and prefix > 0:
+            prefixed = prefix_keys(checkpoint, found, StoreId(op, 0, store), key)
+            if prefixed is not None and columns != tuple(range(prefixed.count)):
                 raise SparkCheckpointError(
                     f"operator {op} ({name}) store {store}: RocksDB keys encoded for prefix "
-                    "scans (a session window) are not repartitioned yet")
+                    f"scans by {prefixed.count} columns, not the {len(columns)} it is "
+                    "partitioned by")
             extra = _zip_extra(checkpoint, found, op, store, source, batch)
-            stores.append(_Store(store, key, columns, source, "rocksdb", extra, records))
+            stores.append(_Store(store, key, columns, source, "rocksdb", extra, records,
+                                 prefixed))
         elif providers <= {"hdfs"}:
             stores.append(_Store(store, key, columns, source, records=records))
         else:
@@ -743,7 +749,12 @@ def _send(keys: list[bytes], values: list[bytes], store: _Store,
     """One batch of the source's records to their new partitions' sinks."""
     if not keys:
         return
-    hashed = partitions_of(keys, store.schema, store.columns, len(sinks), int(versioned))
+    if store.prefixed is not None:  # the prefix is the partitioning columns
+        prefixed = store.prefixed
+        hashed = partitions_of(prefixed.prefixes(keys, f"{sid} (a key)"), prefixed.prefix,
+                               store.columns, len(sinks), 1)
+    else:
+        hashed = partitions_of(keys, store.schema, store.columns, len(sinks), int(versioned))
     if hashed is None:  # decoded key by key: a key's refusal, or a type not hashed at once
         types = [store.schema.fields[i].type for i in store.columns]
         targets = []
@@ -778,7 +789,10 @@ def _commit_text(checkpoint: SparkCheckpoint, found: Scan, batch: int, partition
 def _key_decoder(op: int, store: _Store) -> Callable[[StoreId, bytes, bool], tuple[Any, ...]]:
     """A key's values (the source's or a transform's); RocksDB's (`versioned`) after
     Spark's state encoding version, which must be 00."""
-    decode = row_decoder(store.schema, f"operator {op} store {store.name} (a key)")
+    where = f"operator {op} store {store.name} (a key)"
+    if store.prefixed is not None:
+        return lambda sid, key, versioned: store.prefixed.decoder(where)(key)  # type: ignore[union-attr]
+    decode = row_decoder(store.schema, where)
 
     def values(sid: StoreId, key: bytes, versioned: bool) -> tuple[Any, ...]:
         if versioned and key[:1] != b"\x00":

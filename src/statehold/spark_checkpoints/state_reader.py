@@ -11,7 +11,8 @@ read in chunks, so a remote location is read the same way.
 
 RocksDB provider: the same, with the changelogs after the base snapshot as the map, and
 the snapshot zip's RocksDB rebuilt and iterated (`rocksdb_snapshot`); its keys and values
-start with Spark's one-byte state encoding version. Format v2 takes the version's unique
+start with Spark's one-byte state encoding version, except a session window's keys, laid
+out for prefix scans (`prefix_keys`). Format v2 takes the version's unique
 id from the commit log. Column families (transformWithState) are refused in one line.
 """
 
@@ -29,6 +30,7 @@ from statehold.spark_checkpoints.columnar_rows import flat_columns, is_flat
 from statehold.spark_checkpoints.errors import SparkCheckpointError, StateSchemaUnreadable
 from statehold.spark_checkpoints.layout import StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint, unique_id
+from statehold.spark_checkpoints.prefix_keys import PrefixKeys, prefix_keys
 from statehold.spark_checkpoints.rocksdb_snapshot import rocksdb_rows
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.spark_types import Struct
@@ -78,7 +80,9 @@ def read_store(
         raise SparkCheckpointError(needs.problems[0])
     schema = schema or store_schema(location, found, store)
     arrow = schema.arrow()
-    decode_key, decode_value = row_decoders(schema, store, needs.version, files.provider)
+    prefixed = prefix_keys(location, found, store, schema.key)
+    decode_key, decode_value = row_decoders(schema, store, needs.version, files.provider,
+                                            prefixed)
     if is_flat(schema.key) and is_flat(schema.value):
         skip = 1 if files.provider == "rocksdb" else 0
         keys: list[bytes] = []
@@ -88,11 +92,11 @@ def read_store(
             values.append(value)
             if len(keys) >= batch_rows:
                 yield _columnar_batch(keys, values, schema, arrow, skip,
-                                      (decode_key, decode_value), store)
+                                      (decode_key, decode_value), store, prefixed)
                 keys, values = [], []
         if keys:
             yield _columnar_batch(keys, values, schema, arrow, skip, (decode_key, decode_value),
-                                  store)
+                                  store, prefixed)
         return
     rows: list[tuple[Any, ...]] = []
     for k, value in _merged_records(location, store, needs):
@@ -107,13 +111,15 @@ def read_store(
 def _columnar_batch(
     keys: list[bytes], values: list[bytes], schema: StateSchema, arrow: pa.Schema, skip: int,
     decoders: tuple[Callable[[bytes], tuple[Any, ...]], Callable[[bytes], tuple[Any, ...]]],
-    store: StoreId,
+    store: StoreId, prefixed: PrefixKeys | None = None,
 ) -> pa.RecordBatch:
     """Flat keys and values decoded column by column; where any row is not taken as it
-    is there, the batch's rows one by one (which refuse or replace as they always have)."""
+    is there, the batch's rows one by one (which refuse or replace as they always have).
+    `prefixed`: the keys are encoded for prefix scans."""
     types = list(arrow.types)
     width = len(schema.key.fields)
-    key_columns = flat_columns(keys, schema.key, types[:width], skip)
+    key_columns = (prefixed.columns(keys, types[:width]) if prefixed is not None
+                   else flat_columns(keys, schema.key, types[:width], skip))
     value_columns = (flat_columns(values, schema.value, types[width:], skip)
                      if key_columns is not None else None)
     if key_columns is None or value_columns is None:
@@ -189,12 +195,15 @@ def resolved(location: SparkCheckpoint, found: Scan, store: StoreId, batch: int
     return files, resolve(files, batch + 1, location, uid)
 
 
-def row_decoders(schema: StateSchema, store: StoreId, version: int, provider: str
+def row_decoders(schema: StateSchema, store: StoreId, version: int, provider: str,
+                 prefixed: PrefixKeys | None = None
                  ) -> tuple[Callable[[bytes], tuple[Any, ...]], Callable[[bytes], tuple[Any, ...]]]:
     """The key's and the value's decoder; RocksDB's rows carry Spark's state encoding
-    version (one byte, 0) first."""
+    version (one byte, 0) first; `prefixed`: its keys are encoded for prefix scans."""
     skip = 1 if provider == "rocksdb" else 0
-    return (_decoder(schema.key, f"{store} version {version} (a key)", skip),
+    where = f"{store} version {version} (a key)"
+    return (prefixed.decoder(where) if prefixed is not None
+            else _decoder(schema.key, where, skip),
             _decoder(schema.value, f"{store} version {version} (a value)", skip))
 
 

@@ -40,6 +40,7 @@ from statehold.progress import Progress
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import DEFAULT_STORE, StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint
+from statehold.spark_checkpoints.prefix_keys import PrefixKeys, prefix_keys
 from statehold.spark_checkpoints.repartition import StoreChange, operator_doc, rewrite
 from statehold.spark_checkpoints.spark_types import (
     Array,
@@ -148,7 +149,8 @@ def transform(
     new = StateSchema(new_key, new_value)
     changed = (key_text != texts[0], value_text != texts[1])
     counts = {"read": 0}
-    state = _Rows(checkpoint, found, operator, store, old, new, fn, counts)
+    prefixed = prefix_keys(checkpoint, found, StoreId(operator, 0, store), new_key)
+    state = _Rows(checkpoint, found, operator, store, old, new, fn, counts, prefixed)
     state.probe()
     change = StoreChange(
         operator=operator, store=store, key=new_key, records=state.records,
@@ -199,8 +201,9 @@ class _Rows:
 
     def __init__(self, checkpoint: SparkCheckpoint, found: Any, operator: int, store: str,
                  old: StateSchema, new: StateSchema, fn: TransformFn,
-                 counts: dict[str, int]) -> None:
+                 counts: dict[str, int], prefixed: PrefixKeys | None = None) -> None:
         self.checkpoint, self.found, self.old, self.new = checkpoint, found, old, new
+        self.prefixed = prefixed
         self.operator, self.store, self.fn, self.counts = operator, store, fn, counts
         self.arrow = new.arrow()
         self.keys = len(new.key.fields)
@@ -224,7 +227,9 @@ class _Rows:
                 keys = _columns(out, 0, self.keys, self.key_values)
                 values = _columns(out, self.keys, out.num_columns, self.value_values)
                 for key, value in zip(keys, values, strict=True):
-                    yield (key, prefix + encode_row(key, self.new.key, f"{where}: a key"),
+                    key_bytes = (self.prefixed.encode(key, f"{where}: a key") if self.prefixed
+                                 else prefix + encode_row(key, self.new.key, f"{where}: a key"))
+                    yield (key, key_bytes,
                            prefix + encode_row(value, self.new.value, f"{where}: a value"))
 
     def _returned(self, out: Any) -> Iterable[pa.RecordBatch]:
