@@ -3,8 +3,10 @@ equals Spark's ``pmod(hash(...), M)`` on many typed values in one query; a join'
 HDFS-backed and RocksDB (changelog on) locations, repartitioned from 2 to 5 partitions at
 an early batch and restarted by Spark side by side with the rest of their input, write the
 rows of the run that never stopped (a key put in the wrong partition loses its matches, so
-the output would differ); and transformed state (keys deleted, a schema migrated)
-restarted by Spark writes what the changed state implies. The Spark-free checks of every
+the output would differ); a session window on RocksDB (keys laid out for prefix scans)
+and HDFS-backed, repartitioned 2 -> 5 (and 5 -> 3) and restarted, likewise; and
+transformed state (keys deleted, a schema migrated) restarted by Spark writes what the
+changed state implies. The Spark-free checks of every
 fixture are in test_spark_repartition.py and test_spark_transform.py."""
 
 from __future__ import annotations
@@ -332,3 +334,88 @@ def test_transformed_state_restarts_with_the_output_it_implies(
     text, int32, int64 = Atomic("string"), Atomic("integer"), Atomic("long")
     assert any(partition_of([k, v], [text, int32], 2) != partition_of([k, v], [text, int64], 2)
                for k, v in repeats), repeats
+
+
+def _session_query(source: Any) -> Any:
+    """A count and sum per key and session (a 4-minute gap: a key's sessions run across
+    input files, so those open at a restart go on in the state Spark loads)."""
+    from pyspark.sql import functions as F
+
+    from tests.support.spark_locations.queries import _events
+
+    return _events(source).groupBy(F.session_window("event_time", "4 minutes"), "key").agg(
+        F.count("*").alias("count"), F.sum("value").alias("sum"),
+    ).select("key", F.col("session_window.start").cast("long").alias("start"),
+             F.col("session_window.end").cast("long").alias("end"), "count", "sum")
+
+
+def _placed_by_key(location: Any, partitions: int) -> int:
+    """Every row of the session window's store sits in the partition Spark's hash of its
+    grouping column (``key``) gives; the rows counted."""
+    count = 0
+    for p in range(partitions):
+        for b in location.read_state(partition=p):
+            for row in b.to_pylist():
+                assert partition_of([row["key"]], [Atomic("string")], partitions) == p, row
+                count += 1
+    return count
+
+
+def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A session window on RocksDB (its keys laid out for prefix scans: the grouping key,
+    then the session start) with changelog checkpointing off and on, and HDFS-backed, run
+    with 2 partitions on 4 input files; repartitioned to 5 (changelog on: 5, then 3,
+    chained), every key where Spark's hash of its grouping column sends it and the state
+    as it was; restarted by Spark on the rest of the input: every row is the run that never
+    stopped's (a key in the wrong partition loses its open sessions, so a session would be
+    split)."""
+    from tests.support.spark_locations.queries import (
+        QUERIES,
+        Query,
+        QueryRun,
+        all_rows,
+        run_queries,
+        write_inputs,
+    )
+
+    monkeypatch.setitem(QUERIES, "session", Query(_session_query, "append"))
+    first, total = 4, 8
+    inputs, everything = tmp_path / "in", tmp_path / "all"
+    write_inputs(inputs, 0, first)
+    write_inputs(everything, 0, total)
+    layouts = {"rocksdb": (5,), "rocksdb_changelog": (5, 3), "hdfs": (5,)}
+    runs = [QueryRun(p, str(tmp_path / p), inputs, tmp_path / f"out-{p}", first - 1)
+            for p in layouts]
+    reference = tmp_path / "out-reference"
+    lasts = run_queries(spark, "session", [
+        *runs, QueryRun("hdfs", str(tmp_path / "reference"), everything, reference,
+                        total - 1)])
+    restarts = []
+    for (provider, chain), last in zip(layouts.items(), lasts[:-1], strict=True):
+        source = open_spark_checkpoint(str(tmp_path / provider))
+        before = _state(source, "default", last)
+        assert before, provider
+        at = source
+        for m in chain:
+            dest = tmp_path / f"{provider}-{m}"
+            report = at.repartition(str(dest), partitions=m)
+            assert (report.batch, report.partitions) == (last, m)
+            assert report.operators[0].stores[0].partitioning == ["key"]
+            at = open_spark_checkpoint(str(dest))
+            assert _state(at, "default", last) == before, (provider, m)
+            assert _placed_by_key(at, m) == len(before)
+        restarts.append(QueryRun(provider, str(dest), inputs, tmp_path / f"out-{provider}",
+                                 last + total - first))
+    write_inputs(inputs, first, total - first)
+
+    run_queries(spark, "session", restarts)
+
+    expected = all_rows(reference)
+    assert expected
+    for provider, chain in layouts.items():
+        assert all_rows(tmp_path / f"out-{provider}") == expected, provider
+        state = tmp_path / f"{provider}-{chain[-1]}" / "state" / "0"
+        assert sorted(p.name for p in state.iterdir() if p.name.isdigit()) == [
+            str(p) for p in range(chain[-1])]

@@ -205,7 +205,8 @@ def test_rocksdb_refusals_write_nothing(extracted: Callable[[str], Path], tmp_pa
         (fixture(root, version, "transform", "rocksdb_changelog").checkpoint,
          "transformWithState"),
     ]
-    # a store whose keys RocksDB's encoder laid out for prefix scans (a session window's)
+    # a window's store whose metadata says its keys are laid out for prefix scans by one
+    # column, not the two its shuffle hashes (only a session window's prefix is routed by)
     prefixed = copy_of(root, version, "window", "rocksdb", tmp_path / "prefixed").checkpoint
     meta = prefixed / "state" / "0" / "_metadata" / "metadata"
     meta.write_text(meta.read_text().replace('"numColsPrefixKey":0', '"numColsPrefixKey":1'))
