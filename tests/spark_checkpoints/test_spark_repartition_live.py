@@ -367,8 +367,8 @@ def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
     """A session window on RocksDB (its keys laid out for prefix scans: the grouping key,
     then the session start) with changelog checkpointing off and on, and HDFS-backed, run
     with 2 partitions on 4 input files; repartitioned to 5 (changelog on: 5, then 3,
-    chained), every key where Spark's hash of its grouping column sends it and the state
-    as it was; restarted by Spark on the rest of the input: every row is the run that never
+    chained), every key where Spark's hash of its grouping column sends it, the state as
+    it was, and every key decoding as the source's do (`verify --deep`); restarted by Spark on the rest of the input: every row is the run that never
     stopped's (a key in the wrong partition loses its open sessions, so a session would be
     split)."""
     from tests.support.spark_locations.queries import (
@@ -397,6 +397,7 @@ def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
         source = open_spark_checkpoint(str(tmp_path / provider))
         before = _state(source, "default", last)
         assert before, provider
+        assert source.verify(deep=True).ok, provider  # its keys decode where Spark's do
         at = source
         for m in chain:
             dest = tmp_path / f"{provider}-{m}"
@@ -406,6 +407,7 @@ def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
             at = open_spark_checkpoint(str(dest))
             assert _state(at, "default", last) == before, (provider, m)
             assert _placed_by_key(at, m) == len(before)
+            assert at.verify(deep=True).ok
         restarts.append(QueryRun(provider, str(dest), inputs, tmp_path / f"out-{provider}",
                                  last + total - first))
     write_inputs(inputs, first, total - first)

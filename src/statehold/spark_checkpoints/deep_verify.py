@@ -33,6 +33,7 @@ from statehold.spark_checkpoints.columnar_rows import all_decode, is_flat
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint
+from statehold.spark_checkpoints.prefix_keys import prefix_keys
 from statehold.spark_checkpoints.rocksdb_snapshot import local_names
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.state_files import read_zip_metadata
@@ -232,9 +233,11 @@ def _checker(location: SparkCheckpoint, found: Scan, store: StoreId, version: in
         result.findings.append(Finding(schema_file.key, Kind.SCHEMA_UNREADABLE,
                                        _detail(str(e), schema_file.key)))
         return None
-    key_of, value_of = row_decoders(schema, store, version, provider)
+    prefixed = prefix_keys(location, found, store, schema.key)
+    key_of, value_of = row_decoders(schema, store, version, provider, prefixed)
     skip = 1 if provider == "rocksdb" else 0
-    flat = is_flat(schema.key) and is_flat(schema.value)
+    # keys laid out for prefix scans (a session window's on RocksDB) are decoded one by one
+    flat = is_flat(schema.key) and is_flat(schema.value) and prefixed is None
 
     def check(keys: list[bytes], values: list[bytes | None]) -> None:
         # a flat schema's rows checked many at once (the same refusals, nothing built);
