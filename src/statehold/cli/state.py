@@ -46,6 +46,13 @@ _ROWS_PER_GROUP = 50_000
 _T = TypeVar("_T")
 
 
+class Side(StrEnum):
+    """``state delete --side``: a join's side."""
+
+    left = "left"
+    right = "right"
+
+
 class Format(StrEnum):
     parquet = "parquet"
     jsonl = "jsonl"
@@ -431,6 +438,9 @@ class SparkStateDelete(BaseModel):
     keys_given: int
     deleted: int
     not_found: int
+    #: Rows removed, by store (a join's: each key's count and every buffered row of it).
+    removed: dict[str, int]
+    side: str | None
     rows_read: int
     rows_written: int
     per_partition: list[int]
@@ -474,20 +484,26 @@ def delete_command(
         help="An empty or absent destination (path, file://, s3://, ...).",
         show_default=False)],
     operator: Annotated[int, typer.Option(
-        "--operator", min=0, help="The operator whose keys are deleted (its number; one "
-        "with one store: an aggregation, dropDuplicates, flatMapGroupsWithState, ...).",
+        "--operator", min=0, help="The operator whose keys are deleted (its number: an "
+        "aggregation, dropDuplicates, flatMapGroupsWithState, a session window, a "
+        "stream-stream join, ...).",
         show_default=False)],
     keys: Annotated[Path, typer.Option(
         "--keys", help='The keys to delete: JSON lines, one object per key, the key\'s '
         'column names to values (timestamps as ISO 8601 text, a window as {"start": ..., '
         '"end": ...}).', show_default=False)],
+    side: Annotated[Side | None, typer.Option(
+        "--side", help="A stream-stream join's keys (its join key's columns) are removed "
+        "from both sides' state; left or right: from that side's only.",
+        show_default=False)] = None,
     batch: Annotated[int | None, typer.Option(
         "--batch", min=0, help="The batch to restart after (default: the newest committed "
         "one a restart can start after).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Write a new checkpoint location at DEST whose state is the source's without the keys
-    given. The operator's other rows, the other operators and the logs are as they were;
+    given (a stream-stream join's: each key's count and buffered rows, on both sides or
+    --side's). The operator's other rows, the other operators and the logs are as they were;
     the source is never modified; DEST's commit is written last and DEST is verified. A
     query started with checkpointLocation=DEST continues from the next batch as if those
     keys had never been seen."""
@@ -497,7 +513,8 @@ def delete_command(
         given = read_keys(keys)
         with opened(checkpoint, None) as location:
             report = spark_only(location, "state delete").delete_keys(
-                dest, operator=operator, keys=given, batch=batch, progress=progress)
+                dest, operator=operator, keys=given, side=side.value if side else None,
+                batch=batch, progress=progress)
     result = SparkStateDelete(**report.model_dump(include=set(SparkStateDelete.model_fields)))
 
     def render() -> None:

@@ -248,14 +248,17 @@ class SparkLocation(SparkCheckpoint):
 
     def delete_keys(
         self, dest: str, *, operator: int, keys: Iterable[Mapping[str, Any]],
-        batch: int | None = None, progress: Progress | None = None, **dest_options: Any,
+        side: str | None = None, batch: int | None = None, progress: Progress | None = None,
+        **dest_options: Any,
     ) -> DeleteReport:
         """`transform` keeping every row but those whose key is in `keys` (each a mapping of
         the key's column names to values, as JSON gives them: timestamps as ISO 8601
-        text, a window as ``{"start": ..., "end": ...}``)."""
-        from statehold.spark_checkpoints.transform import delete_keys
+        text, a window as ``{"start": ..., "end": ...}``). A stream-stream join's keys are
+        its join key's columns: each key's count and every buffered row of it removed
+        from both sides, or from `side` (``left``, ``right``) only."""
+        from statehold.spark_checkpoints.key_delete import delete_keys
 
-        return delete_keys(self, dest, operator=operator, keys=keys, batch=batch,
+        return delete_keys(self, dest, operator=operator, keys=keys, side=side, batch=batch,
                            progress=progress, dest_options=dest_options or None)
 
     def state_schema(

@@ -45,7 +45,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,33 +229,37 @@ def rewrite(
     batch: int | None = None,
     progress: Progress | None = None,
     dest_options: Mapping[str, Any] | None = None,
-    change: StoreChange | None = None,
+    changes: Sequence[StoreChange] = (),
 ) -> Rewritten:
     """The one writing path of repartition and transform: DEST holds what a restart after
     `batch` needs, every key of the operators rewritten where Spark's hash sends it among
-    `partitions` (default: the recorded number), `change`'s store from its records. With
-    `change` and the recorded number, only its operator is rewritten: the others' files
+    `partitions` (default: the recorded number), each of `changes`' stores from its records
+    (all of one operator). With `changes` and the recorded number, only their operator is
+    rewritten: the others' files
     are copied as they are. DEST's commit last, then DEST verified."""
     if partitions is not None and not 1 <= partitions <= MAX_PARTITIONS:
         raise SparkCheckpointError(f"--partitions must be 1 to {MAX_PARTITIONS}, not {partitions}")
     progress = progress or NoProgress()
     out = open_destination(dest, dest_options)
     found = checkpoint.scan()
-    refuse_unfinished(checkpoint.storage, found, "transform" if change else "repartition")
+    refuse_unfinished(checkpoint.storage, found, "transform" if changes else "repartition")
     needs = needs_at(checkpoint, found, batch)
     n = needs.batch
     files = restart_files(checkpoint, found, needs)
     before = _recorded_partitions(checkpoint, f"{OFFSETS_DIR}/{n}")
     m = before if partitions is None else partitions
-    if change is not None and change.operator not in found.operators:
+    changed_ops = {c.operator for c in changes}
+    if len(changed_ops) > 1:
+        raise SparkCheckpointError("a transform changes one operator's stores; nothing written")
+    if changed_ops - set(found.operators):
         raise SparkCheckpointError(
-            f"no operator {change.operator} in the location (its operators: "
+            f"no operator {min(changed_ops)} in the location (its operators: "
             f"{', '.join(map(str, sorted(found.operators))) or 'none'}); nothing written")
     offsets = {k: _offsets_text(checkpoint, k, m) for k in files
                if parse(k).kind is Kind.OFFSETS}
     _refuse_unsupported(checkpoint, found, n)
-    ops = (set(found.operators) if change is None or m != before else {change.operator})
-    plans = {op: _plan(checkpoint, found, op, n, change) for op in ops}
+    ops = set(found.operators) if not changes or m != before else changed_ops
+    plans = {op: _plan(checkpoint, found, op, n, changes) for op in ops}
     metadata = {k: _operator_metadata_text(checkpoint, k, m) for k in files
                 if parse(k).kind is Kind.OPERATOR_METADATA}
     check_destination(checkpoint, out)
@@ -266,10 +270,11 @@ def rewrite(
     schemas = {files_of.schema.key for sid, files_of in found.stores.items()
                if sid.partition == 0 and files_of.schema is not None}
     new_schema: dict[str, bytes] = {}
-    if change is not None and change.schema_file is not None:
-        schema_of = found.stores[StoreId(change.operator, 0, change.store)].schema
-        assert schema_of is not None  # the change was made from it
-        new_schema[schema_of.key] = change.schema_file
+    for change in changes:
+        if change.schema_file is not None:
+            schema_of = found.stores[StoreId(change.operator, 0, change.store)].schema
+            assert schema_of is not None  # the change was made from it
+            new_schema[schema_of.key] = change.schema_file
     rewritten = set(offsets) | set(metadata) | set(new_schema)
     for key in sorted(files):
         parsed = parse(key)
@@ -365,9 +370,9 @@ def operator_doc(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int
 
 
 def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int,
-          change: StoreChange | None = None) -> tuple[str, str, list[_Store]]:
+          changes: Sequence[StoreChange] = ()) -> tuple[str, str, list[_Store]]:
     """The operator's name, where it came from, and each store's partitioning columns
-    (`change`'s store: by its new key schema)."""
+    (a store `changes` changes: by its new key schema, its records the change's)."""
     doc = operator_doc(checkpoint, found, op, batch)
     info = (doc.get("operatorInfo") or {}) if doc else {}
     stores_info = {str(s.get("storeName", DEFAULT_STORE)): s
@@ -384,15 +389,16 @@ def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int,
     if not isinstance(name, str):
         known_from = "stores"
         name = _recognised(names, {n: s.key for n, s in schemas.items()})
-    changed = change is not None and change.operator == op
-    if changed and change is not None and names != [change.store]:
+    changed = {c.store: c for c in changes if c.operator == op}
+    if set(changed) - set(names):
         raise SparkCheckpointError(
-            f"operator {op} ({name}) has stores {', '.join(names)}: a transform works on an "
-            "operator with one store (not a stream-stream join yet); nothing written")
+            f"operator {op} ({name}) has stores {', '.join(names)}, not "
+            f"{', '.join(sorted(set(changed) - set(names)))}; nothing written")
     stores = []
     for store in names:
-        key = change.key if changed and change is not None else schemas[store].key
-        records = change.records if changed and change is not None else None
+        change = changed.get(store)
+        key = change.key if change is not None else schemas[store].key
+        records = change.records if change is not None else None
         prefix = stores_info.get(store, {}).get("numColsPrefixKey", 0)
         columns = _partitioning(op, name, store, key, prefix)
         source = [s for s in ids if s.name == store]

@@ -156,7 +156,7 @@ def transform(
         operator=operator, store=store, key=new_key, records=state.records,
         schema_file=state_schema_file(key_text, value_text) if any(changed) else None)
     done = rewrite(checkpoint, dest, partitions=partitions, batch=batch, progress=progress,
-                   dest_options=dest_options, change=change)
+                   dest_options=dest_options, changes=[change])
     [plan] = [p for p in done.operators if p.operator == operator]
     [written] = plan.stores
     return TransformReport(
@@ -330,10 +330,14 @@ class DeleteReport(TransformReport):
     """What ``statehold state delete`` wrote: a transform that dropped the keys given."""
 
     keys_given: int
-    #: Rows removed (each key given that the store held).
+    #: Keys removed (each key given that the state held; one store: its rows removed).
     deleted: int
-    #: Keys given that the store did not hold.
+    #: Keys given that the state did not hold.
     not_found: int
+    #: Rows removed, by store (a join's: each count entry and indexed value of a key).
+    removed: dict[str, int] = {}
+    #: A join's side whose stores lost the keys (None: both, or not a join).
+    side: str | None = None
 
 
 def delete_keys(
@@ -373,14 +377,31 @@ def delete_keys(
 
     report = transform(checkpoint, dest, operator=operator, fn=drop, batch=batch,
                        progress=progress, dest_options=dest_options)
-    return DeleteReport(**report.model_dump(), keys_given=given,
-                        deleted=report.rows_read - report.rows_written,
-                        not_found=len(wanted - found_keys))
+    deleted = report.rows_read - report.rows_written
+    return DeleteReport(**report.model_dump(), keys_given=given, deleted=deleted,
+                        not_found=len(wanted - found_keys), removed={store: deleted})
 
 
 def _key_set(keys: Iterable[Mapping[str, Any]], schema: StateSchema) -> tuple[set[Any], int]:
-    """The keys as the reader's Arrow values would be (frozen, hashable); each refused in
-    one line where it names other columns or a value its column's type cannot take."""
+    """The keys as the reader's Arrow values would be (frozen, hashable), and how many
+    were given."""
+    table, given = _key_batch(keys, schema)
+    return set(_frozen_rows(table, table.num_columns)), given
+
+
+def decoded_keys(keys: Iterable[Mapping[str, Any]], schema: StateSchema
+                 ) -> tuple[set[Any], int]:
+    """The keys as `unsafe_row.decode_row` gives a key's values (`freeze`d), and how many
+    were given."""
+    table, given = _key_batch(keys, schema)
+    convert = [_to_values(f.type) for f in schema.key.fields]
+    return {freeze(r) for r in _columns(table, 0, table.num_columns, convert)}, given
+
+
+def _key_batch(keys: Iterable[Mapping[str, Any]], schema: StateSchema
+               ) -> tuple[pa.RecordBatch, int]:
+    """The keys as an Arrow batch of the key's columns; each refused in one line where it
+    names other columns or a value its column's type cannot take."""
     arrow = schema.arrow()
     fields = [arrow.field(i) for i in range(len(schema.key.fields))]
     names = [f.name for f in fields]
@@ -402,8 +423,7 @@ def _key_set(keys: Iterable[Mapping[str, Any]], schema: StateSchema) -> tuple[se
             detail = " ".join(str(e).split())[:200]
             raise SparkCheckpointError(
                 f"a key's {f.name} is not a {f.type} ({detail})") from None
-    table = pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
-    return set(_frozen_rows(table, len(fields))), given
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields)), given
 
 
 def _typed(values: list[Any], t: pa.DataType) -> pa.Array:
@@ -424,15 +444,17 @@ def _typed(values: list[Any], t: pa.DataType) -> pa.Array:
 
 def _frozen_rows(batch: pa.RecordBatch, count: int) -> list[Any]:
     columns = [batch.column(i).to_pylist() for i in range(count)]
-    return [_freeze(row) for row in zip(*columns, strict=True)]
+    return [freeze(row) for row in zip(*columns, strict=True)]
 
 
-def _freeze(value: Any) -> Any:
+def freeze(value: Any) -> Any:
+    """A key's values made hashable (lists and dicts as tuples)."""
     if isinstance(value, dict):
-        return tuple((k, _freeze(v)) for k, v in value.items())
+        return tuple((k, freeze(v)) for k, v in value.items())
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
+        return tuple(freeze(v) for v in value)
     return value
 
 
-__all__ = ["DeleteReport", "TransformReport", "delete_keys", "transform"]
+__all__ = ["DeleteReport", "TransformReport", "decoded_keys", "delete_keys", "freeze",
+           "transform"]
