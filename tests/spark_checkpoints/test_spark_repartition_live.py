@@ -368,9 +368,9 @@ def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
     then the session start) with changelog checkpointing off and on, and HDFS-backed, run
     with 2 partitions on 4 input files; repartitioned to 5 (changelog on: 5, then 3,
     chained), every key where Spark's hash of its grouping column sends it, the state as
-    it was, and every key decoding as the source's do (`verify --deep`); restarted by Spark on the rest of the input: every row is the run that never
-    stopped's (a key in the wrong partition loses its open sessions, so a session would be
-    split)."""
+    it was, and every key decoding as the source's do (`verify --deep`); restarted by
+    Spark on the rest of the input: every row is the run that never stopped's (a key in
+    the wrong partition loses its open sessions, so a session would be split)."""
     from tests.support.spark_locations.queries import (
         QUERIES,
         Query,

@@ -4,9 +4,11 @@ row as it was and where Spark's hash puts it; the other operator's files are cop
 for byte; values changed and a value column added (schema migration) read back, with
 DEST's schema file saying the new schema (the key's text kept as Spark wrote it); a key
 whose type changes is routed by its new value's hash. The source's listing never
-changes. Refusals (a full DEST, an unknown operator, a join, transformWithState, a batch
-not committed, fn returning other columns, types or things) come in one line with nothing
-written. Restarts by Spark on DEST: test_spark_repartition_live.py."""
+changes. A stream-stream join's key deleted (both sides, one side, by the CLI's --side)
+loses its count and every indexed row, the stores left consistent. Refusals (a full DEST,
+an unknown operator, a join transformed, transformWithState, a batch not committed, fn
+returning other columns, types or things, a side of what is not a join) come in one line
+with nothing written. Restarts by Spark on DEST: test_spark_repartition_live.py."""
 
 from __future__ import annotations
 
@@ -49,17 +51,18 @@ def _rows(location: Any, operator: int) -> collections.Counter[str]:
         for batch in location.read_state(operator=operator) for row in batch.to_pylist())
 
 
-def _placed(location: Any, op: int, partitions: int, columns: list[str]) -> int:
-    """Every record of `op`'s store sits in the partition Spark's hash of `columns` gives
-    it; the records counted."""
+def _placed(location: Any, op: int, partitions: int, columns: list[str],
+            store: str = "default") -> int:
+    """Every record of `op`'s `store` sits in the partition Spark's hash of `columns`
+    gives it; the records counted."""
     found = location.scan()
-    schema = store_schema(location, found, StoreId(op, 0, "default"))
+    schema = store_schema(location, found, StoreId(op, 0, store))
     at = [i for i, f in enumerate(schema.key.fields) if f.name in columns]
     types = [schema.key.fields[i].type for i in at]
-    rocksdb = found.stores[StoreId(op, 0, "default")].provider == "rocksdb"
+    rocksdb = found.stores[StoreId(op, 0, store)].provider == "rocksdb"
     count = 0
     for p in range(partitions):
-        for key, _value in store_records(location, found, StoreId(op, p, "default"),
+        for key, _value in store_records(location, found, StoreId(op, p, store),
                                          location.listing().newest_committed):
             values = decode_row(key[1:] if rocksdb else key, schema.key, "k")
             assert partition_of([values[i] for i in at], types, partitions) == p
@@ -306,4 +309,105 @@ def test_the_cli_deletes_the_keys_of_a_json_lines_file(
                               "--operator", "0", "--keys", str(keys)])
     assert bad.exit_code == 1 and "not the key's columns (window, key)" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "e").exists()
+
+
+_JOIN_STORES = [f"{side}-{kind}" for side in ("left", "right")
+                for kind in ("keyToNumValues", "keyWithIndexToValue")]
+#: The join's committed locations: every layout of 4.3.0 (format v2 too), 3.5.9's without
+#: operator metadata.
+JOIN_CASES = [("4.3.0", p) for p in ("hdfs", "rocksdb", "rocksdb_changelog", "rocksdb_v2")]
+JOIN_CASES += [("3.5.9", "hdfs"), ("3.5.9", "rocksdb_changelog")]
+
+
+@pytest.mark.parametrize(("version", "provider"), JOIN_CASES)
+def test_deleting_a_join_key_removes_its_count_and_every_buffered_row(
+    extracted: Callable[[str], Path], tmp_path: Path, version: str, provider: str,
+) -> None:
+    """A join key deleted from both sides, then from the left only: its count and each
+    indexed row gone from the side's two stores (the other side's as they were), every
+    other record kept where Spark's hash of its join key puts it; DEST verifies (deep);
+    the source never changes."""
+    fx = fixture(extracted(version), version, "join", provider)
+    source = open_spark_checkpoint(str(fx.checkpoint))
+    before = listing(fx.checkpoint)
+    old = {store: _store_rows(source, store) for store in _JOIN_STORES}
+    victim = json.loads(next(iter(old["left-keyToNumValues"])))["field0"]
+    assert any(json.loads(r)["field0"] == victim for r in old["right-keyWithIndexToValue"])
+    for side in (None, "left"):
+        dest = tmp_path / f"dest-{side}"
+        report = source.delete_keys(str(dest), operator=0, side=side,
+                                    keys=[{"field0": victim}, {"field0": "nobody"}])
+
+        assert listing(fx.checkpoint) == before
+        changed = [s for s in _JOIN_STORES if side is None or s.startswith(side)]
+        assert (report.keys_given, report.deleted, report.not_found, report.side) == (
+            2, 1, 1, side)
+        out = open_spark_checkpoint(str(dest))
+        assert out.verify(deep=True).ok
+        assert out.listing().newest_committed == report.batch == fx.last_batch
+        for store in _JOIN_STORES:
+            kept = collections.Counter({r: n for r, n in old[store].items()
+                                        if json.loads(r)["field0"] != victim
+                                        or store not in changed})
+            assert _store_rows(out, store) == kept, (side, store)
+            gone = sum(old[store].values()) - sum(kept.values())
+            assert report.removed.get(store, 0) == gone, store
+            if store in changed:
+                assert gone > 0, store
+            assert _placed(out, 0, 2, ["field0"], store) == sum(kept.values())
+        assert set(report.removed) == set(changed)
+        # the count of each key still held is the number of its indexed rows, 0..n-1
+        for s in ("left", "right"):
+            counts = {json.loads(r)["field0"]: json.loads(r)["value"]
+                      for r in _store_rows(out, f"{s}-keyToNumValues")}
+            indexes = collections.defaultdict(list)
+            for r in _store_rows(out, f"{s}-keyWithIndexToValue").elements():
+                indexes[json.loads(r)["field0"]].append(json.loads(r)["index"])
+            assert {k: sorted(v) for k, v in indexes.items()} == {
+                k: list(range(n)) for k, n in counts.items()}, s
+
+
+def _store_rows(location: Any, store: str) -> collections.Counter[str]:
+    return collections.Counter(
+        json.dumps(row, sort_keys=True, default=str)
+        for batch in location.read_state(operator=0, store=store) for row in batch.to_pylist())
+
+
+def test_the_cli_deletes_a_join_key_from_one_side(
+    extracted: Callable[[str], Path], tmp_path: Path,
+) -> None:
+    fx = fixture(extracted("4.3.0"), "4.3.0", "join", "rocksdb_changelog")
+    keys = tmp_path / "keys.jsonl"
+    keys.write_text('{"field0": "k1"}\n')
+    runner = CliRunner()
+    done = runner.invoke(app, ["state", "delete", str(fx.checkpoint), str(tmp_path / "d"),
+                               "--operator", "0", "--keys", str(keys), "--side", "right",
+                               "--json"])
+    assert done.exit_code == 0, (done.stdout, done.stderr)
+    doc = json.loads(done.stdout)
+    assert (doc["deleted"], doc["not_found"], doc["side"], doc["verified"]) == (
+        1, 0, "right", True)
+    assert sorted(doc["removed"]) == ["right-keyToNumValues", "right-keyWithIndexToValue"]
+    out = open_spark_checkpoint(str(tmp_path / "d"))
+    assert not [r for r in _store_rows(out, "right-keyWithIndexToValue")
+                if json.loads(r)["field0"] == "k1"]
+    assert [r for r in _store_rows(out, "left-keyWithIndexToValue")
+            if json.loads(r)["field0"] == "k1"]
+    # a side is a join's; a side is left or right
+    window = fixture(extracted("4.3.0"), "4.3.0", "window", "hdfs")
+    bad = runner.invoke(app, ["state", "delete", str(window.checkpoint), str(tmp_path / "e"),
+                              "--operator", "0", "--keys", str(keys), "--side", "left"])
+    assert bad.exit_code == 1 and "not a stream-stream join" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    bad = runner.invoke(app, ["state", "delete", str(fx.checkpoint), str(tmp_path / "e"),
+                              "--operator", "0", "--keys", str(keys), "--side", "middle"])
+    assert bad.exit_code != 0
+    with pytest.raises(SparkCheckpointError, match="left or right"):
+        open_spark_checkpoint(str(fx.checkpoint)).delete_keys(
+            str(tmp_path / "e"), operator=0, keys=[{"field0": "k1"}], side="middle")
+    keys.write_text('{"key": "k1"}\n')
+    with pytest.raises(SparkCheckpointError, match=r"not the key's columns \(field0\)"):
+        open_spark_checkpoint(str(fx.checkpoint)).delete_keys(
+            str(tmp_path / "e"), operator=0, keys=[{"key": "k1"}])
     assert not (tmp_path / "e").exists()
