@@ -125,7 +125,12 @@ def test_a_join_repartitioned_2_to_5_restarts_with_the_uninterrupted_output(
     by side in one run: Spark loads the snapshots statehold wrote (RocksDB's: the zip, its
     SSTs and RocksDB's MANIFEST, in its own rocksdbjni; v2's by the new ids ``commits/N``
     names), runs the rest of the input with 5 partitions and writes the uninterrupted
-    run's rows; its state at the end is the uninterrupted run's, read offline."""
+    run's rows; its state at the end is the uninterrupted run's, read offline.
+
+    In the same run, the RocksDB location (changelog off) with a join key deleted from
+    both sides at k (`delete_keys`: its counts and buffered rows): restarted, the rows of
+    that key arriving after k find none of its rows from before to match, every other
+    pair is written as the uninterrupted run writes it."""
     from tests.support.spark_locations.queries import QueryRun, all_rows, run_queries
 
     runs, cases = [], []
@@ -148,8 +153,12 @@ def test_a_join_repartitioned_2_to_5_restarts_with_the_uninterrupted_output(
         runs.append(QueryRun(provider, str(base / "five"), inputs, base / "out", files - 1))
         cases.append((fx, base))
 
-    lasts = run_queries(spark, "join", runs)
+    deleted, expected = _join_with_a_key_deleted(extracted, tmp_path / "deleted")
+    runs.append(deleted)
 
+    *lasts, _last = run_queries(spark, "join", runs)
+
+    assert all_rows(deleted.output) == expected
     for (fx, base), last in zip(cases, lasts, strict=True):
         assert all_rows(base / "out") == rows(fx), fx.provider
         # Spark ran the new batches with 5 partitions: each wrote its state to all five
@@ -165,6 +174,47 @@ def test_a_join_repartitioned_2_to_5_restarts_with_the_uninterrupted_output(
         for store in ("left-keyToNumValues", "left-keyWithIndexToValue",
                       "right-keyToNumValues", "right-keyWithIndexToValue"):
             assert _state(done, store, last) == _state(original, store, last), store
+
+
+def _join_pairs(arrived: list[tuple[int, dict[str, Any]]]
+                ) -> list[tuple[dict[str, Any], int, int]]:
+    """The join query's rows (`queries.join_query`: each row with the same key's rows up
+    to 2 minutes later) of the input rows given with the batch each arrived in, each with
+    its two rows' batches."""
+    return [({"key": left["key"], "lvalue": left["value"], "rvalue": right["value"],
+              "lts": left["ts"], "rts": right["ts"]}, at_left, at_right)
+            for at_left, left in arrived for at_right, right in arrived
+            if left["key"] == right["key"] and left["ts"] <= right["ts"] <= left["ts"] + 120]
+
+
+def _join_with_a_key_deleted(extracted: Callable[[str], Path], base: Path
+                             ) -> tuple[Any, list[dict[str, Any]]]:
+    """The join's RocksDB location with a key deleted from both sides at its oldest
+    restartable batch k, to restart on; and the rows a restart must leave in its output:
+    every pair of the input but those of the key that join a row from before k with one
+    after (the earlier row's state is gone)."""
+    from tests.support.spark_locations.queries import QueryRun, input_rows
+
+    fx, inputs = running(extracted, "join", "rocksdb", base)
+    k = restartable_batches(fx.checkpoint)[0]
+    files = int(fx.entry["files"])
+    pairs = _join_pairs([(j, r) for j in range(files) for r in input_rows(j)])
+    order = lambda r: json.dumps(r, sort_keys=True)  # noqa: E731
+    # the model is the uninterrupted run's output
+    assert sorted((p for p, _l, _r in pairs), key=order) == rows(fx)
+    crossing = [(p, a, b) for p, a, b in pairs if min(a, b) <= k < max(a, b)]
+    assert crossing, "no pair joins a row from before k with one after"
+    victim = crossing[0][0]["key"]
+    source = open_spark_checkpoint(str(fx.checkpoint))
+    report = source.delete_keys(str(base / "dest"), operator=0, batch=k,
+                                keys=[{"field0": victim}])
+    assert (report.deleted, report.batch) == (1, k)
+    copy_output(fx.output, base / "out", k)
+    expected = sorted((p for p, a, b in pairs
+                       if not (p["key"] == victim and min(a, b) <= k < max(a, b))),
+                      key=order)
+    assert len(expected) < len(pairs)
+    return QueryRun("rocksdb", str(base / "dest"), inputs, base / "out", files - 1), expected
 
 
 def _state(location: Any, store: str, batch: int) -> list[str]:
