@@ -420,7 +420,8 @@ def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
     chained), every key where Spark's hash of its grouping column sends it, the state as
     it was, and every key decoding as the source's do (`verify --deep`); restarted by
     Spark on the rest of the input: every row is the run that never stopped's (a key in
-    the wrong partition loses its open sessions, so a session would be split)."""
+    the wrong partition loses its open sessions, so a session would be split). A session
+    deleted offline (`delete_keys`) is gone when read back, the rest as it was."""
     from tests.support.spark_locations.queries import (
         QUERIES,
         Query,
@@ -460,6 +461,15 @@ def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
             assert at.verify(deep=True).ok
         restarts.append(QueryRun(provider, str(dest), inputs, tmp_path / f"out-{provider}",
                                  last + total - first))
+        # a session deleted (transform's path: its key written again in the same layout)
+        gone = json.loads(before[0])
+        report = source.delete_keys(
+            str(tmp_path / f"{provider}-deleted"), operator=0,
+            keys=[{"key": gone["key"], "sessionStartTime": gone["sessionStartTime"]}])
+        assert (report.deleted, report.not_found) == (1, 0)
+        less = open_spark_checkpoint(str(tmp_path / f"{provider}-deleted"))
+        assert _state(less, "default", last) == before[1:]
+        assert less.verify(deep=True).ok
     write_inputs(inputs, first, total - first)
 
     run_queries(spark, "session", restarts)
