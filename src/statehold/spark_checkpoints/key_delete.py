@@ -91,7 +91,9 @@ def _delete_join_keys(
 
         def records(sid: StoreId, at: int, _versioned: bool
                     ) -> Iterator[tuple[tuple[Any, ...], bytes, bytes]]:
-            decode, _value = row_decoders(schema, sid, at + 1, found.stores[sid].provider)
+            # (a partition without files is refused in one line when read)
+            provider = found.stores[sid].provider if sid in found.stores else "hdfs"
+            decode, _value = row_decoders(schema, sid, at + 1, provider)
             for key, value in store_records(checkpoint, found, sid, at):
                 read[name] += 1
                 join_key = freeze(decode(key)[:width])
