@@ -1,8 +1,12 @@
 """Spark's own stateful queries on their checkpoints (tests/support/spark_locations/queries):
-every query on every state store layout it runs on stops after a few batches, restarts on
-the same checkpoint with more input, and writes the same rows as one uninterrupted run. The
-baseline of the tests that inspect, savepoint, roll back and collect Spark's checkpoints:
-their interventions must keep this equality.
+every query on every state store layout it runs on stops after a few batches with 2 shuffle
+partitions, is repartitioned offline by statehold (`repartition`: to 5 partitions, or to 8
+and that copy to 3, pair by pair), restarts on the repartitioned copy with more input, and
+writes the same rows as one uninterrupted run: a key in another partition than Spark's
+hash sends it to would lose its state, and its rows would differ. The source location does
+not change (its listing with sizes and mtimes). The baseline of the tests that inspect,
+savepoint, roll back and collect Spark's checkpoints: their interventions must keep this
+equality (they restart on the committed fixtures as Spark left them).
 
 The uninterrupted run of each pair is its committed fixture (tests/fixtures/spark/, written
 by this PySpark with the same settings over the same `FILES` input files, to its end): so
@@ -16,6 +20,7 @@ through S3A is tested in tests/spark_checkpoints/test_spark_s3a.py.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,7 @@ from typing import Any
 import pyspark
 import pytest
 
+from statehold.spark_checkpoints import open_spark_checkpoint
 from tests.support.spark_locations.committed_fixtures import (
     FILES,
     extractor,
@@ -30,6 +36,7 @@ from tests.support.spark_locations.committed_fixtures import (
     manifests,
     rows,
 )
+from tests.support.spark_locations.disk_trees import listing
 from tests.support.spark_locations.queries import (
     PROVIDERS,
     QUERIES,
@@ -50,6 +57,9 @@ PAIRS = [(q, p) for q in QUERIES for p in PROVIDERS if unsupported(q, p) is None
 #: query restarts on them from its committed fixture (tests/spark_checkpoints: savepoint,
 #: rollback and gc, then a restart equal to the fixture's uninterrupted run).
 MATRIX = [(q, p) for q, p in PAIRS if q == "window"]
+#: The partitions each pair's restart runs with: more than the first run's 2 (5), or
+#: fewer than a copy with more (2 -> 8 -> 3), every other pair.
+STEPS = {pair: (5,) if i % 2 == 0 else (8, 3) for i, pair in enumerate(PAIRS)}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +81,7 @@ def check_batches(output: Path, first_stop: int, last: int) -> None:
 @pytest.mark.parametrize(("query", "provider"), [
     pytest.param(q, p, marks=[pytest.mark.matrix] if (q, p) in MATRIX else []) for q, p in PAIRS
 ])
-def test_stop_and_restart_equals_an_uninterrupted_run(
+def test_stop_repartition_and_restart_equals_an_uninterrupted_run(
     spark: Any,
     extracted: Callable[[str], Path],
     tmp_path: Path,
@@ -87,11 +97,41 @@ def test_stop_and_restart_equals_an_uninterrupted_run(
     inputs, output, checkpoint = tmp_path / "input", tmp_path / "output", tmp_path / "ckpt"
     write_inputs(inputs, 0, FIRST)
     first_stop = run_query(spark, query, provider, str(checkpoint), inputs, output, FIRST - 1)
+    before = listing(checkpoint)
+    restart = checkpoint
+    for step, partitions in enumerate(STEPS[(query, provider)]):
+        source, restart = restart, tmp_path / f"repartitioned-{step}"
+        report = open_spark_checkpoint(str(source)).repartition(str(restart),
+                                                                partitions=partitions)
+        assert report.verified and report.batch == first_stop, report
+        assert report.partitions == partitions
+    assert listing(checkpoint) == before
     write_inputs(inputs, FIRST, MORE)
-    last = run_query(spark, query, provider, str(checkpoint), inputs, output, first_stop + MORE)
+    last = run_query(spark, query, provider, str(restart), inputs, output, first_stop + MORE)
     check_batches(output, first_stop, last)
     assert all_rows(output) == expected
-    assert (checkpoint / "state" / "0").is_dir()
+    held = {int(p.name) for p in (restart / "state" / "0").iterdir() if p.name.isdigit()}
+    assert held == set(range(partitions)), held  # Spark ran with the repartitioned count
+    # and its state once idle is the uninterrupted run's once idle (the stop's restart may
+    # count one batch more: one without data), read offline store by store
+    done = open_spark_checkpoint(str(restart))
+    original = open_spark_checkpoint(str(uninterrupted.checkpoint))
+    stores = sorted({(s.operator, s.name) for s in original.scan().stores})
+    assert stores == sorted({(s.operator, s.name) for s in done.scan().stores})
+    for operator, store in stores:
+        assert _state(done, operator, store, last) == _state(
+            original, operator, store, uninterrupted.last_batch), (operator, store)
+
+
+def _state(location: Any, operator: int, store: str, batch: int) -> list[str]:
+    """A store's rows at `batch`, whatever partition holds them; a join's values without
+    their `index` (which slot a value takes depends on the batches' boundaries: Spark
+    fills a removed value's slot with the key's last)."""
+    rows = (row for b in location.read_state(batch, operator=operator, store=store)
+            for row in b.to_pylist())
+    if store.endswith("keyWithIndexToValue"):
+        rows = ({k: v for k, v in row.items() if k != "index"} for row in rows)
+    return sorted(json.dumps(row, sort_keys=True, default=str) for row in rows)
 
 
 @pytest.mark.matrix  # each Spark's own refusal
