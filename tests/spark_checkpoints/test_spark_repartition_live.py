@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+from collections import Counter
 from collections.abc import Callable
 from decimal import Decimal as D
 from pathlib import Path
@@ -32,6 +33,7 @@ from statehold.spark_checkpoints.spark_types import (
     Struct,
 )
 from tests.spark_checkpoints.test_spark_savepoint import copy_output
+from tests.spark_checkpoints.test_spark_state_parity import frozen
 from tests.support.spark_locations.committed_fixtures import rows, running
 from tests.support.spark_locations.disk_trees import restartable_batches
 
@@ -411,6 +413,23 @@ def _placed_by_key(location: Any, partitions: int) -> int:
     return count
 
 
+def _by_partition(location: Any, batch: int) -> Counter[tuple[Any, ...]]:
+    """The session store's rows read offline, with their partitions."""
+    out: Counter[tuple[Any, ...]] = Counter()
+    for sid in sorted({s for s in location.scan().stores if s.operator == 0}):
+        for b in location.read_state(batch, partition=sid.partition):
+            columns = [c.to_pylist() for c in b.columns]  # by place: key and value share names
+            out.update((sid.partition, *map(frozen, row)) for row in zip(*columns, strict=True))
+    return out
+
+
+def _sparks_rows(spark: Any, uri: str, batch: int) -> Counter[tuple[Any, ...]]:
+    """The same rows as Spark's state data source (``statestore``) reads them."""
+    table = spark.read.format("statestore").option("batchId", batch).load(uri).toArrow()
+    return Counter((r["partition_id"], *map(frozen, r["key"].values()),
+                    *map(frozen, r["value"].values())) for r in table.to_pylist())
+
+
 def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -421,7 +440,10 @@ def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
     it was, and every key decoding as the source's do (`verify --deep`); restarted by
     Spark on the rest of the input: every row is the run that never stopped's (a key in
     the wrong partition loses its open sessions, so a session would be split). A session
-    deleted offline (`delete_keys`) is gone when read back, the rest as it was."""
+    deleted offline (`delete_keys`) is gone when read back, the rest as it was. On Spark 4
+    the rows read offline are those of Spark's own state reader, partition by partition."""
+    import pyspark
+
     from tests.support.spark_locations.queries import (
         QUERIES,
         Query,
@@ -431,6 +453,7 @@ def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
         write_inputs,
     )
 
+    spark_4 = int(pyspark.__version__.split(".")[0]) >= 4  # 3.5 has no state reader
     monkeypatch.setitem(QUERIES, "session", Query(_session_query, "append"))
     first, total = 4, 8
     inputs, everything = tmp_path / "in", tmp_path / "all"
@@ -448,6 +471,8 @@ def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
         source = open_spark_checkpoint(str(tmp_path / provider))
         before = _state(source, "default", last)
         assert before, provider
+        if spark_4:  # the offline rows are Spark's own reader's, partition by partition
+            assert _by_partition(source, last) == _sparks_rows(spark, source.uri, last)
         assert source.verify(deep=True).ok, provider  # its keys decode where Spark's do
         at = source
         for m in chain:
