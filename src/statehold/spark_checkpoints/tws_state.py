@@ -90,13 +90,18 @@ class Family:
         return next(i for i in range(len(self.key.fields)) if i not in self.ordering)
 
     @property
-    def grouping_types(self) -> list[SparkType]:
+    def grouping_fields(self) -> tuple[Field, ...]:
+        """The grouping key's columns."""
         at = self.grouping_field
         if at is None:
-            return [f.type for f in self.key.fields]
+            return self.key.fields
         inner = self.key.fields[at].type
         assert isinstance(inner, Struct)
-        return [f.type for f in inner.fields]
+        return inner.fields
+
+    @property
+    def grouping_types(self) -> list[SparkType]:
+        return [f.type for f in self.grouping_fields]
 
     def grouping(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
         """The grouping key's column values of a decoded key."""
@@ -182,6 +187,21 @@ class TwsOperator:
     delimiter: int
     #: The ``_stateSchema`` file read.
     schema_key: str
+    #: The snapshot zip metadata's column family fields (``columnFamilyMapping``,
+    #: ``columnFamilyTypeMap``, ``maxColumnFamilyId``) the ids came from.
+    zip_fields: dict[str, Any]
+
+    @property
+    def grouping(self) -> Struct:
+        """The grouping key's columns (every family's agree)."""
+        return Struct(next(iter(self.families.values())).grouping_fields)
+
+    @property
+    def internal_ids(self) -> set[int]:
+        """The ids of Spark's internal families (timers, TTL), which a snapshot counts
+        apart from the others (``numInternalKeys``)."""
+        types = self.zip_fields.get("columnFamilyTypeMap") or {}
+        return {i for name, i in self.ids.items() if types.get(name) is True}
 
     def family(self, name: str) -> Family:
         """The family of a state variable (or of any family, by its own name)."""
@@ -223,8 +243,14 @@ def tws_operator(location: SparkCheckpoint, found: Scan, operator: int,
     for name, key_text, value_text, spec_text in read_state_schema_v3(location.read(key), key):
         families[name] = _family(name, key_text, value_text, spec_text,
                                  kinds.get(name) == "ListState", f"{key} ({name})")
-    ids = _ids(location, found, operator, store)
-    return TwsOperator(operator, store, families, ids, variables, delimiter, key)
+    if not families:
+        raise SparkCheckpointError(f"{key}: no column families")
+    grouping = {tuple(f.grouping_fields) for f in families.values()}
+    if len(grouping) != 1:
+        raise SparkCheckpointError(f"{key}: the column families' grouping keys differ")
+    zip_fields = zip_family_fields(location, found, operator, store)
+    return TwsOperator(operator, store, families, zip_fields["columnFamilyMapping"], variables,
+                       delimiter, key, zip_fields)
 
 
 def _family(name: str, key_text: str, value_text: str, spec_text: str, multiple: bool,
@@ -278,19 +304,27 @@ def _variables(location: SparkCheckpoint, found: Scan, operator: int
     return list(out), out
 
 
-def _ids(location: SparkCheckpoint, found: Scan, operator: int, store: str) -> dict[str, int]:
-    """Each family's id, from the newest snapshot zip of any of the operator's partitions
-    (each registers the same families in the same order)."""
+def zip_family_fields(location: SparkCheckpoint, found: Scan, operator: int, store: str,
+                      keys: list[str] | None = None) -> dict[str, Any]:
+    """The column family fields of the newest snapshot zip among `keys` (default: any of
+    the operator's partitions', each of which registers the same families in the same
+    order): ``columnFamilyMapping`` (name -> id), ``columnFamilyTypeMap`` (name ->
+    internal?), ``maxColumnFamilyId``."""
     from statehold.spark_checkpoints.state_files import read_zip_metadata
 
-    zips = sorted(((n.version or 0, k) for k, n in found.names.items()
-                   if n.store is not None and (n.store.operator, n.store.name) == (operator, store)
-                   and k.endswith(".zip")), reverse=True)
-    for _version, key in zips:
-        mapping = (read_zip_metadata(location.read(key), key).model_extra or {}).get(
-            "columnFamilyMapping")
-        if isinstance(mapping, dict) and all(isinstance(v, int) for v in mapping.values()):
-            return {str(k): int(v) for k, v in mapping.items()}
+    if keys is None:
+        keys = [k for k, n in found.names.items() if n.store is not None
+                and (n.store.operator, n.store.name) == (operator, store) and k.endswith(".zip")]
+    ordered = sorted(((found.names[k].version or 0, k) for k in keys if k in found.names),
+                     reverse=True)
+    for _version, key in ordered:
+        extra = read_zip_metadata(location.read(key), key).model_extra or {}
+        mapping = extra.get("columnFamilyMapping")
+        if (isinstance(mapping, dict) and mapping
+                and all(isinstance(v, int) and 0 <= v < 1 << 15 for v in mapping.values())):
+            return {"columnFamilyMapping": {str(k): int(v) for k, v in mapping.items()},
+                    "columnFamilyTypeMap": extra.get("columnFamilyTypeMap") or {},
+                    "maxColumnFamilyId": extra.get("maxColumnFamilyId", max(mapping.values()))}
     raise SparkCheckpointError(
         f"operator {operator}: no snapshot yet names its column families' ids")
 
