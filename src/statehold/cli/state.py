@@ -506,7 +506,9 @@ def delete_command(
     keys: Annotated[Path, typer.Option(
         "--keys", help='The keys to delete: JSON lines, one object per key, the key\'s '
         'column names to values (timestamps as ISO 8601 text, a window as {"start": ..., '
-        '"end": ...}).', show_default=False)],
+        '"end": ...}); of a transformWithState operator, its grouping key\'s (the groupBy '
+        "columns): their records go from every state variable, timer and TTL family.",
+        show_default=False)],
     batch: Annotated[int | None, typer.Option(
         "--batch", min=0, help="The batch to restart after (default: the newest committed "
         "one a restart can start after).")] = None,

@@ -252,9 +252,17 @@ class SparkLocation(SparkCheckpoint):
     ) -> DeleteReport:
         """`transform` keeping every row but those whose key is in `keys` (each a mapping of
         the key's column names to values, as JSON gives them: timestamps as ISO 8601
-        text, a window as ``{"start": ..., "end": ...}``)."""
+        text, a window as ``{"start": ..., "end": ...}``). A transformWithState operator:
+        every record of every column family (state variables, timers, TTL) whose grouping
+        key is in `keys` (the ``groupBy`` columns)."""
         from statehold.spark_checkpoints.transform import delete_keys
+        from statehold.spark_checkpoints.tws_delete import delete_grouping_keys
+        from statehold.spark_checkpoints.tws_state import tws_operator
 
+        tws = tws_operator(self, self.scan(), operator)
+        if tws is not None:
+            return delete_grouping_keys(self, dest, tws, keys=keys, batch=batch,
+                                        progress=progress, dest_options=dest_options or None)
         return delete_keys(self, dest, operator=operator, keys=keys, batch=batch,
                            progress=progress, dest_options=dest_options or None)
 

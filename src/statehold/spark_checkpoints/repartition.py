@@ -384,22 +384,19 @@ def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int,
     ids = sorted(s for s in checkpoint.expected_stores(found) if s.operator == op)
     names = sorted({s.name for s in ids})
     tws = tws_operator(checkpoint, found, op, DEFAULT_STORE) if names == [DEFAULT_STORE] else None
-    if tws is not None or (isinstance(name, str) and "transformWithState" in name):
+    if tws is not None or (isinstance(name, str) and "transformwithstate" in name.lower()):
         if tws is None:
             raise SparkCheckpointError(
                 f"operator {op} ({name}): no state schema v3 file to read its column "
                 "families with; nothing written")
-        if change is not None and change.operator == op:
-            raise SparkCheckpointError(
-                f"operator {op} ({name}): transformWithState's state is not transformed yet; "
-                "nothing written")
+        records = change.records if change is not None and change.operator == op else None
         source = [s for s in ids if s.name == DEFAULT_STORE]
         if {found.stores[s].provider for s in source if s in found.stores} != {"rocksdb"}:
             raise SparkCheckpointError(f"operator {op} ({name}): not RocksDB's state")
         grouping = tws.grouping
         return str(name or "transformWithState"), "metadata", [_Store(
             DEFAULT_STORE, grouping, tuple(range(len(grouping.fields))), source, "rocksdb",
-            tws.zip_fields, tws=tws)]
+            tws.zip_fields, records, tws=tws)]
     schemas = {n: store_schema(checkpoint, found, StoreId(op, 0, n)) for n in names}
     known_from = "metadata"
     if not isinstance(name, str):
@@ -777,7 +774,7 @@ def _source_records(checkpoint: SparkCheckpoint, found: Scan, store: _Store, sid
                     batch: int, versioned: bool) -> Iterator[tuple[bytes, bytes]]:
     """A source partition's records as written to the new location: the source's bytes
     unchanged, or a transform's."""
-    if store.tws is not None:
+    if store.tws is not None and store.records is None:
         _files, needs = resolved(checkpoint, found, sid, batch)
         if not needs.ok:
             raise SparkCheckpointError(needs.problems[0])
