@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -80,24 +80,11 @@ class Family:
     #: A list state's: several values in one RocksDB value.
     multiple: bool = False
 
-    @property
-    def grouping_field(self) -> int | None:
-        """The key field that is the grouping key's struct; None: the whole key is."""
-        if self.encoder == "none":
-            return None
-        if self.encoder == "prefix":
-            return 0
-        return next(i for i in range(len(self.key.fields)) if i not in self.ordering)
-
-    @property
-    def grouping_fields(self) -> tuple[Field, ...]:
-        """The grouping key's columns."""
-        at = self.grouping_field
-        if at is None:
-            return self.key.fields
-        inner = self.key.fields[at].type
-        assert isinstance(inner, Struct)
-        return inner.fields
+    #: Where the grouping key is in the decoded key: () the whole key, (i,) the struct
+    #: field i, (i, j) field j of the struct field i (set by `tws_operator`).
+    path: tuple[int, ...] = ()
+    #: The grouping key's columns.
+    grouping_fields: tuple[Field, ...] = ()
 
     @property
     def grouping_types(self) -> list[SparkType]:
@@ -105,8 +92,29 @@ class Family:
 
     def grouping(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
         """The grouping key's column values of a decoded key."""
-        at = self.grouping_field
-        return key if at is None else tuple(key[at] or ())
+        value: Any = key
+        for i in self.path:
+            value = value[i] if value is not None else None
+        return tuple(value) if value is not None else (None,) * len(self.grouping_fields)
+
+    def located(self, grouping: tuple[Field, ...], where: str) -> Family:
+        """This family with where its key holds `grouping` (the operator's grouping key's
+        columns): its whole key, or a struct of them in a field not ordered by, or in
+        such a struct's field (a map state's TTL: ``elementKey.key``)."""
+        fields = self.key.fields
+        if self.encoder == "none" or fields == grouping:
+            if fields != grouping:
+                raise SparkCheckpointError(f"{where}: a key that is not the grouping key")
+            return replace(self, path=(), grouping_fields=grouping)
+        for i, f in enumerate(fields):
+            if i in self.ordering or not isinstance(f.type, Struct):
+                continue
+            if f.type.fields == grouping:
+                return replace(self, path=(i,), grouping_fields=grouping)
+            for j, inner in enumerate(f.type.fields):
+                if isinstance(inner.type, Struct) and inner.type.fields == grouping:
+                    return replace(self, path=(i, j), grouping_fields=grouping)
+        raise SparkCheckpointError(f"{where}: no grouping key in the key")
 
     def key_decoder(self, where: str) -> Decode:
         """The decoder of a RocksDB key of this family (its id first) into the key schema's
@@ -205,7 +213,7 @@ class TwsOperator:
 
     def family(self, name: str) -> Family:
         """The family of a state variable (or of any family, by its own name)."""
-        if name not in self.families or name not in self.ids:
+        if name not in self.families:
             raise SparkCheckpointError(
                 f"operator {self.operator} has no state variable {name!r} (it has: "
                 f"{', '.join(self.variables or sorted(self.families))})")
@@ -245,9 +253,8 @@ def tws_operator(location: SparkCheckpoint, found: Scan, operator: int,
                                  kinds.get(name) == "ListState", f"{key} ({name})")
     if not families:
         raise SparkCheckpointError(f"{key}: no column families")
-    grouping = {tuple(f.grouping_fields) for f in families.values()}
-    if len(grouping) != 1:
-        raise SparkCheckpointError(f"{key}: the column families' grouping keys differ")
+    grouping = _grouping(families, key)
+    families = {n: f.located(grouping, f"{key} ({n})") for n, f in families.items()}
     zip_fields = zip_family_fields(location, found, operator, store)
     return TwsOperator(operator, store, families, zip_fields["columnFamilyMapping"], variables,
                        delimiter, key, zip_fields)
@@ -278,10 +285,20 @@ def _family(name: str, key_text: str, value_text: str, spec_text: str, multiple:
         family = Family(name, key, value, "range", ordering=tuple(ordering), multiple=multiple)
     else:
         raise SparkCheckpointError(f"{where}: key encoder {str(kind)[:60]!r} is not read")
-    at = family.grouping_field
-    if at is not None and not (at < len(key.fields) and isinstance(key.fields[at].type, Struct)):
-        raise SparkCheckpointError(f"{where}: no grouping key struct in the key")
     return family
+
+
+def _grouping(families: dict[str, Family], where: str) -> tuple[Field, ...]:
+    """The operator's grouping key's columns: a no-prefix family's whole key (value and
+    list state, their counters), else a prefix family's first field (map state, timers)."""
+    for family in families.values():
+        if family.encoder == "none":
+            return family.key.fields
+    for family in families.values():
+        first = family.key.fields[0].type
+        if family.encoder == "prefix" and isinstance(first, Struct):
+            return first.fields
+    raise SparkCheckpointError(f"{where}: no column family says the grouping key")
 
 
 def _variables(location: SparkCheckpoint, found: Scan, operator: int
@@ -402,6 +419,8 @@ def read_variable(location: SparkCheckpoint, found: Scan, tws: TwsOperator, stor
     schema = family.schema()
     arrow = schema.arrow()
     width = len(schema.value.fields)
+    if name not in tws.ids:  # in the schema, never created: no records
+        return
     prefix = family_prefix(tws.ids[name])
     _files, needs = resolved(location, found, store, batch)
     if not needs.ok:
