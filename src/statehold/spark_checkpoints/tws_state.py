@@ -23,9 +23,10 @@ A value is the version byte and the value's UnsafeRow; a list state's several va
 each a 4-byte little-endian size and that many bytes (version byte, row), separated by one
 delimiter byte under RocksDB merge operator version 1 and none under version 2.
 
-Each record's grouping key (what ``groupBy`` gave, which Spark's hash partitions by) is the
-whole key of a no-prefix family; a prefix family's first field; a range family's first
-field that is not an ordering field (a struct of the grouping columns in the last two).
+Each record's grouping key (what ``groupBy`` gave, which Spark's hash partitions by) is a
+no-prefix family's whole key; in any other family a struct field of its key not ordered by
+(map state's and the timers' ``key``, a TTL family's ``elementKey``), or a struct inside
+one (a map state TTL's ``elementKey.key``): `Family.located`.
 """
 
 from __future__ import annotations
