@@ -241,6 +241,9 @@ def tws_operator(location: SparkCheckpoint, found: Scan, operator: int,
     key = schema_file(found, operator, store)
     if key is None:
         return None
+    data = location.read(key)
+    if not data.startswith(b"\x00\x02v3"):  # another operator's schema file: not tWS
+        return None
     conf = location.conf(found)
     for name, wanted in _REFUSED_CONF.items():
         if conf.get(name, wanted).lower() != wanted:
@@ -249,7 +252,7 @@ def tws_operator(location: SparkCheckpoint, found: Scan, operator: int,
     delimiter = 1 if conf.get(_MERGE_CONF, "1") == "1" else 0
     variables, kinds = _variables(location, found, operator)
     families = {}
-    for name, key_text, value_text, spec_text in read_state_schema_v3(location.read(key), key):
+    for name, key_text, value_text, spec_text in read_state_schema_v3(data, key):
         families[name] = _family(name, key_text, value_text, spec_text,
                                  kinds.get(name) == "ListState", f"{key} ({name})")
     if not families:
