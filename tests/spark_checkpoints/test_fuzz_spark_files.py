@@ -53,9 +53,13 @@ from statehold.spark_checkpoints.state_files import (
     read_zip_metadata,
 )
 from statehold.spark_checkpoints.state_reader import arrow_batch
-from statehold.spark_checkpoints.state_records import changelog_records
+from statehold.spark_checkpoints.state_records import changelog_records, typed_changelog_records
 from statehold.spark_checkpoints.state_records import records as read_records
-from statehold.spark_checkpoints.state_schema import StateSchema, read_state_schema
+from statehold.spark_checkpoints.state_schema import (
+    StateSchema,
+    read_state_schema,
+    read_state_schema_v3,
+)
 from statehold.spark_checkpoints.unsafe_row import decode_row, row_decoder
 from tests.support.fuzz import (
     FUZZ,
@@ -233,6 +237,38 @@ def _decode_typed_changelog(data: bytes) -> object:
                                             key, typed=True))
 
 
+def _changelog_typed_records() -> bytes:
+    """A v2 changelog of column families with a put, a merge, a delete and a range delete."""
+    def record(op: int, key: bytes, value: bytes | None) -> bytes:
+        size = -1 if value is None else len(value)
+        return (bytes([op]) + struct.pack(">i", len(key)) + key + struct.pack(">i", size)
+                + (value or b""))
+
+    body = (utf("v2") + record(1, b"\x02\x00k", b"\x00v") + record(0x11, b"\x03\x00k", b"\x00w")
+            + record(0x10, b"\x02\x00j", None) + record(0x20, b"\x04\x00", b"\x05\x00") + b"\x00")
+    return lz4_stream(body, block=64)
+
+
+def _decode_typed_records(data: bytes) -> object:
+    key = f"{STORE}/5.changelog"
+    return list(typed_changelog_records(decompressed(iter([data]), key), key))
+
+
+def _schema_v3() -> bytes:
+    def chunks(text: str) -> bytes:
+        return struct.pack(">i", 1) + utf(text)
+
+    family = (utf("count") + b"\x00\x00" + chunks(json.dumps(_KEY_JSON)) + b"\x00\x00"
+              + chunks(json.dumps(_KEY_JSON))
+              + chunks('{"keyStateEncoderType":"NoPrefixKeyStateEncoderSpec"}')
+              + chunks("{    }"))
+    return utf("v3") + struct.pack(">i", 1) + family
+
+
+_KEY_JSON = {"type": "struct", "fields": [
+    {"name": "key", "type": "string", "nullable": True, "metadata": {}}]}
+
+
 @dataclass(frozen=True)
 class Decoder:
     name: str
@@ -267,6 +303,9 @@ DECODERS = [
     Decoder("changelog-records", _changelog_v3, _decode_changelog),
     Decoder("lz4-checksummed", _delta, _decode_checksummed),
     Decoder("changelog-typed", _changelog_typed, _decode_typed_changelog),
+    Decoder("changelog-typed-records", _changelog_typed_records, _decode_typed_records),
+    Decoder("state-schema-v3", _schema_v3,
+            lambda d: read_state_schema_v3(d, "state/0/_stateSchema/default/0_u")),
 ]
 
 

@@ -6,8 +6,11 @@ rows, each key in the partition Spark's hash rule gives it; DEST verifies; the s
 keys, and carries the fields the location's Spark writes in a zip's metadata; the SSTs use
 the table format version Spark's do; the source's listing (sizes and mtimes) does not
 change; checkpoint format v2's new snapshots are named by new ids that ``commits/N`` records.
-Refusals (transformWithState, prefix-scan keys, avro encoding, a table
-format RocksDB 8 cannot read) write nothing; a repartition cut short leaves no commit.
+transformWithState's column families (every transform location, 2 -> 5 -> 1): every state
+variable's rows equal the source's, each row in the partition Spark's hash of its
+grouping key gives it, the zips carry the column family mapping and count the internal
+families' keys apart. Refusals (prefix-scan keys, avro encoding, a table format RocksDB 8
+cannot read) write nothing; a repartition cut short leaves no commit.
 Spark loading these files: test_spark_repartition_live.py."""
 
 from __future__ import annotations
@@ -26,12 +29,21 @@ import pytest
 from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpoint
 from statehold.spark_checkpoints.layout import StoreId
 from statehold.spark_checkpoints.spark_hash import partition_of
+from statehold.spark_checkpoints.spark_types import Atomic
 from statehold.spark_checkpoints.state_reader import store_records, store_schema
 from statehold.spark_checkpoints.unsafe_row import decode_row
 from tests.spark_checkpoints.test_spark_repartition import PARTITIONING
 from tests.support.spark_locations.committed_fixtures import copy_of, fixture, manifests
 from tests.support.spark_locations.disk_trees import listing
 
+TWS = [(v, loc["provider"]) for v, m in sorted(manifests().items()) for loc in m["locations"]
+       if loc["query"] == "transform"]
+#: transformWithState's state variables (the timers' two families) and each row's grouping key.
+TWS_GROUPING: dict[str, Callable[[dict[str, Any]], str]] = {
+    "count": lambda r: r["key"],
+    "$eventTimers_keyToTimestamp": lambda r: r["key"]["key"],
+    "$eventTimers_timestampToKey": lambda r: r["key"]["key"],
+}
 ROCKSDB = [(v, loc["query"], loc["provider"]) for v, m in sorted(manifests().items())
            for loc in m["locations"]
            if loc["provider"] in ("rocksdb", "rocksdb_changelog", "rocksdb_v2")
@@ -161,6 +173,70 @@ def test_rocksdb_repartitioned_to_5_then_to_1_keeps_every_row_where_sparks_hash_
     _check(fx.checkpoint, tmp_path / "one", one, query, 1)
 
 
+def _tws_rows(location: Any, state_var: str, partition: int | None = None
+              ) -> collections.Counter[str]:
+    return collections.Counter(
+        json.dumps(row, sort_keys=True)
+        for batch in location.read_state(state_var=state_var, partition=partition)
+        for row in batch.to_pylist())
+
+
+def _check_tws(root: Path, dest: Path, report: Any, partitions: int) -> None:
+    source = open_spark_checkpoint(str(root))
+    out = open_spark_checkpoint(str(dest))
+    assert out.verify().ok and out.listing().newest_committed == report.batch
+    [plan] = report.operators
+    assert [s.partitioning for s in plan.stores] == [["key"]]
+    meta = sorted((dest / "state/0/_metadata/v2").glob("[0-9]*"))[-1]
+    doc = json.loads(meta.read_text().split("\n", 1)[1])
+    assert {s["numPartitions"] for s in doc["stateStoreInfo"]} == {partitions}
+    source_zip = _zip_metadata(sorted(root.glob("state/0/0/*.zip"))[-1])
+    internal = {i for n, i in source_zip["columnFamilyMapping"].items()
+                if source_zip["columnFamilyTypeMap"][n]}
+    internal_rows = [0] * partitions
+    for state_var, grouping in TWS_GROUPING.items():
+        rows = _tws_rows(out, state_var)
+        assert rows == _tws_rows(source, state_var) and rows, state_var
+        for p in range(partitions):
+            for row in _tws_rows(out, state_var, p):
+                key = json.loads(row)
+                assert partition_of([grouping(key)], [Atomic("string")], partitions) == p
+                if state_var != "count":
+                    internal_rows[p] += 1
+    for p in range(partitions):
+        zips = list((dest / "state/0" / str(p)).glob("*.zip"))
+        assert len(zips) == 1
+        zdoc = _zip_metadata(zips[0])
+        assert {k: zdoc[k] for k in ("columnFamilyMapping", "columnFamilyTypeMap",
+                                     "maxColumnFamilyId")} == {
+            k: source_zip[k] for k in ("columnFamilyMapping", "columnFamilyTypeMap",
+                                       "maxColumnFamilyId")}
+        assert zdoc["numInternalKeys"] == internal_rows[p]
+        assert zdoc["numKeys"] + zdoc["numInternalKeys"] == plan.stores[0].per_partition[p]
+    assert internal and sum(internal_rows)
+
+
+@pytest.mark.parametrize(("version", "provider"), TWS)
+def test_transform_with_state_repartitioned_to_5_then_to_1_by_grouping_key(
+    extracted: Callable[[str], Path], tmp_path: Path, version: str, provider: str,
+) -> None:
+    fx = fixture(extracted(version), version, "transform", provider)
+    before = listing(fx.checkpoint)
+
+    five = open_spark_checkpoint(str(fx.checkpoint)).repartition(
+        str(tmp_path / "five"), partitions=5)
+
+    assert listing(fx.checkpoint) == before
+    assert (five.partitions_before, five.partitions, five.batch) == (2, 5, fx.last_batch)
+    _check_tws(fx.checkpoint, tmp_path / "five", five, 5)
+    between = listing(tmp_path / "five")
+    one = open_spark_checkpoint(str(tmp_path / "five")).repartition(
+        str(tmp_path / "one"), partitions=1)
+    assert listing(tmp_path / "five") == between
+    assert (one.partitions_before, one.partitions) == (5, 1)
+    _check_tws(fx.checkpoint, tmp_path / "one", one, 1)
+
+
 def test_worker_processes_write_what_one_process_writes(
     extracted: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -200,11 +276,7 @@ def test_rocksdb_refusals_write_nothing(extracted: Callable[[str], Path], tmp_pa
                                         ) -> None:
     version = "4.3.0"
     root = extracted(version)
-    refusals: list[tuple[Path, str]] = [
-        (fixture(root, version, "transform", "rocksdb").checkpoint, "transformWithState"),
-        (fixture(root, version, "transform", "rocksdb_changelog").checkpoint,
-         "transformWithState"),
-    ]
+    refusals: list[tuple[Path, str]] = []
     # a window's store whose metadata says its keys are laid out for prefix scans by one
     # column, not the two its shuffle hashes (only a session window's prefix is routed by)
     prefixed = copy_of(root, version, "window", "rocksdb", tmp_path / "prefixed").checkpoint

@@ -1,7 +1,8 @@
 """``statehold state`` on a Spark checkpoint location (the committed fixtures, no Spark):
 one store of one operator as a batch left it, as parquet or JSON lines, one file per
 partition, the rows `read_state` gives; ``--batch``, ``--operator``, ``--store``,
-``--schema``; the record batches written as they come; every refusal one line."""
+``--schema``, ``--state-var`` (transformWithState); the record batches written as they
+come; every refusal one line."""
 
 from __future__ import annotations
 
@@ -137,9 +138,8 @@ def test_refusals_are_one_line(extracted: Callable[[str], Path], tmp_path: Path)
     assert "not a Spark checkpoint location, which --batch, --store apply to only" in refused(
         str(tmp_path / "full"), "--out", str(tmp_path / "b"), "--batch", "1", "--store", "s")
     transform = located(extracted, "transform", "rocksdb")
-    assert "no state schema file" in (line := refused(
-        str(transform.checkpoint), "--out", str(tmp_path / "c")))
-    assert "--schema FILE" in line
+    assert "name a state variable (--state-var)" in refused(
+        str(transform.checkpoint), "--out", str(tmp_path / "c"))
     bad = tmp_path / "bad.json"
     bad.write_text('{"key": {"type": "struct", "fields": []}}')
     assert 'with "key" and "value"' in refused(ckpt, "--out", str(tmp_path / "d"),
@@ -192,3 +192,35 @@ def test_written_a_record_batch_at_a_time(tmp_path: Path) -> None:
         assert len((tmp_path / f"j{rows}" / "part-00000.jsonl").read_text().splitlines()) \
             == rows
     assert peaks[40_000] < 1.5 * peaks[4_000] + (1 << 20), peaks
+
+
+def test_a_transform_with_state_variable_and_its_timers(
+    extracted: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """``--state-var`` reads one of a transformWithState operator's column families; the
+    operator read without it, or by a name it does not have, is refused in one line that
+    names its state variables, and nothing is written."""
+    fx = located(extracted, "transform", "rocksdb_changelog")
+    ckpt = str(fx.checkpoint)
+    for name, columns in [("count", ["key", "count"]),
+                          ("$eventTimers_keyToTimestamp", ["key", "expiryTimestampMs"])]:
+        out = tmp_path / name
+        doc = run_json(ckpt, "--out", str(out), "--format", "jsonl", "--state-var", name)
+        key_columns = 1 if name == "count" else 2  # the timers' key: (key, expiry)
+        assert (doc["state_var"], doc["columns"], doc["key_columns"]) == (name, columns,
+                                                                         key_columns)
+        lines = [json.loads(line) for f in sorted(out.iterdir()) for line in
+                 f.read_text().splitlines()]
+        expected = offline(fx, fx.last_batch, state_var=name).to_pylist()
+        assert Counter(json.dumps(r, sort_keys=True) for r in lines) == Counter(
+            json.dumps(r, sort_keys=True) for r in expected) and lines
+        assert doc["rows"] == len(lines)
+    line = refused(ckpt, "--out", str(tmp_path / "none"))
+    assert line.endswith("name a state variable (--state-var): count, "
+                         "$eventTimers_keyToTimestamp")
+    assert "no state variable 'nope'" in refused(ckpt, "--out", str(tmp_path / "none"),
+                                                 "--state-var", "nope")
+    window = str(located(extracted, "window", "rocksdb").checkpoint)
+    assert "not transformWithState's" in refused(window, "--out", str(tmp_path / "none"),
+                                                 "--state-var", "count")
+    assert not (tmp_path / "none").exists()

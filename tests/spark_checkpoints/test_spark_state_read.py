@@ -6,9 +6,14 @@ partition equal the state the query's input implies, computed here from the inpu
 (tests.support.spark_locations.queries.input_rows: batch i reads file i) and the
 watermark they imply (checked against the one Spark recorded in the offsets).
 
-Then what is refused, in one line: transformWithState's state (no schema file; its
-column families), a batch not committed, a store without a schema file (a schema given
-instead reads it), a damaged delta, a damaged or missing SST.
+transformWithState's state (transformWithStateInPandas, ``CountWithTimers``: a ValueState
+``count`` and event-time timers in RocksDB column families) is read by state variable,
+each batch's against the counts and timers the input implies.
+
+Then what is refused, in one line: transformWithState's state read without a state
+variable (the error names them) or by one it does not have, a batch not committed, a
+store without a schema file (a schema given instead reads it), a damaged delta, a
+damaged or missing SST.
 """
 
 from __future__ import annotations
@@ -32,6 +37,11 @@ from tests.support.spark_locations.committed_fixtures import Fixture, copy_of, f
 from tests.support.spark_locations.handmade_files import big_hdfs_store
 from tests.support.spark_locations.queries import STEP, input_rows
 from tests.support.traced_peak import traced_peaks
+
+#: Each batch's timer is set this long after its key's newest row (CountWithTimers').
+TIMER_DELAY_MS = 60_000
+TWS_CASES = [(v, loc["provider"]) for v in sorted(manifests())
+             for loc in manifests()[v]["locations"] if loc["query"] == "transform"]
 
 #: Spark's watermark delay of the queries (10 minutes), in ms.
 DELAY_MS = 600_000
@@ -139,6 +149,60 @@ def test_offline_rows_equal_what_the_input_implies(
         assert actual(fx, kind, operator, batch) == want, batch
 
 
+def tws_expected(fx: Fixture, batch: int) -> tuple[Counter[tuple[Any, ...]],
+                                                  Counter[tuple[Any, ...]]]:
+    """The counts per key, and the timers (key, expiry ms) not yet fired, after `batch`:
+    each batch sets a timer per key it has rows of, its newest row's time plus the delay;
+    a timer fires once the batch's watermark reaches it."""
+    counts: Counter[str] = Counter()
+    timers: set[tuple[str, int]] = set()
+    for i in files_read(fx, batch):
+        rows = input_rows(i)
+        counts.update(r["key"] for r in rows)
+        for key in {r["key"] for r in rows}:
+            timers.add((key, max(r["ts"] for r in rows if r["key"] == key) * 1000
+                        + TIMER_DELAY_MS))
+    wm = watermark_ms(fx, batch)
+    return (Counter(counts.items()),
+            Counter(t for t in timers if t[1] > wm))
+
+
+def tws_actual(fx: Fixture, batch: int) -> tuple[Counter[tuple[Any, ...]],
+                                                Counter[tuple[Any, ...]]]:
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    counts: Counter[tuple[Any, ...]] = Counter()
+    for b in location.read_state(batch, state_var="count", batch_rows=3):
+        assert b.num_rows <= 3 and b.schema.names == ["key", "count"]
+        counts.update((r["key"], r["count"]) for r in b.to_pylist())
+    timers: Counter[tuple[Any, ...]] = Counter()
+    for b in location.read_state(batch, state_var="$eventTimers_keyToTimestamp"):
+        timers.update((r["key"]["key"], r["expiryTimestampMs"]) for r in b.to_pylist())
+    by_time: Counter[tuple[Any, ...]] = Counter()
+    for b in location.read_state(batch, state_var="$eventTimers_timestampToKey"):
+        by_time.update((r["key"]["key"], r["expiryTimestampMs"]) for r in b.to_pylist())
+    assert by_time == timers, "the timers' two families disagree"
+    return counts, timers
+
+
+@pytest.mark.parametrize(("version", "provider"), TWS_CASES,
+                         ids=[f"{v}-{p}" for v, p in TWS_CASES])
+def test_transform_with_state_read_by_state_variable(
+    extracted: Callable[[str], Path], version: str, provider: str
+) -> None:
+    fx = fixture(extracted(version), version, "transform", provider)
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    batches = readable_batches(fx, 0)
+    assert fx.last_batch in batches and len(batches) >= 2, batches
+    fired = 0
+    for batch in batches:
+        assert location.offsets(batch).metadata.batchWatermarkMs == watermark_ms(fx, batch)
+        counts, timers = tws_expected(fx, batch)
+        assert counts and timers, "a batch whose state the input says is empty tests nothing"
+        assert tws_actual(fx, batch) == (counts, timers), batch
+        fired += len(tws_expected(fx, batch - 1)[1] - timers) if batch else 0
+    assert fired, "no timer fired between the batches compared: their removal is untested"
+
+
 def test_the_expected_state_changes_between_batches(extracted: Callable[[str], Path]) -> None:
     """The batches compared hold different states (rows are evicted and added), so a
     reader that ignored the batch asked for would fail the test above."""
@@ -173,9 +237,16 @@ def test_what_is_not_read_is_refused_in_one_line(
     for provider in ("rocksdb", "rocksdb_changelog"):
         transform = open_spark_checkpoint(str(fixture(extracted(version), version,
                                                       "transform", provider).checkpoint))
-        _one_line(lambda: list(transform.read_state()), "no state schema file")  # noqa: B023
+        _one_line(lambda: list(transform.read_state()),  # noqa: B023
+                  r"transformWithState's: name a state variable .*: count, "
+                  r"\$eventTimers_keyToTimestamp$")
         _one_line(lambda: list(transform.read_state(schema=any_schema)),  # noqa: B023
-                  "column families")
+                  "name a state variable")
+        _one_line(lambda: list(transform.read_state(state_var="nope")),  # noqa: B023
+                  "no state variable 'nope'")
+    window = open_spark_checkpoint(str(fixture(extracted(version), version, "window",
+                                               "rocksdb").checkpoint))
+    _one_line(lambda: list(window.read_state(state_var="count")), "not transformWithState's")
     fx = copy_of(extracted(version), version, "dedup", "hdfs", tmp_path / "dedup")
     location = open_spark_checkpoint(str(fx.checkpoint))
     _one_line(lambda: list(location.read_state(fx.last_batch + 1)), "not committed")

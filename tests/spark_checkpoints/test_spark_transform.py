@@ -411,3 +411,72 @@ def test_the_cli_deletes_a_join_key_from_one_side(
         open_spark_checkpoint(str(fx.checkpoint)).delete_keys(
             str(tmp_path / "e"), operator=0, keys=[{"key": "k1"}])
     assert not (tmp_path / "e").exists()
+
+
+TWS = [(v, loc["provider"]) for v, m in sorted(manifests().items()) for loc in m["locations"]
+       if loc["query"] == "transform"]
+#: transformWithState's families as `read_state` names them, and each row's grouping key.
+TWS_GROUPING: dict[str, Callable[[dict[str, Any]], str]] = {
+    "count": lambda r: r["key"],
+    "$eventTimers_keyToTimestamp": lambda r: r["key"]["key"],
+    "$eventTimers_timestampToKey": lambda r: r["key"]["key"],
+}
+
+
+def _tws_rows(location: Any, state_var: str) -> list[dict[str, Any]]:
+    return [r for b in location.read_state(state_var=state_var) for r in b.to_pylist()]
+
+
+@pytest.mark.parametrize(("version", "provider"), TWS)
+def test_a_deleted_grouping_key_loses_its_state_and_its_timers(
+    extracted: Callable[[str], Path], tmp_path: Path, version: str, provider: str,
+) -> None:
+    """``delete_keys`` on a transformWithState operator: the grouping keys given lose
+    their records in every column family (the value state and both timer families), every
+    other record kept as it was, where Spark's hash of its grouping key puts it."""
+    fx = fixture(extracted(version), version, "transform", provider)
+    source = open_spark_checkpoint(str(fx.checkpoint))
+    before = listing(fx.checkpoint)
+    gone = {"k0", "k2"}
+    report = source.delete_keys(str(tmp_path / "d"), operator=0,
+                                keys=[{"key": k} for k in [*sorted(gone), "nobody"]])
+    assert listing(fx.checkpoint) == before
+    out = open_spark_checkpoint(str(tmp_path / "d"))
+    assert out.verify().ok
+    removed = 0
+    for state_var, grouping in TWS_GROUPING.items():
+        rows = _tws_rows(source, state_var)
+        left = _tws_rows(out, state_var)
+        kept = [r for r in rows if grouping(r) not in gone]
+        assert len(kept) < len(rows) and kept, state_var
+        assert sorted(map(json.dumps, left)) == sorted(map(json.dumps, kept)), state_var
+        removed += len(rows) - len(kept)
+        for p in range(2):
+            for r in out.read_state(state_var=state_var, partition=p):
+                for row in r.to_pylist():
+                    assert partition_of([grouping(row)], [Atomic("string")], 2) == p
+    assert (report.keys_given, report.not_found, report.deleted) == (3, 1, removed)
+    assert report.rows_written == report.rows_read - removed
+
+
+def test_the_cli_deletes_grouping_keys_of_transform_with_state(
+    extracted: Callable[[str], Path], tmp_path: Path,
+) -> None:
+    fx = fixture(extracted("4.3.0"), "4.3.0", "transform", "rocksdb_v2")
+    keys = tmp_path / "keys.jsonl"
+    keys.write_text('{"key": "k1"}\n')
+    done = CliRunner().invoke(app, ["state", "delete", str(fx.checkpoint), str(tmp_path / "d"),
+                                    "--operator", "0", "--keys", str(keys), "--json"])
+    assert done.exit_code == 0, (done.stdout, done.stderr)
+    doc = json.loads(done.stdout)
+    assert (doc["keys_given"], doc["not_found"], doc["verified"]) == (1, 0, True)
+    out = open_spark_checkpoint(str(tmp_path / "d"))
+    assert [r for r in _tws_rows(out, "count") if r["key"] == "k1"] == []
+    assert all(r["key"]["key"] != "k1" for r in _tws_rows(out, "$eventTimers_keyToTimestamp"))
+    bad = keys.with_name("bad.jsonl")
+    bad.write_text('{"name": "k1"}\n')
+    refused = CliRunner().invoke(app, ["state", "delete", str(fx.checkpoint),
+                                       str(tmp_path / "e"), "--operator", "0", "--keys",
+                                       str(bad)])
+    assert refused.exit_code == 1 and "not the key's columns (key)" in refused.stderr
+    assert not (tmp_path / "e").exists()

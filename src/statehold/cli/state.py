@@ -83,6 +83,8 @@ class SparkStateDump(BaseModel):
     key_columns: int
     rows: int
     files: list[str]
+    #: a transformWithState operator's state variable read
+    state_var: str | None = None
 
 
 def _json(value: Any) -> str:
@@ -167,15 +169,18 @@ def dump_spark_state(
     operator: int | None = None,
     store: str | None = None,
     schema: StateSchema | None = None,
+    state_var: str | None = None,
     progress: Progress | None = None,
 ) -> SparkStateDump:
     """Write one store of `location` as `batch` (default: the newest committed) left it
     to `out` (created; must be empty if it exists), one file per partition. `operator`
     and `store` may be left out where the location has one. Everything is checked (the
-    batch, the operator and store, the schema) before `out` is made."""
+    batch, the operator and store, the schema) before `out` is made. `state_var`: a
+    transformWithState operator's state variable (which such an operator needs)."""
     # imported when used: the other commands start without Arrow's and RocksDB's import
     from statehold.spark_checkpoints.layout import StoreId
     from statehold.spark_checkpoints.state_reader import read_store
+    from statehold.spark_checkpoints.tws_state import read_variable, tws_operator
 
     progress = progress or NoProgress()
     _empty_out(out)
@@ -193,6 +198,17 @@ def dump_spark_state(
                     "store", "--store", f"{uri} operator {operator}")
     partitions = sorted(s.partition for s in found.stores
                         if (s.operator, s.name) == (operator, store))
+    tws = tws_operator(location, found, operator, store)
+    if tws is None and state_var is not None:
+        raise SparkCheckpointError(
+            f"{uri}: operator {operator} is not transformWithState's; --state-var applies to "
+            "such an operator only")
+    if tws is not None:
+        if state_var is None:
+            raise SparkCheckpointError(
+                f"{uri}: operator {operator} is transformWithState's: name a state variable "
+                f"(--state-var): {', '.join(tws.variables)}")
+        schema = tws.family(state_var).schema()
     schema = schema or location.state_schema(operator=operator, store=store)
     arrow = schema.arrow()
     repeated = sorted({n for n in arrow.names if arrow.names.count(n) > 1})
@@ -207,8 +223,10 @@ def dump_spark_state(
     for partition in partitions:
         path = out / f"part-{partition:05d}.{fmt.value}"
         # the listing taken above, not one more per partition (read_state lists anew)
-        batches = read_store(location, found, StoreId(operator, partition, store), batch,
-                             schema=schema)
+        one = StoreId(operator, partition, store)
+        batches = (read_variable(location, found, tws, one, batch, state_var, 4096)
+                   if tws is not None and state_var is not None
+                   else read_store(location, found, one, batch, schema=schema))
         written = (_write_jsonl(path, batches, progress) if fmt is Format.jsonl
                    else _write_batches(path, batches, arrow, progress))
         rows += written
@@ -216,7 +234,7 @@ def dump_spark_state(
     return SparkStateDump(
         checkpoint=uri, batch=batch, operator=operator, store=store, format=fmt.value,
         out=str(out), columns=arrow.names, key_columns=len(schema.key.fields), rows=rows,
-        files=files,
+        files=files, state_var=state_var,
     )
 
 
@@ -364,6 +382,11 @@ def state_command(
         "--schema", help="A Spark checkpoint location only: the key and value schemas, where "
         'the location holds none it can read: a JSON file {"key": ..., "value": ...}, each '
         "Spark's StructType JSON (StructType.json()).")] = None,
+    state_var: Annotated[str | None, typer.Option(
+        "--state-var", help="A Spark checkpoint location only: a transformWithState "
+        "operator's state variable (its column family; the registered timers are "
+        "$eventTimers_keyToTimestamp or $procTimers_keyToTimestamp); a list state's rows "
+        "one per element.")] = None,
     as_json: JsonOption = False,
     ha: HaOption = None,
 ) -> None:
@@ -371,7 +394,8 @@ def state_command(
     column per state. A Spark checkpoint location's: one store of one operator as a
     committed batch left it, the key's columns then the value's, one file per partition."""
     given_spark = [o for o, v in (("--batch", batch), ("--store", store),
-                                  ("--schema", schema)) if v is not None]
+                                  ("--schema", schema), ("--state-var", state_var))
+                   if v is not None]
     not_spark = (f"not a Spark checkpoint location, which {', '.join(given_spark)} apply to "
                  "only") if given_spark else ""
     with handle_errors(as_json), RichProgress(not as_json) as progress, opened(
@@ -387,7 +411,7 @@ def state_command(
                 spark_result = dump_spark_state(
                     spark, out, fmt, batch=batch,
                     operator=None if operator is None else int(operator), store=store,
-                    schema=given, progress=progress)
+                    schema=given, state_var=state_var, progress=progress)
             except StateSchemaUnreadable as e:
                 fail(f"{e} {_SCHEMA_HINT}", as_json=as_json)
             except OSError as e:
@@ -406,7 +430,9 @@ def state_command(
         def render_spark() -> None:
             say(
                 f"{spark_result.checkpoint} (operator {spark_result.operator}, "
-                f"{spark_result.store}, batch {spark_result.batch}): {spark_result.rows} "
+                f"{spark_result.store}"
+                + (f" {spark_result.state_var}" if spark_result.state_var else "")
+                + f", batch {spark_result.batch}): {spark_result.rows} "
                 f"rows, columns {', '.join(spark_result.columns)} -> {spark_result.out} "
                 f"({len(spark_result.files)} {spark_result.format} files)"
             )
@@ -491,7 +517,9 @@ def delete_command(
     keys: Annotated[Path, typer.Option(
         "--keys", help='The keys to delete: JSON lines, one object per key, the key\'s '
         'column names to values (timestamps as ISO 8601 text, a window as {"start": ..., '
-        '"end": ...}).', show_default=False)],
+        '"end": ...}); of a transformWithState operator, its grouping key\'s (the groupBy '
+        "columns): their records go from every state variable, timer and TTL family.",
+        show_default=False)],
     side: Annotated[Side | None, typer.Option(
         "--side", help="A stream-stream join's keys (its join key's columns) are removed "
         "from both sides' state; left or right: from that side's only.",

@@ -255,9 +255,21 @@ class SparkLocation(SparkCheckpoint):
         the key's column names to values, as JSON gives them: timestamps as ISO 8601
         text, a window as ``{"start": ..., "end": ...}``). A stream-stream join's keys are
         its join key's columns: each key's count and every buffered row of it removed
-        from both sides, or from `side` (``left``, ``right``) only."""
+        from both sides, or from `side` (``left``, ``right``) only. A transformWithState
+        operator's are its grouping key's (the ``groupBy`` columns): every record of every
+        column family (state variables, timers, TTL) of those keys removed."""
         from statehold.spark_checkpoints.key_delete import delete_keys
+        from statehold.spark_checkpoints.tws_delete import delete_grouping_keys
+        from statehold.spark_checkpoints.tws_state import tws_operator
 
+        tws = tws_operator(self, self.scan(), operator)
+        if tws is not None:
+            if side is not None:
+                raise SparkCheckpointError(
+                    f"operator {operator} is transformWithState, not a stream-stream join: "
+                    "--side names a join's side; nothing written")
+            return delete_grouping_keys(self, dest, tws, keys=keys, batch=batch,
+                                        progress=progress, dest_options=dest_options or None)
         return delete_keys(self, dest, operator=operator, keys=keys, side=side, batch=batch,
                            progress=progress, dest_options=dest_options or None)
 
@@ -279,15 +291,30 @@ class SparkLocation(SparkCheckpoint):
         partition: int | None = None,
         schema: StateSchema | None = None,
         batch_rows: int = 4096,
+        state_var: str | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """The state of one operator's store as `batch` (default: the newest committed)
         left it, read without Spark: Arrow record batches of the key columns, then the
         value columns (the schema's metadata ``statehold.key_columns`` says how many are
         the key), one partition after another (`partition`: only that one), streamed.
-        `schema`: the key and value schemas, where the location holds none."""
+        `schema`: the key and value schemas, where the location holds none.
+        `state_var`: a transformWithState operator's state variable (its column family,
+        Spark's ``stateVarName``; the registered timers are ``$eventTimers_keyToTimestamp``
+        or ``$procTimers_keyToTimestamp``), read with the schema its state schema v3 file
+        gives; a list state's rows one per element."""
         from statehold.spark_checkpoints.state_reader import read_store
+        from statehold.spark_checkpoints.tws_state import read_variable, tws_operator
 
         found = self.scan()
+        tws = tws_operator(self, found, operator, store)
+        if tws is None and state_var is not None:
+            raise SparkCheckpointError(
+                f"{self.uri}: operator {operator} is not transformWithState's; it has no "
+                "state variables")
+        if tws is not None and state_var is None:
+            raise SparkCheckpointError(
+                f"{self.uri}: operator {operator} is transformWithState's: name a state "
+                f"variable (state_var, --state-var): {', '.join(tws.variables)}")
         if batch is None:
             batch = found.newest_committed
             if batch is None:
@@ -300,7 +327,11 @@ class SparkLocation(SparkCheckpoint):
         else:
             stores = [StoreId(operator, partition, store)]
         for one in stores:
-            yield from read_store(self, found, one, batch, schema=schema, batch_rows=batch_rows)
+            if tws is not None and state_var is not None:
+                yield from read_variable(self, found, tws, one, batch, state_var, batch_rows)
+            else:
+                yield from read_store(self, found, one, batch, schema=schema,
+                                      batch_rows=batch_rows)
 
 
 #: The old name of `SparkLocation`.

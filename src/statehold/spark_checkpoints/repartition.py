@@ -93,6 +93,15 @@ from statehold.spark_checkpoints.spark_types import Atomic, SparkType, Struct
 from statehold.spark_checkpoints.state_files import read_zip_metadata
 from statehold.spark_checkpoints.state_reader import resolved, store_records, store_schema
 from statehold.spark_checkpoints.state_writer import SnapshotWriter
+from statehold.spark_checkpoints.tws_records import tws_records
+from statehold.spark_checkpoints.tws_state import (
+    TwsOperator,
+    family_id,
+    family_prefix,
+    grouping_router,
+    tws_operator,
+    zip_family_fields,
+)
 from statehold.spark_checkpoints.unsafe_row import row_decoder
 from statehold.spark_checkpoints.workers import Workers
 from statehold.storage import LocalStorage, Storage, StorageError
@@ -166,6 +175,8 @@ class _Store:
     records: Records | None = None
     #: RocksDB keys laid out for prefix scans (a session window's): hashed by the prefix.
     prefixed: PrefixKeys | None = None
+    #: transformWithState's column families: each record routed by its grouping key.
+    tws: TwsOperator | None = None
 
 
 #: A source partition's records as written to the new location: (the key's values, key
@@ -261,7 +272,7 @@ def rewrite(
     ops = set(found.operators) if not changes or m != before else changed_ops
     plans = {op: _plan(checkpoint, found, op, n, changes) for op in ops}
     metadata = {k: _operator_metadata_text(checkpoint, k, m) for k in files
-                if parse(k).kind is Kind.OPERATOR_METADATA}
+                if parse(k).kind is Kind.OPERATOR_METADATA and "/_stateSchema/" not in k}
     check_destination(checkpoint, out)
 
     written: dict[str, int] = {}
@@ -378,12 +389,23 @@ def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int,
     stores_info = {str(s.get("storeName", DEFAULT_STORE)): s
                    for s in ((doc or {}).get("stateStoreInfo") or []) if isinstance(s, dict)}
     name = info.get("operatorName") if isinstance(info, dict) else None
-    if isinstance(name, str) and "transformWithState" in name:
-        raise SparkCheckpointError(
-            f"operator {op} ({name}): transformWithState's state (column families) is not "
-            "repartitioned yet; nothing written")
     ids = sorted(s for s in checkpoint.expected_stores(found) if s.operator == op)
     names = sorted({s.name for s in ids})
+    tws = tws_operator(checkpoint, found, op, DEFAULT_STORE) if names == [DEFAULT_STORE] else None
+    if tws is not None or (isinstance(name, str) and "transformwithstate" in name.lower()):
+        if tws is None:
+            raise SparkCheckpointError(
+                f"operator {op} ({name}): no state schema v3 file to read its column "
+                "families with; nothing written")
+        mine = [c for c in changes if c.operator == op]
+        records = mine[0].records if mine else None
+        source = [s for s in ids if s.name == DEFAULT_STORE]
+        if {found.stores[s].provider for s in source if s in found.stores} != {"rocksdb"}:
+            raise SparkCheckpointError(f"operator {op} ({name}): not RocksDB's state")
+        grouping = tws.grouping
+        return str(name or "transformWithState"), "metadata", [_Store(
+            DEFAULT_STORE, grouping, tuple(range(len(grouping.fields))), source, "rocksdb",
+            tws.zip_fields, records, tws=tws)]
     schemas = {n: store_schema(checkpoint, found, StoreId(op, 0, n)) for n in names}
     known_from = "metadata"
     if not isinstance(name, str):
@@ -620,13 +642,17 @@ def _repartition_rocksdb(
         dirs = [Path(tmp) / f"{p}" for p in range(partitions)]
         route = functools.partial(_route_to_runs, checkpoint, found, op, store, batch,
                                   dirs, format_version)
-        build = functools.partial(_build, format_version=format_version,
-                                  extra=store.zip_extra or {}, crc=with_crc)
+        build = functools.partial(_build, format_version=format_version, crc=with_crc)
         counts = [0] * partitions
-        for routed in pool(route, store.source):
+        internal = [0] * partitions
+        for routed, routed_internal in pool(route, store.source):
             counts = [a + b for a, b in zip(counts, routed, strict=True)]
+            internal = [a + b for a, b in zip(internal, routed_internal, strict=True)]
             progress.advance(1)
-        for p, (built, crcs) in enumerate(pool(build, dirs, counts)):
+        extras = [{"numInternalKeys": n, **(store.zip_extra or {})} if store.tws is not None
+                  else store.zip_extra or {} for n in internal]
+        rows = [a - b for a, b in zip(counts, internal, strict=True)]
+        for p, (built, crcs) in enumerate(pool(build, dirs, rows, extras)):
             sid = StoreId(op, p, store.name)
             for sst in built.ssts:
                 _hand_over(out, sst.path, f"{sid.prefix}/SSTs/{sst.dfs}", written,
@@ -679,22 +705,75 @@ def _pool(workers: int) -> Iterator[Pool]:
 def _route_to_runs(
     checkpoint: SparkCheckpoint, found: Scan, op: int, store: _Store, batch: int,
     dirs: list[Path], format_version: int, sid: StoreId,
-) -> list[int]:
+) -> tuple[list[int], list[int]]:
     """One source partition's records to the new partitions' runs (each under its new
-    partition's directory, named by the source partition); its rows per new partition."""
+    partition's directory, named by the source partition); its rows per new partition,
+    and of them those of internal column families (transformWithState's timers, TTL)."""
     runs = [VersionRuns(d, f"from-{sid.partition}", format_version=format_version)
             for d in dirs]
     counts = [0] * len(dirs)
+    internal = [0] * len(dirs)
     try:
-        _route_records(_source_records(checkpoint, found, store, sid, batch, True), store,
-                       [r.add for r in runs], counts, True, _key_decoder(op, store), sid)
+        records = _source_records(checkpoint, found, store, sid, batch, True)
+        if store.tws is not None:
+            _route_families(checkpoint, found, store.tws, sid, batch, records,
+                            [r.add for r in runs], counts, internal)
+        else:
+            _route_records(records, store, [r.add for r in runs], counts, True,
+                           _key_decoder(op, store), sid)
     finally:
         for r in runs:
             r.close()
-    return counts
+    return counts, internal
 
 
-def _build(directory: Path, rows: int, *, format_version: int, extra: Mapping[str, Any],
+def _route_families(
+    checkpoint: SparkCheckpoint, found: Scan, tws: TwsOperator, sid: StoreId, batch: int,
+    records: Iterator[tuple[bytes, bytes]], sinks: list[Callable[[bytes, bytes], None]],
+    counts: list[int], internal: list[int],
+) -> None:
+    """A transformWithState source partition's records, every column family's, each to
+    the new partition Spark's hash of its grouping key sends it to, its bytes as they are
+    but for its family id where this partition's snapshot numbered the family otherwise
+    than the one the new snapshots carry."""
+    remap = _family_remap(checkpoint, found, tws, sid, batch)
+    route = grouping_router(tws, len(sinks), str(sid))
+    internal_ids = tws.internal_ids
+    for key, value in records:
+        fid = family_id(key)
+        if remap:
+            if fid not in remap:
+                raise SparkCheckpointError(f"{sid}: a key of column family {fid}, which its "
+                                           "snapshot does not name")
+            fid = remap[fid]
+            key = family_prefix(fid) + key[2:]
+        target = route(key)
+        sinks[target](key, value)
+        counts[target] += 1
+        internal[target] += fid in internal_ids
+
+
+def _family_remap(checkpoint: SparkCheckpoint, found: Scan, tws: TwsOperator, sid: StoreId,
+                  batch: int) -> dict[int, int]:
+    """The source partition's family ids -> the new snapshots' (by family name); empty
+    where they agree (or the partition's version has no snapshot to say)."""
+    _files, needs = resolved(checkpoint, found, sid, batch)
+    zips = [k for k in needs.files if k.endswith(".zip")]
+    if not zips:
+        return {}
+    own = zip_family_fields(checkpoint, found, sid.operator, sid.name, zips)
+    mapping = own["columnFamilyMapping"]
+    if mapping == tws.ids:
+        return {}
+    missing = sorted(set(mapping) - set(tws.ids))
+    if missing:
+        raise SparkCheckpointError(
+            f"{sid}: column families {', '.join(missing)} that the operator's newest "
+            "snapshot does not name; nothing written")
+    return {i: tws.ids[name] for name, i in mapping.items()}
+
+
+def _build(directory: Path, rows: int, extra: Mapping[str, Any], *, format_version: int,
            crc: bool) -> tuple[BuiltVersion, dict[str, bytes]]:
     """A new partition's version built from its runs, and each file's Hadoop CRC (by file
     name; none unless `crc`)."""
@@ -708,6 +787,11 @@ def _source_records(checkpoint: SparkCheckpoint, found: Scan, store: _Store, sid
                     batch: int, versioned: bool) -> Iterator[tuple[bytes, bytes]]:
     """A source partition's records as written to the new location: the source's bytes
     unchanged, or a transform's."""
+    if store.tws is not None and store.records is None:
+        _files, needs = resolved(checkpoint, found, sid, batch)
+        if not needs.ok:
+            raise SparkCheckpointError(needs.problems[0])
+        return tws_records(checkpoint, sid, needs, store.tws.delimiter)
     if store.records is None:
         return store_records(checkpoint, found, sid, batch)
     return ((key, value) for _key_values, key, value in store.records(sid, batch, versioned))

@@ -224,7 +224,7 @@ def file_records(location: SparkCheckpoint, key: str, store: StoreId, tmp: Path,
         finally:
             shutil.rmtree(db, ignore_errors=True)
         return
-    blocks = _blocks(location, key, tmp, checksums)
+    blocks = file_blocks(location, key, tmp, checksums)
     if key.endswith(".changelog"):
         yield from changelog_records(blocks, key, typed=column_families)
     else:
@@ -245,7 +245,7 @@ def _decoder(schema: Struct, where: str, skip: int) -> Callable[[bytes], tuple[A
     return versioned
 
 
-def _blocks(location: SparkCheckpoint, key: str, tmp: Path, checksums: bool = False
+def file_blocks(location: SparkCheckpoint, key: str, tmp: Path, checksums: bool = False
             ) -> Iterator[bytes]:
     """`key`'s decompressed blocks, from a local copy read a chunk at a time."""
     local = tmp / "file"  # one at a time: a file is read to its end before the next

@@ -3,18 +3,23 @@ and of RocksDB's ``.changelog`` files, read from their decompressed stream
 (`state_files.decompressed`).
 
 A changelog of checkpoint format v2 starts with a header (``v3`` and its lineage, each a
-``writeUTF``), skipped here; the typed changelogs of column families (``v2``, ``v4``) are
-refused in one line, not read yet. Each record is the key's size (a big-endian int), the
+``writeUTF``), skipped here. Each record is the key's size (a big-endian int), the
 key's UnsafeRow, the value's size and the value's UnsafeRow; in a delta or changelog a
 value size of -1 deletes the key. A key size of -1 ends the records, and nothing may
 follow it. Memory: one block and one record; a
 record claiming more than `MAX_RECORD_BYTES` is refused before it is gathered.
+
+The typed changelogs of column families (transformWithState's; ``v2``, and ``v4`` with
+format v2's lineage after it) are records of a type byte each (`TypedOp`): a put (key,
+value), a delete (key, then -1), a merge (key, a value to append to the key's), a range
+delete (first key, end key); a 0 ends them (`typed_changelog_records`).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from enum import IntEnum
 
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 
@@ -70,6 +75,16 @@ def _records(stream: _Stream, key: str, *, deletes: bool) -> Iterator[
         raise SparkCheckpointError(f"{key}: data after the end of the records")
 
 
+class TypedOp(IntEnum):
+    """A typed changelog record's type byte, as Spark writes it."""
+
+    END = 0x00
+    PUT = 0x01
+    DELETE = 0x10
+    MERGE = 0x11
+    DELETE_RANGE = 0x20
+
+
 def changelog_records(blocks: Iterator[bytes], key: str, *, typed: bool = False
                       ) -> Iterator[tuple[bytes, bytes | None]]:
     """A RocksDB changelog's records (`records` with deletes), after its header.
@@ -84,9 +99,43 @@ def changelog_records(blocks: Iterator[bytes], key: str, *, typed: bool = False
             return iter(())
         if version != "v3":
             raise SparkCheckpointError(
-                f"{key}: a changelog {version[:8]!r} (column families) is not read yet")
+                f"{key}: a changelog {version[:8]!r} (column families) is read by state "
+                "variable only")
         stream.utf()  # the lineage (stores.resolve has read it)
     return _records(stream, key, deletes=True)
+
+
+def typed_changelog_records(blocks: Iterator[bytes], key: str
+                            ) -> Iterator[tuple[TypedOp, bytes, bytes | None]]:
+    """A typed changelog's (v2, v4) records in file order: (type, key, value), the value
+    None for a delete and the end key for a range delete. Refused in one line where it is
+    not a typed changelog, a type byte is unknown, or the records do not end."""
+    stream = _Stream(blocks, key)
+    if stream.peek(3) != b"\x00\x02v" or (version := stream.utf()) not in ("v2", "v4"):
+        raise SparkCheckpointError(f"{key}: not a changelog of column families (v2, v4)")
+    if version == "v4":
+        stream.utf()  # the lineage (stores.resolve has read it)
+    count = 0
+    while True:
+        code = stream.take(1)[0]
+        try:
+            op = TypedOp(code)
+        except ValueError:
+            raise SparkCheckpointError(
+                f"{key}: record {count} has an unknown type {code:#04x}") from None
+        if op is TypedOp.END:
+            break
+        row = stream.take(_checked(stream.int(), key, count, "key"))
+        size = stream.int()
+        if op is TypedOp.DELETE:
+            if size != -1:
+                raise SparkCheckpointError(f"{key}: record {count} deletes with a value")
+            yield op, row, None
+        else:
+            yield op, row, stream.take(_checked(size, key, count, "value"))
+        count += 1
+    if not stream.at_end():
+        raise SparkCheckpointError(f"{key}: data after the end of the records")
 
 
 def _checked(size: int, key: str, index: int, what: str) -> int:

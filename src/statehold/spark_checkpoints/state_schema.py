@@ -5,8 +5,12 @@ with.
 Spark writes it with Java's DataOutputStream: the version as ``writeUTF`` (``v1``, ``v2``),
 then for v1 the key and value schemas' JSON, each one ``writeUTF``; for v2 each schema as
 a chunk count (4-byte int) and that many ``writeUTF`` chunks (a schema may be longer than
-one UTF string's 64 KiB). Version 3 (transformWithState's column families, under
-``state/OP/_stateSchema/``) is refused in one line: not read yet.
+one UTF string's 64 KiB). Version 3 (transformWithState's, under
+``state/OP/_stateSchema/STORE/``) is a column family count (4-byte int), then for each
+family its name (``writeUTF``) and four chunked texts: the key schema, the value schema
+(each after its 2-byte schema id), the key encoder's spec and the user key encoder's
+schema (``{    }`` for none), read by
+`read_state_schema_v3` (`tws_state` makes sense of them).
 
 Where a location holds no schema a reader can use, the caller gives one as JSON
 (`parse_state_schema_json`): ``{"key": <StructType JSON>, "value": <StructType JSON>}``,
@@ -76,12 +80,40 @@ def read_state_schema_texts(data: bytes, where: str) -> tuple[str, str]:
         key, value = reader.chunks(), reader.chunks()
     elif version == "v3":
         raise SparkCheckpointError(
-            f"{where}: state schema v3 (transformWithState's column families) is not read yet")
+            f"{where}: state schema v3 (transformWithState's column families): read it by "
+            "state variable")
     else:
         raise SparkCheckpointError(f"{where}: not a state schema file (version {version[:20]!r})")
     if reader.at != len(data):
         raise SparkCheckpointError(f"{where}: {len(data) - reader.at} bytes after the schemas")
     return key, value
+
+
+def read_state_schema_v3(data: bytes, where: str) -> list[tuple[str, str, str, str]]:
+    """A v3 schema file's column families: (name, key schema, value schema, key encoder
+    spec) as their JSON texts; SparkCheckpointError (one line) when it is not one."""
+    if len(data) > MAX_SCHEMA_BYTES:
+        raise SparkCheckpointError(f"{where}: {len(data)} bytes, not a state schema file")
+    reader = _Reader(data, where)
+    version = reader.utf()
+    if version != "v3":
+        raise SparkCheckpointError(
+            f"{where}: state schema {version[:20]!r}, not v3 (transformWithState's)")
+    (count,) = struct.unpack(">i", reader._take(4))
+    if not 0 < count <= len(data) // 8:
+        raise SparkCheckpointError(f"{where}: {count} column families")
+    families = []
+    for _ in range(count):
+        name = reader.utf()
+        reader._take(2)  # the key schema's id (schema evolution's; 0)
+        key = reader.chunks()
+        reader._take(2)  # the value schema's id
+        value, spec = reader.chunks(), reader.chunks()
+        reader.chunks()  # the user key encoder's schema: not needed to read the rows
+        families.append((name, key, value, spec))
+    if reader.at != len(data):
+        raise SparkCheckpointError(f"{where}: {len(data) - reader.at} bytes after the schemas")
+    return families
 
 
 def state_schema_file(key: str, value: str) -> bytes:

@@ -18,9 +18,9 @@ A schema change is written where Spark checks a restart against it: the store's
 it. Operators with one store only (aggregations, ``dropDuplicates``, session windows,
 ``flatMapGroupsWithState`` / ``applyInPandasWithState``); a stream-stream join (four
 stores whose rows must agree: its keys are deleted by `key_delete`) and transformWithState
-(column families, schema v3) are refused in one line, as are the locations repartition
-refuses. A session window's RocksDB keys are written back in their prefix-scan layout
-(`prefix_keys`).
+(column families, schema v3; its grouping keys are deleted by `tws_delete`) are refused
+in one line, as are the locations repartition refuses. A session window's RocksDB keys
+are written back in their prefix-scan layout (`prefix_keys`).
 
 Memory: one record batch and what ``fn`` keeps. Two rows ``fn`` gives the same key are
 both written (the later one wins when Spark loads it): statehold does not check, as that
@@ -133,7 +133,7 @@ def transform(
                        batch if batch is not None else found.newest_committed or 0)
     info = (doc or {}).get("operatorInfo")
     name = info.get("operatorName") if isinstance(info, dict) else None
-    if isinstance(name, str) and "transformWithState" in name:
+    if isinstance(name, str) and "transformwithstate" in name.lower():
         raise SparkCheckpointError(
             f"operator {operator} ({name}): transformWithState's state (column families, "
             "state schema v3) is not transformed yet; nothing written")
@@ -367,12 +367,12 @@ def delete_keys(
     wanted: set[Any] = set()
     given = 0
     if schema is not None:
-        wanted, given = _key_set(keys, schema)
+        wanted, given = key_set(keys, schema)
     found_keys: set[Any] = set()
 
     def drop(got: pa.RecordBatch) -> pa.RecordBatch:
         count = int(got.schema.metadata[KEY_COLUMNS])
-        rows = _frozen_rows(got, count)
+        rows = frozen_rows(got, count)
         hits = [r in wanted for r in rows]
         found_keys.update(r for r, hit in zip(rows, hits, strict=True) if hit)
         return got.filter(pa.array([not h for h in hits], pa.bool_()))
@@ -384,11 +384,11 @@ def delete_keys(
                         not_found=len(wanted - found_keys), removed={store: deleted})
 
 
-def _key_set(keys: Iterable[Mapping[str, Any]], schema: StateSchema) -> tuple[set[Any], int]:
+def key_set(keys: Iterable[Mapping[str, Any]], schema: StateSchema) -> tuple[set[Any], int]:
     """The keys as the reader's Arrow values would be (frozen, hashable), and how many
     were given."""
     table, given = _key_batch(keys, schema)
-    return set(_frozen_rows(table, table.num_columns)), given
+    return set(frozen_rows(table, table.num_columns)), given
 
 
 def decoded_keys(keys: Iterable[Mapping[str, Any]], schema: StateSchema
@@ -444,7 +444,7 @@ def _typed(values: list[Any], t: pa.DataType) -> pa.Array:
     return pa.concat_arrays(one)
 
 
-def _frozen_rows(batch: pa.RecordBatch, count: int) -> list[Any]:
+def frozen_rows(batch: pa.RecordBatch, count: int) -> list[Any]:
     columns = [batch.column(i).to_pylist() for i in range(count)]
     return [freeze(row) for row in zip(*columns, strict=True)]
 
