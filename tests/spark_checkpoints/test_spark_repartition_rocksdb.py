@@ -235,6 +235,14 @@ def test_transform_with_state_repartitioned_to_5_then_to_1_by_grouping_key(
     assert listing(tmp_path / "five") == between
     assert (one.partitions_before, one.partitions) == (5, 1)
     _check_tws(fx.checkpoint, tmp_path / "one", one, 1)
+    # each copy's operator metadata names its own state schema files, not its source's:
+    # Spark opens them by that path when it restarts
+    for copy in (tmp_path / "five", tmp_path / "one"):
+        named = [p for meta in (copy / "state" / "0" / "_metadata" / "v2").glob("[0-9]*")
+                 for info in json.loads(meta.read_text().split("\n", 1)[1])["stateStoreInfo"]
+                 for p in info["stateSchemaFilePaths"]]
+        assert named and all(p.startswith(f"file:{copy}/state/0/_stateSchema/") for p in named)
+        assert all(Path(p.removeprefix("file:")).is_file() for p in named), named
 
 
 def test_worker_processes_write_what_one_process_writes(

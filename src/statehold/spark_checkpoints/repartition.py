@@ -50,6 +50,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from pydantic import BaseModel
 
@@ -271,7 +272,7 @@ def rewrite(
     _refuse_unsupported(checkpoint, found, n)
     ops = set(found.operators) if not changes or m != before else changed_ops
     plans = {op: _plan(checkpoint, found, op, n, changes) for op in ops}
-    metadata = {k: _operator_metadata_text(checkpoint, k, m) for k in files
+    metadata = {k: _operator_metadata_text(checkpoint, k, m, out.uri) for k in files
                 if parse(k).kind is Kind.OPERATOR_METADATA and "/_stateSchema/" not in k}
     check_destination(checkpoint, out)
 
@@ -532,18 +533,43 @@ def _offsets_text(checkpoint: SparkCheckpoint, key: str, partitions: int) -> str
     return head + sep + new_meta + sep2 + tail
 
 
-def _operator_metadata_text(checkpoint: SparkCheckpoint, key: str, partitions: int) -> str:
-    """An operator metadata file with each store's ``numPartitions`` set to `partitions`."""
+def _operator_metadata_text(checkpoint: SparkCheckpoint, key: str, partitions: int,
+                            dest_uri: str) -> str:
+    """An operator metadata file with each store's ``numPartitions`` set to `partitions`,
+    and the absolute paths of its state schema files (v2: transformWithState's) moved to
+    the same files in DEST, so DEST does not read the source's when Spark restarts."""
     text = checkpoint.read(key).decode("utf-8")
     version, sep, body = text.partition("\n")
     doc = load_json(body.encode("utf-8"), where=key, error=SparkCheckpointError)
     infos = doc.get("stateStoreInfo") if isinstance(doc, dict) else None
     if not isinstance(infos, list):
         raise SparkCheckpointError(f"{key}: no stateStoreInfo in it")
+    state_dir = "/" + key.split("/_metadata/", 1)[0] + "/"  # /state/OP/
     for info in infos:
         if isinstance(info, dict) and "numPartitions" in info:
             info["numPartitions"] = partitions
+        paths = info.get("stateSchemaFilePaths") if isinstance(info, dict) else None
+        if isinstance(paths, list):
+            info["stateSchemaFilePaths"] = [
+                _in_dest(p, state_dir, dest_uri) if isinstance(p, str) else p for p in paths]
     return version + sep + json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+def _in_dest(path: str, state_dir: str, dest_uri: str) -> str:
+    """A source file's absolute path (Hadoop's form, as Spark recorded it) as the same
+    file's in DEST: the part from ``/state/OP/`` on kept, DEST's place before it in the
+    form Spark writes (``file:/path`` for a local disk; the source's scheme, as S3A's
+    ``s3a``, with DEST's bucket and prefix)."""
+    at = path.rfind(state_dir)
+    if at < 0:
+        return path  # not a file of this operator's: left as Spark wrote it
+    dest = urlparse(dest_uri)
+    if dest.scheme in ("", "file"):
+        place = "file:" + (unquote(dest.path) if dest.scheme else dest_uri).rstrip("/")
+    else:
+        scheme = urlparse(path).scheme or dest.scheme
+        place = f"{scheme}://{dest.netloc}{dest.path.rstrip('/')}"
+    return place + path[at:]
 
 
 # -- writing ------------------------------------------------------------------------------
