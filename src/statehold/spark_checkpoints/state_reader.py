@@ -38,7 +38,7 @@ from statehold.spark_checkpoints.state_files import decompressed
 from statehold.spark_checkpoints.state_records import changelog_records, records
 from statehold.spark_checkpoints.state_schema import StateSchema, read_state_schema
 from statehold.spark_checkpoints.stores import Needs, StoreFiles, resolve
-from statehold.spark_checkpoints.unsafe_row import row_decoder
+from statehold.spark_checkpoints.unsafe_row import row_decoder, versioned_row_decoder
 from statehold.spark_checkpoints.version_changes import VersionChanges
 from statehold.storage import StorageError
 
@@ -232,17 +232,7 @@ def file_records(location: SparkCheckpoint, key: str, store: StoreId, tmp: Path,
 
 
 def _decoder(schema: Struct, where: str, skip: int) -> Callable[[bytes], tuple[Any, ...]]:
-    decode = row_decoder(schema, where, skip)
-    if not skip:
-        return decode
-
-    def versioned(data: bytes) -> tuple[Any, ...]:
-        if data[:1] != b"\x00":
-            raise SparkCheckpointError(
-                f"{where}: state encoding version {data[:1].hex() or 'missing'}, not 00")
-        return decode(data)
-
-    return versioned
+    return versioned_row_decoder(schema, where) if skip else row_decoder(schema, where)
 
 
 def file_blocks(location: SparkCheckpoint, key: str, tmp: Path, checksums: bool = False

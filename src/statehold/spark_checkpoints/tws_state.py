@@ -50,7 +50,7 @@ from statehold.spark_checkpoints.state_schema import (
     StateSchema,
     read_state_schema_v3,
 )
-from statehold.spark_checkpoints.unsafe_row import row_decoder
+from statehold.spark_checkpoints.unsafe_row import versioned_row_decoder
 
 _LENGTH = struct.Struct("<i")
 _ID = struct.Struct("<h")
@@ -121,16 +121,17 @@ class Family:
         """The decoder of a RocksDB key of this family (its id first) into the key schema's
         field values, in the schema's order."""
         if self.encoder == "none":
-            whole = _versioned(self.key, f"{where} (a key)")
+            whole = versioned_row_decoder(self.key, f"{where} (a key)")
             return lambda raw: whole(raw[2:])
         fields = self.key.fields
         first = list(range(self.prefix)) if self.encoder == "prefix" else list(self.ordering)
         rest = [i for i in range(len(fields)) if i not in first]
         if self.encoder == "prefix":
-            head = _versioned(Struct(tuple(fields[i] for i in first)), f"{where} (a key prefix)")
+            head = versioned_row_decoder(Struct(tuple(fields[i] for i in first)),
+                                         f"{where} (a key prefix)")
         else:
             head = _range_decoder([fields[i] for i in first], f"{where} (a range key)")
-        tail = (_versioned(Struct(tuple(fields[i] for i in rest)), f"{where} (a key)")
+        tail = (versioned_row_decoder(Struct(tuple(fields[i] for i in rest)), f"{where} (a key)")
                 if rest else None)
 
         def decode(raw: bytes) -> tuple[Any, ...]:
@@ -154,7 +155,7 @@ class Family:
     def values_decoder(self, delimiter: int, where: str
                        ) -> Callable[[bytes], list[tuple[Any, ...]]]:
         """The decoder of a RocksDB value into its rows: one, or a list state's each."""
-        one = _versioned(self.value, f"{where} (a value)")
+        one = versioned_row_decoder(self.value, f"{where} (a value)")
         if not self.multiple:
             return lambda raw: [one(raw)]
 
@@ -359,21 +360,10 @@ def _struct(text: str, where: str) -> Struct:
     return parse_struct(_json(text, where), where)
 
 
-def _versioned(schema: Struct, where: str) -> Decode:
-    decode = row_decoder(schema, where, 1)
-
-    def versioned(data: bytes) -> tuple[Any, ...]:
-        if data[:1] != b"\x00":
-            raise SparkCheckpointError(
-                f"{where}: state encoding version {data[:1].hex() or 'missing'}, not 00")
-        return decode(data)
-
-    return versioned
-
-
 def _range_decoder(fields: list[Field], where: str) -> Decode:
     """The ordering fields' row: each a binary of a marker and the value big-endian."""
-    rows = _versioned(Struct(tuple(Field(f.name, Atomic("binary")) for f in fields)), where)
+    rows = versioned_row_decoder(
+        Struct(tuple(Field(f.name, Atomic("binary")) for f in fields)), where)
     kinds = [f.type.name if isinstance(f.type, Atomic) else "" for f in fields]
 
     def decode(data: bytes) -> tuple[Any, ...]:

@@ -73,6 +73,20 @@ def row_decoder(schema: Struct, where: str, start: int = 0
     return lambda data: _struct(data, start, len(data) - start, schema, where)
 
 
+def versioned_row_decoder(schema: Struct, where: str) -> Callable[[bytes], tuple[Any, ...]]:
+    """`row_decoder` of a RocksDB row: Spark's state encoding version byte (00), checked,
+    then the row."""
+    decode = row_decoder(schema, where, 1)
+
+    def versioned(data: bytes) -> tuple[Any, ...]:
+        if data[:1] != b"\x00":
+            raise SparkCheckpointError(
+                f"{where}: state encoding version {data[:1].hex() or 'missing'}, not 00")
+        return decode(data)
+
+    return versioned
+
+
 #: A fixed-width value's unpack format within its 8-byte slot.
 _SLOT_UNPACK = {"boolean": "?7x", "byte": "b7x", "short": "h6x", "integer": "i4x",
                 "float": "f4x", "date": "i4x", "long": "q", "double": "d",
