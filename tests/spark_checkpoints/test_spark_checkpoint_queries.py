@@ -32,6 +32,7 @@ import pytest
 from statehold.spark_checkpoints import open_spark_checkpoint
 from tests.support.spark_locations.committed_fixtures import (
     FILES,
+    TWS_GROUPING,
     extractor,
     fixture,
     manifests,
@@ -59,8 +60,7 @@ PAIRS = [(q, p) for q in QUERIES for p in PROVIDERS if unsupported(q, p) is None
 #: rollback and gc, then a restart equal to the fixture's uninterrupted run).
 MATRIX = [(q, p) for q, p in PAIRS if q == "window"]
 #: transformWithState's state variables: its value state and its timers' two families.
-STATE_VARIABLES = {"transform": ["count", "$eventTimers_keyToTimestamp",
-                                 "$eventTimers_timestampToKey"]}
+STATE_VARIABLES = {"transform": list(TWS_GROUPING)}
 #: The partitions each pair's restart runs with: more than the first run's 2 (5), or
 #: fewer than a copy with more (2 -> 8 -> 3), every other pair.
 STEPS = {pair: (5,) if i % 2 == 0 else (8, 3) for i, pair in enumerate(PAIRS)}

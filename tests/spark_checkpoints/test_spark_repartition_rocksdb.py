@@ -33,17 +33,15 @@ from statehold.spark_checkpoints.spark_types import Atomic
 from statehold.spark_checkpoints.state_reader import store_records, store_schema
 from statehold.spark_checkpoints.unsafe_row import decode_row
 from tests.spark_checkpoints.test_spark_repartition import PARTITIONING
-from tests.support.spark_locations.committed_fixtures import copy_of, fixture, manifests
+from tests.support.spark_locations.committed_fixtures import (
+    TWS,
+    TWS_GROUPING,
+    copy_of,
+    fixture,
+    manifests,
+)
 from tests.support.spark_locations.disk_trees import listing
 
-TWS = [(v, loc["provider"]) for v, m in sorted(manifests().items()) for loc in m["locations"]
-       if loc["query"] == "transform"]
-#: transformWithState's state variables (the timers' two families) and each row's grouping key.
-TWS_GROUPING: dict[str, Callable[[dict[str, Any]], str]] = {
-    "count": lambda r: r["key"],
-    "$eventTimers_keyToTimestamp": lambda r: r["key"]["key"],
-    "$eventTimers_timestampToKey": lambda r: r["key"]["key"],
-}
 ROCKSDB = [(v, loc["query"], loc["provider"]) for v, m in sorted(manifests().items())
            for loc in m["locations"]
            if loc["provider"] in ("rocksdb", "rocksdb_changelog", "rocksdb_v2")

@@ -32,7 +32,7 @@ from statehold.spark_checkpoints.state_reader import store_records, store_schema
 from statehold.spark_checkpoints.state_schema import read_state_schema, read_state_schema_texts
 from statehold.spark_checkpoints.unsafe_row import decode_row
 from tests.spark_checkpoints.test_spark_repartition import PARTITIONING
-from tests.support.spark_locations.committed_fixtures import fixture, manifests
+from tests.support.spark_locations.committed_fixtures import TWS, TWS_GROUPING, fixture, manifests
 from tests.support.spark_locations.disk_trees import listing
 
 #: (version, query, provider): every version's single-store queries over the layouts, and
@@ -413,14 +413,6 @@ def test_the_cli_deletes_a_join_key_from_one_side(
     assert not (tmp_path / "e").exists()
 
 
-TWS = [(v, loc["provider"]) for v, m in sorted(manifests().items()) for loc in m["locations"]
-       if loc["query"] == "transform"]
-#: transformWithState's families as `read_state` names them, and each row's grouping key.
-TWS_GROUPING: dict[str, Callable[[dict[str, Any]], str]] = {
-    "count": lambda r: r["key"],
-    "$eventTimers_keyToTimestamp": lambda r: r["key"]["key"],
-    "$eventTimers_timestampToKey": lambda r: r["key"]["key"],
-}
 
 
 def _tws_rows(location: Any, state_var: str) -> list[dict[str, Any]]:

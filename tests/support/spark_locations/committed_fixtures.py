@@ -242,3 +242,15 @@ def running(extracted: Callable[[str], Path], query: str, provider: str, tmp_pat
         f"no committed fixture of PySpark {version}: python -m tests.fixtures.spark.make")
     fx = copy_of(extracted(version), version, query, provider, tmp_path)
     return fx, rebind(fx, tmp_path / "in")
+
+
+#: The committed transformWithState locations: (PySpark, state store layout).
+TWS = [(v, loc["provider"]) for v, m in sorted(manifests().items()) for loc in m["locations"]
+       if loc["query"] == "transform"]
+#: The transform query's state variables as `read_state` names them (its value state and
+#: its timers' two families), and each row's grouping key.
+TWS_GROUPING: dict[str, Callable[[dict[str, Any]], str]] = {
+    "count": lambda r: r["key"],
+    "$eventTimers_keyToTimestamp": lambda r: r["key"]["key"],
+    "$eventTimers_timestampToKey": lambda r: r["key"]["key"],
+}
