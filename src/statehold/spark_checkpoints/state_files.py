@@ -127,7 +127,8 @@ class StreamCheck:
     head: bytes
 
 
-def check_stream(chunks: Iterator[bytes], key: str, codec: str = "lz4") -> StreamCheck | None:
+def check_stream(chunks: Iterator[bytes | memoryview], key: str, codec: str = "lz4"
+                 ) -> StreamCheck | None:
     """Decompress a state file's stream block by block (memory: one block), proving it
     whole; None for a codec statehold does not check."""
     if codec != "lz4":
@@ -147,7 +148,7 @@ def check_stream(chunks: Iterator[bytes], key: str, codec: str = "lz4") -> Strea
     return StreamCheck(size, head)
 
 
-def decompressed(chunks: Iterator[bytes], key: str, *, checksums: bool = False
+def decompressed(chunks: Iterator[bytes | memoryview], key: str, *, checksums: bool = False
                  ) -> Iterator[bytes]:
     """An lz4 state file's stream, block by block (memory: one block); refused
     (SparkCheckpointError) where it is damaged or ends early. `checksums`: each block's
@@ -189,23 +190,35 @@ def _utf(data: bytes, at: int) -> tuple[str, int] | None:
 
 
 class _Blocks:
-    """lz4-java's block stream, read from chunks of any size."""
+    """lz4-java's block stream, read from chunks of any size. A chunk may be a view of a
+    buffer its iterator reuses: it is read in place (a block's header and body are not
+    copied out) and let go before the next chunk is asked for, so only a block split
+    between two chunks is copied, joined."""
 
-    def __init__(self, chunks: Iterator[bytes], key: str, checksums: bool = False) -> None:
+    def __init__(self, chunks: Iterator[bytes | memoryview], key: str,
+                 checksums: bool = False) -> None:
         self._chunks = chunks
-        self._buffer = bytearray()
+        self._view = memoryview(b"")
+        self._at = 0
         self._key = key
         self._checksums = checksums
 
-    def _take(self, n: int) -> bytes | None:
-        while len(self._buffer) < n:
+    def _take(self, n: int) -> memoryview | bytes | None:
+        """The next `n` bytes: in place where the current chunk holds them, else joined."""
+        at, view = self._at, self._view
+        if len(view) - at >= n:
+            self._at = at + n
+            return view[at : at + n]
+        joined = bytearray(view[at:])
+        while len(joined) < n:
             chunk = next(self._chunks, None)
             if chunk is None:
+                self._view, self._at = memoryview(b""), 0
                 return None
-            self._buffer += chunk
-        out = bytes(self._buffer[:n])
-        del self._buffer[:n]
-        return out
+            used = min(len(chunk), n - len(joined))
+            joined += chunk[:used]
+            self._view, self._at = memoryview(chunk), used
+        return bytes(joined)
 
     def next_block(self) -> bytes | None:
         header = self._take(len(_MAGIC) + _HEADER.size)
@@ -227,7 +240,7 @@ class _Blocks:
             raise SparkCheckpointError(f"{self._key}: compressed stream cut short")
         method = token & 0xF0
         if method == _RAW and compressed == decompressed:
-            return self._checked(body, checksum)
+            return self._checked(bytes(body), checksum)
         if method != _LZ4:
             raise SparkCheckpointError(f"{self._key}: unknown block method {method:#x}")
         try:
