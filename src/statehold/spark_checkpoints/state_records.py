@@ -91,20 +91,26 @@ def _batches(stream: _Stream, key: str, *, deletes: bool) -> Iterator[Batch]:
             count += len(keys)
             yield keys, values
             keys, values = [], []
-        # The next record is not whole in the buffer, or ends the records, or is refused.
-        stream.need(4)
-        buffer, at = stream.buffer, stream.at
-        (size,) = unpack(buffer, at)
-        if size == -1:
-            stream.at = at + 4
-            break
-        _checked(size, key, count + len(keys), "key")
-        stream.need(8 + size)
-        buffer, at = stream.buffer, stream.at
-        (value_size,) = unpack(buffer, at + 4 + size)
-        if not (value_size == -1 and deletes):
-            _checked(value_size, key, count + len(keys), "value")
-            stream.need(8 + size + value_size)
+        # The next record is not whole in the buffer, or ends the records, or is refused
+        # (after the records before it: a reader names what it meets first in the file).
+        try:
+            stream.need(4)
+            buffer, at = stream.buffer, stream.at
+            (size,) = unpack(buffer, at)
+            if size == -1:
+                stream.at = at + 4
+                break
+            _checked(size, key, count + len(keys), "key")
+            stream.need(8 + size)
+            buffer, at = stream.buffer, stream.at
+            (value_size,) = unpack(buffer, at + 4 + size)
+            if not (value_size == -1 and deletes):
+                _checked(value_size, key, count + len(keys), "value")
+                stream.need(8 + size + value_size)
+        except SparkCheckpointError:
+            if keys:
+                yield keys, values
+            raise
     if keys:
         yield keys, values
     if not stream.at_end():
