@@ -619,11 +619,13 @@ def _hand_over(out: Storage, local: Path, key: str, written: dict[str, int],
 
 
 def _file_crc(path: Path) -> bytes:
-    """`relocate.hadoop_crc` of a file, read a chunk at a time."""
+    """`relocate.hadoop_crc` of a file, read a chunk at a time into one buffer."""
     sums = []
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            sums.append(hadoop_crc(chunk)[8:])  # chunk is a multiple of 512 bytes
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with path.open("rb") as f:  # buffered: each read fills the chunk, to the file's end
+        while size := f.readinto(buffer):
+            sums.append(hadoop_crc(view[:size])[8:])  # a chunk is a multiple of 512 bytes
     return hadoop_crc(b"")[:8] + b"".join(sums)
 
 
