@@ -93,7 +93,7 @@ from statehold.spark_checkpoints.savepoint import (
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.spark_hash import partition_of
 from statehold.spark_checkpoints.spark_types import Atomic, SparkType, Struct
-from statehold.spark_checkpoints.state_files import read_zip_metadata
+from statehold.spark_checkpoints.state_files import mapped, read_zip_metadata
 from statehold.spark_checkpoints.state_reader import (
     resolved,
     store_record_batches,
@@ -129,7 +129,6 @@ _SESSION = "sessionWindowStateStoreSaveExec"
 _JOIN = "symmetricHashJoin"
 _JOIN_STORES = {f"{side}-{kind}" for side in ("left", "right")
                 for kind in ("keyToNumValues", "keyWithIndexToValue")}
-_CHUNK = 1 << 20
 #: Keys hashed at once (`columnar_hash`): the batch's rows and their slots in memory.
 _HASH_BATCH = 4096
 
@@ -619,13 +618,9 @@ def _hand_over(out: Storage, local: Path, key: str, written: dict[str, int],
 
 
 def _file_crc(path: Path) -> bytes:
-    """`relocate.hadoop_crc` of a file, read a chunk at a time into one buffer."""
-    sums = []
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    with path.open("rb") as f:  # buffered: each read fills the chunk, to the file's end
-        while size := f.readinto(buffer):
-            sums.append(hadoop_crc(view[:size])[8:])  # a chunk is a multiple of 512 bytes
+    """`relocate.hadoop_crc` of a file, mapped a window at a time (`state_files.mapped`:
+    an SST just written is summed where it lies in the page cache)."""
+    sums = [hadoop_crc(window)[8:] for window in mapped(path)]  # windows of 512-byte chunks
     return hadoop_crc(b"")[:8] + b"".join(sums)
 
 

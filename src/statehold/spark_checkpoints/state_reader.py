@@ -35,7 +35,7 @@ from statehold.spark_checkpoints.prefix_keys import PrefixKeys, prefix_keys
 from statehold.spark_checkpoints.rocksdb_snapshot import rocksdb_rows
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.spark_types import Struct
-from statehold.spark_checkpoints.state_files import decompressed
+from statehold.spark_checkpoints.state_files import decompressed, mapped
 from statehold.spark_checkpoints.state_records import (
     changelog_batches,
     one_by_one,
@@ -49,7 +49,6 @@ from statehold.storage import StorageError
 
 #: Rows per record batch.
 BATCH_ROWS = 4096
-_CHUNK = 1 << 20
 
 
 def store_schema(location: SparkCheckpoint, found: Scan, store: StoreId) -> StateSchema:
@@ -291,24 +290,15 @@ def _decoder(schema: Struct, where: str, skip: int) -> Callable[[bytes], tuple[A
 
 def file_blocks(location: SparkCheckpoint, key: str, tmp: Path, checksums: bool = False
             ) -> Iterator[bytes]:
-    """`key`'s decompressed blocks, from a local copy read a chunk at a time."""
+    """`key`'s decompressed blocks, from a local copy (or link) mapped a window at a
+    time."""
     local = tmp / "file"  # one at a time: a file is read to its end before the next
     local.unlink(missing_ok=True)
     try:
         location.storage.download_to_read(key, local)
     except StorageError as e:
         raise SparkCheckpointError(f"{key}: cannot be read ({e})") from None
-    yield from decompressed(_chunks(local), key, checksums=checksums)
-
-
-def _chunks(path: Path) -> Iterator[memoryview]:
-    """The file a chunk at a time, each read into the same buffer (valid until the next is
-    asked for): no new chunk's pages to fault in, chunk after chunk."""
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    with path.open("rb", buffering=0) as f:
-        while size := f.readinto(buffer):
-            yield view[:size]
+    yield from decompressed(mapped(local), key, checksums=checksums)
 
 
 def arrow_batch(rows: list[tuple[Any, ...]], schema: pa.Schema, store: object) -> pa.RecordBatch:
