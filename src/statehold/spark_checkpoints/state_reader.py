@@ -176,6 +176,9 @@ def _merged_batches(location: SparkCheckpoint, store: StoreId, needs: Needs
                     yield from file_record_batches(location, key, store,  # type: ignore[misc]
                                                    Path(tmp))
                 return
+            if not bases:  # changes alone: their survivors are the version
+                yield from survivors
+                return
             rest = one_by_one(survivors)
             pending = next(rest, None)
             keys: list[bytes] = []

@@ -70,22 +70,25 @@ def _batches(stream: _Stream, key: str, *, deletes: bool) -> Iterator[Batch]:
         buffer, at = stream.buffer, stream.at
         end = len(buffer)
         add_key, add_value = keys.append, values.append
+        # A record whole in the buffer is no larger than it (a block, at most 32 MiB, or
+        # one record joined after its sizes were checked): no bound checked here.
         while end - at >= 8:
             (size,) = unpack(buffer, at)
-            if not 0 <= size <= MAX_RECORD_BYTES or end - at < 8 + size:
-                break
-            (value_size,) = unpack(buffer, at + 4 + size)
             start = at + 8 + size
-            if 0 <= value_size <= MAX_RECORD_BYTES and start + value_size <= end:
-                add_key(buffer[at + 4 : at + 4 + size])
-                add_value(buffer[start : start + value_size])
-                at = start + value_size
-            elif value_size == -1 and deletes:
-                add_key(buffer[at + 4 : at + 4 + size])
+            if size < 0 or start > end:
+                break
+            (value_size,) = unpack(buffer, start - 4)
+            stop = start + value_size
+            if value_size < 0 or stop > end:
+                if value_size != -1 or not deletes:
+                    break
+                add_key(buffer[at + 4 : start - 4])
                 add_value(None)
                 at = start
-            else:
-                break
+                continue
+            add_key(buffer[at + 4 : start - 4])
+            add_value(buffer[start:stop])
+            at = stop
         stream.at = at
         if len(keys) >= _BATCH_RECORDS:
             count += len(keys)
