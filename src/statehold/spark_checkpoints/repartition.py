@@ -910,7 +910,8 @@ def _send(keys: list[bytes], values: list[bytes], store: _Store, sinks: list[Sin
     for at, end in zip([0, *cuts.tolist()], [*cuts.tolist(), len(keys)], strict=True):
         target = int(ordered[at])
         picked = order[at:end].tolist()
-        sinks[target]([keys[i] for i in picked], [values[i] for i in picked])
+        sinks[target](list(map(keys.__getitem__, picked)),
+                      list(map(values.__getitem__, picked)))
         counts[target] += end - at
 
 

@@ -97,7 +97,7 @@ class VersionChanges:
                 keys.sort()  # the keys alone: bytes compared, not tuples
             for at in range(0, len(keys), BATCH):
                 some = keys[at : at + BATCH]
-                yield some, [held[k] for k in some]  # type: ignore[misc]
+                yield some, list(map(held.__getitem__, some))  # type: ignore[arg-type]
             return
         keys, values = [], []
         for key, value in self._db.items():
