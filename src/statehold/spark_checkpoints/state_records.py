@@ -31,7 +31,7 @@ MAX_RECORD_BYTES = 512 << 20
 _INT = struct.Struct(">i")
 
 
-V = TypeVar("V", bytes, bytes | None)
+_V = TypeVar("_V", bytes, bytes | None)
 #: A batch of records: their key rows and value rows (None: a delete), in file order.
 Batch = tuple[list[bytes], list[bytes | None]]
 
@@ -48,7 +48,7 @@ def record_batches(blocks: Iterator[bytes], key: str, *, deletes: bool) -> Itera
     return _batches(_Stream(blocks, key), key, deletes=deletes)
 
 
-def one_by_one(batches: Iterable[tuple[list[bytes], list[V]]]) -> Iterator[tuple[bytes, V]]:
+def one_by_one(batches: Iterable[tuple[list[bytes], list[_V]]]) -> Iterator[tuple[bytes, _V]]:
     """Batches' records, one at a time."""
     for keys, values in batches:
         yield from zip(keys, values, strict=True)
