@@ -3,7 +3,7 @@ against, in one run:
 
     python bench/spark_state_rewrite.py [--keys 1000000] [--value-bytes 0] [--partitions 8]
                                         [--to 32] [--provider rocksdb_changelog] [--runs 3]
-                                        [--s3] [--work DIR] [--out FILE]
+                                        [--s3] [--work DIR] [--keep DIR] [--out FILE]
 
 A local Spark session runs `bench/verify_deep.py`'s streaming aggregation (``groupBy(key)``
 with a count, a sum and, with ``--value-bytes B``, the largest of a B-character payload per
@@ -30,6 +30,10 @@ times each:
   taken on a location with a quarter of the keys, so whether it grows with the state
   shows.
 
+``--keep DIR`` writes the locations under DIR and leaves them there; a later run with the
+same ``--keep DIR`` reuses them instead of running the queries again (Spark takes minutes
+to write 1 GB of state), so before and after are measured on the same bytes.
+
 Medians, ratios and the machine are printed as one JSON document (also to ``--out``).
 """
 
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import shutil
@@ -98,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--to", type=int, default=32, help="partitions to repartition to")
     p.add_argument("--s3", action="store_true",
                    help="also time both reads of the location put on S3 (a moto server)")
+    p.add_argument("--keep", type=Path, default=None,
+                   help="write the locations under DIR and keep them; reuse them if there")
     add_run_options(p)
     return p.parse_args(argv)
 
@@ -247,9 +254,14 @@ def _median(values: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="statehold-bench-rewrite-", dir=args.work))
+    if args.keep:
+        work = args.keep
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        work = Path(tempfile.mkdtemp(prefix="statehold-bench-rewrite-", dir=args.work))
     with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, work, ignore_errors=True)
+        if not args.keep:
+            stack.callback(shutil.rmtree, work, ignore_errors=True)
         server = None
         if args.s3:
             sys.path.insert(0, str(ROOT))  # tests.support: the moto server, the jars
@@ -263,14 +275,7 @@ def _run(args: argparse.Namespace, work: Path, server: Any) -> dict[str, Any]:
     import pyspark
 
     spark = _session(args.partitions, s3a_session_conf(server) if server else None)
-    payload = args.value_bytes > 0
-    small = max(1, args.keys // 4)
-    write_inputs(work / "in", args.keys, args.batches, args.value_bytes)
-    write_inputs(work / "in-small", small, args.batches, args.value_bytes)
-    batch = run_query(spark, args.provider, work / "in", work / "ckpt", payload)
-    small_batch = run_query(spark, args.provider, work / "in-small", work / "small", payload)
-    shutil.rmtree(work / "in")
-    shutil.rmtree(work / "in-small")
+    batch, small_batch = _locations(spark, args, work)
     s3_uri, s3a_uri = f"s3://{BUCKET}/{S3_PREFIX}", f"s3a://{BUCKET}/{S3_PREFIX}"
     upload_s = upload(work / "ckpt", server) if server else 0.0
     time_spark_read(spark, work / "ckpt", batch)  # warm: the JVM's classes and code
@@ -326,6 +331,31 @@ def _run(args: argparse.Namespace, work: Path, server: Any) -> dict[str, Any]:
         result.update(_read_figures("s3_", s3_ours, s3_spark, rows))
     return {**result, "pyspark": pyspark.__version__, "cpus": os.cpu_count(),
             "machine": platform.platform()}
+
+
+def _locations(spark: Any, args: argparse.Namespace, work: Path) -> tuple[int, int]:
+    """The full and the quarter-keys locations under `work` (kept ones reused where they
+    were written for the same arguments): each one's last batch."""
+    made = work / "locations.json"
+    what = {"keys": args.keys, "value_bytes": args.value_bytes, "batches": args.batches,
+            "partitions": args.partitions, "provider": args.provider}
+    if made.exists():
+        kept = json.loads(made.read_text())
+        if kept["what"] == what:
+            return kept["batch"], kept["small_batch"]
+        raise SystemExit(f"{work} holds locations made with {kept['what']}, not {what}")
+    for half_made in ("in", "in-small", "ckpt", "small"):  # an interrupted run's
+        shutil.rmtree(work / half_made, ignore_errors=True)
+    payload = args.value_bytes > 0
+    small = max(1, args.keys // 4)
+    write_inputs(work / "in", args.keys, args.batches, args.value_bytes)
+    write_inputs(work / "in-small", small, args.batches, args.value_bytes)
+    batch = run_query(spark, args.provider, work / "in", work / "ckpt", payload)
+    small_batch = run_query(spark, args.provider, work / "in-small", work / "small", payload)
+    shutil.rmtree(work / "in")
+    shutil.rmtree(work / "in-small")
+    made.write_text(json.dumps({"what": what, "batch": batch, "small_batch": small_batch}))
+    return batch, small_batch
 
 
 def _read_figures(prefix: str, ours: list[float], spark: list[float],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,28 +50,36 @@ def _loaded(built: BuiltVersion, into: Path) -> dict[bytes, bytes]:
         db.close()
 
 
-def test_runs_and_keys_out_of_order_all_load(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batched", [False, True])
+def test_runs_and_keys_out_of_order_all_load(tmp_path: Path, batched: bool) -> None:
     """Two writers, one with two runs (the second restarting below the first's end) and
     keys out of order inside a run: every row loads with its value; the three runs are
-    three SSTs, the staged keys a fourth."""
+    three SSTs, the staged keys a fourth. Added a batch at a time (`add_batch`: a batch
+    in order after the run's last key goes in at once, any other one by one), the same."""
     rows = VersionRuns(tmp_path / "v", "from-0", format_version=5)
     expected: dict[bytes, bytes] = {}
-    for key in (b"\x00a", b"\x00c", b"\x00e", b"\x00b", b"\x00d"):  # b, d out of order
-        rows.add(key, key * 3)
-        expected[key] = key * 3
+
+    def add(writer: VersionRuns, batches: list[list[bytes]], value: Callable[[bytes], bytes]
+            ) -> None:
+        for keys in batches:
+            expected.update((k, value(k)) for k in keys)
+            if batched:
+                writer.add_batch(keys, [value(k) for k in keys])
+            else:
+                for key in keys:
+                    writer.add(key, value(key))
+
+    add(rows, [[b"\x00a", b"\x00c"], [b"\x00e"], [b"\x00b", b"\x00d"]],  # b, d out of order
+        lambda key: key * 3)
     rows.end_run()
-    for key in (b"\x00aa", b"\x00cc", b"\x00f"):
-        rows.add(key, b"v" + key)
-        expected[key] = b"v" + key
+    add(rows, [[b"\x00aa", b"\x00cc"], [b"\x00f"]], lambda key: b"v" + key)
     rows.close()
     other = VersionRuns(tmp_path / "v", "from-1", format_version=5)
-    for key in (b"\x00ab", b"\x00g"):
-        other.add(key, b"1")
-        expected[key] = b"1"
+    add(other, [[b"\x00ab", b"\x00g"]], lambda key: b"1")
     other.close()
     built = build_version(tmp_path / "v", rows=rows.rows + other.rows, format_version=5,
                           metadata_extra={})
-    assert built.rows == len(expected)
+    assert built.rows == len(expected) == 10
     assert _loaded(built, tmp_path / "loaded") == expected
     assert len(built.ssts) == 4  # the three runs as they were ingested, the staged keys flushed
 

@@ -25,9 +25,12 @@ def _replayed(tmp_path: Path, limit: int, files: list[list[tuple[bytes, bytes | 
               ) -> tuple[bool, dict[bytes, bytes], list[bytes]]:
     changes = VersionChanges(tmp_path, limit=limit)
     try:
-        for records in files:
-            changes.update(records)
-        survivors = list(changes.survivors(in_key_order=True))
+        for records in files:  # in batches of 50, as a reader hands them on
+            changes.update(([k for k, _v in records[at : at + 50]],
+                            [v for _k, v in records[at : at + 50]])
+                           for at in range(0, len(records), 50))
+        survivors = [(k, v) for keys, values in changes.survivors(in_key_order=True)
+                     for k, v in zip(keys, values, strict=True)]
         absent = [k for k in (b"gone", b"never") if k in changes]
         return changes.spilled, dict(survivors), [k for k, _v in survivors] + absent
     finally:

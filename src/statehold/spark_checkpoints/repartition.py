@@ -39,6 +39,7 @@ no commit, so no location a query would restart from.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import re
@@ -52,6 +53,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+import numpy as np
 from pydantic import BaseModel
 
 from statehold.format.signed import load_json
@@ -91,8 +93,13 @@ from statehold.spark_checkpoints.savepoint import (
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.spark_hash import partition_of
 from statehold.spark_checkpoints.spark_types import Atomic, SparkType, Struct
-from statehold.spark_checkpoints.state_files import read_zip_metadata
-from statehold.spark_checkpoints.state_reader import resolved, store_records, store_schema
+from statehold.spark_checkpoints.state_files import mapped, read_zip_metadata
+from statehold.spark_checkpoints.state_reader import (
+    resolved,
+    store_record_batches,
+    store_schema,
+)
+from statehold.spark_checkpoints.state_records import one_by_one
 from statehold.spark_checkpoints.state_writer import SnapshotWriter
 from statehold.spark_checkpoints.tws_records import tws_records
 from statehold.spark_checkpoints.tws_state import (
@@ -122,7 +129,6 @@ _SESSION = "sessionWindowStateStoreSaveExec"
 _JOIN = "symmetricHashJoin"
 _JOIN_STORES = {f"{side}-{kind}" for side in ("left", "right")
                 for kind in ("keyToNumValues", "keyWithIndexToValue")}
-_CHUNK = 1 << 20
 #: Keys hashed at once (`columnar_hash`): the batch's rows and their slots in memory.
 _HASH_BATCH = 4096
 
@@ -612,11 +618,9 @@ def _hand_over(out: Storage, local: Path, key: str, written: dict[str, int],
 
 
 def _file_crc(path: Path) -> bytes:
-    """`relocate.hadoop_crc` of a file, read a chunk at a time."""
-    sums = []
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            sums.append(hadoop_crc(chunk)[8:])  # chunk is a multiple of 512 bytes
+    """`relocate.hadoop_crc` of a file, mapped a window at a time (`state_files.mapped`:
+    an SST just written is summed where it lies in the page cache)."""
+    sums = [hadoop_crc(window)[8:] for window in mapped(path)]  # windows of 512-byte chunks
     return hadoop_crc(b"")[:8] + b"".join(sums)
 
 
@@ -635,8 +639,8 @@ def _repartition_store(
         handles = [p.open("wb") for p in paths]
         try:
             writers = [SnapshotWriter(h) for h in handles]
-            counts = _route(checkpoint, found, op, store, batch, [w.add for w in writers],
-                            progress, versioned=False)
+            counts = _route(checkpoint, found, op, store, batch,
+                            [_one_by_one(w.add) for w in writers], progress, versioned=False)
             for w in writers:
                 w.close()
         finally:
@@ -740,12 +744,12 @@ def _route_to_runs(
     counts = [0] * len(dirs)
     internal = [0] * len(dirs)
     try:
-        records = _source_records(checkpoint, found, store, sid, batch, True)
+        batches = _source_batches(checkpoint, found, store, sid, batch, True)
         if store.tws is not None:
-            _route_families(checkpoint, found, store.tws, sid, batch, records,
+            _route_families(checkpoint, found, store.tws, sid, batch, one_by_one(batches),
                             [r.add for r in runs], counts, internal)
         else:
-            _route_records(records, store, [r.add for r in runs], counts, True,
+            _route_records(batches, store, [r.add_batch for r in runs], counts, True,
                            _key_decoder(op, store), sid)
     finally:
         for r in runs:
@@ -809,23 +813,43 @@ def _build(directory: Path, rows: int, extra: Mapping[str, Any], *, format_versi
     return built, ({f.name: _file_crc(f) for f in files} if crc else {})
 
 
-def _source_records(checkpoint: SparkCheckpoint, found: Scan, store: _Store, sid: StoreId,
-                    batch: int, versioned: bool) -> Iterator[tuple[bytes, bytes]]:
-    """A source partition's records as written to the new location: the source's bytes
-    unchanged, or a transform's."""
+def _source_batches(checkpoint: SparkCheckpoint, found: Scan, store: _Store, sid: StoreId,
+                    batch: int, versioned: bool) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """A source partition's records as written to the new location, in batches (keys,
+    values): the source's bytes unchanged (a transformWithState operator's, every column
+    family's), or a transform's."""
     if store.tws is not None and store.records is None:
         _files, needs = resolved(checkpoint, found, sid, batch)
         if not needs.ok:
             raise SparkCheckpointError(needs.problems[0])
-        return tws_records(checkpoint, sid, needs, store.tws.delimiter)
-    if store.records is None:
-        return store_records(checkpoint, found, sid, batch)
-    return ((key, value) for _key_values, key, value in store.records(sid, batch, versioned))
+        records: Iterator[tuple[bytes, bytes]] = tws_records(checkpoint, sid, needs,
+                                                            store.tws.delimiter)
+    elif store.records is None:
+        yield from store_record_batches(checkpoint, found, sid, batch)
+        return
+    else:
+        records = ((key, value) for _key_values, key, value in store.records(sid, batch,
+                                                                               versioned))
+    while some := list(itertools.islice(records, _HASH_BATCH)):
+        keys, values = zip(*some, strict=True)
+        yield list(keys), list(values)
+
+
+#: Where a batch of records goes: the keys and values of one new partition, in order.
+Sink = Callable[[list[bytes], list[bytes]], None]
+
+
+def _one_by_one(add: Callable[[bytes, bytes], None]) -> Sink:
+    def sink(keys: list[bytes], values: list[bytes]) -> None:
+        for key, value in zip(keys, values, strict=True):
+            add(key, value)
+
+    return sink
 
 
 def _route(
     checkpoint: SparkCheckpoint, found: Scan, op: int, store: _Store, batch: int,
-    sinks: list[Callable[[bytes, bytes], None]], progress: Progress, *, versioned: bool,
+    sinks: list[Sink], progress: Progress, *, versioned: bool,
 ) -> list[int]:
     """Every record of the store's partitions to the sink of the new partition Spark's
     hash sends its key to; the records per new partition."""
@@ -833,36 +857,37 @@ def _route(
     decode = _key_decoder(op, store)
     progress.start(f"operator {op} store {store.name}", len(store.source), "partitions")
     for sid in store.source:
-        _route_records(_source_records(checkpoint, found, store, sid, batch, versioned),
+        _route_records(_source_batches(checkpoint, found, store, sid, batch, versioned),
                        store, sinks, counts, versioned, decode, sid)
         progress.advance(1)
     return counts
 
 
 def _route_records(
-    records: Iterator[tuple[bytes, bytes]], store: _Store,
-    sinks: list[Callable[[bytes, bytes], None]], counts: list[int], versioned: bool,
+    batches: Iterator[tuple[list[bytes], list[bytes]]], store: _Store, sinks: list[Sink],
+    counts: list[int], versioned: bool,
     decode: Callable[[StoreId, bytes, bool], tuple[Any, ...]], sid: StoreId,
 ) -> None:
-    """One source partition's records to their new partitions' sinks, the keys hashed a
-    batch at a time from their bytes (`columnar_hash`; a batch it does not take, key by
-    key). `versioned`: RocksDB's keys start with Spark's state encoding version (00), the
-    row after it."""
+    """One source partition's records to their new partitions' sinks, the keys hashed
+    `_HASH_BATCH` or more at a time from their bytes (`columnar_hash`; a batch it does
+    not take, key by key). `versioned`: RocksDB's keys start with Spark's state encoding
+    version (00), the row after it."""
     keys: list[bytes] = []
     values: list[bytes] = []
-    for key, value in records:
-        keys.append(key)
-        values.append(value)
+    for more_keys, more_values in batches:
+        keys += more_keys
+        values += more_values
         if len(keys) >= _HASH_BATCH:
             _send(keys, values, store, sinks, counts, versioned, decode, sid)
             keys, values = [], []
     _send(keys, values, store, sinks, counts, versioned, decode, sid)
 
 
-def _send(keys: list[bytes], values: list[bytes], store: _Store,
-          sinks: list[Callable[[bytes, bytes], None]], counts: list[int], versioned: bool,
+def _send(keys: list[bytes], values: list[bytes], store: _Store, sinks: list[Sink],
+          counts: list[int], versioned: bool,
           decode: Callable[[StoreId, bytes, bool], tuple[Any, ...]], sid: StoreId) -> None:
-    """One batch of the source's records to their new partitions' sinks."""
+    """One batch of the source's records to their new partitions' sinks: each new
+    partition's records at once, in the batch's order."""
     if not keys:
         return
     if store.prefixed is not None:  # the prefix is the partitioning columns
@@ -878,11 +903,16 @@ def _send(keys: list[bytes], values: list[bytes], store: _Store,
             key_values = decode(sid, key, versioned)
             targets.append(partition_of([key_values[i] for i in store.columns], types,
                                         len(sinks)))
-    else:
-        targets = hashed.tolist()
-    for key, value, target in zip(keys, values, targets, strict=True):
-        sinks[target](key, value)
-        counts[target] += 1
+        hashed = np.array(targets, dtype=np.int64)
+    order = np.argsort(hashed, kind="stable")
+    ordered = hashed[order]
+    cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    for at, end in zip([0, *cuts.tolist()], [*cuts.tolist(), len(keys)], strict=True):
+        target = int(ordered[at])
+        picked = order[at:end].tolist()
+        sinks[target](list(map(keys.__getitem__, picked)),
+                      list(map(values.__getitem__, picked)))
+        counts[target] += end - at
 
 
 def _commit_text(checkpoint: SparkCheckpoint, found: Scan, batch: int, partitions: int,

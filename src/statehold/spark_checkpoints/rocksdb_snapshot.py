@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import shutil
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 
 from rocksdict import AccessType, Options, Rdict
@@ -33,7 +33,7 @@ MAX_MEMBER_BYTES = 1 << 30
 
 def rocksdb_rows(location: SparkCheckpoint, zip_key: str, store_prefix: str,
                  directory: Path, *, column_families: bool = False
-                 ) -> Iterator[tuple[bytes, bytes]]:
+                 ) -> Generator[tuple[bytes, bytes], None, None]:
     """Each (key, value) of the RocksDB the snapshot `zip_key` holds, rebuilt under
     `directory` (which must be empty, and is the caller's to remove). `column_families`:
     a transformWithState store's rows are given as they are stored (its column family's

@@ -23,7 +23,9 @@ one level first, so the query restarted on it is not held up.
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 import struct
 import uuid
 import zipfile
@@ -90,6 +92,28 @@ class VersionRuns:
             return
         self._run[key] = value
         self._last = key
+
+    def add_batch(self, keys: list[bytes], values: list[bytes]) -> None:
+        """`add` of each record; keys in increasing order after the run's last (what a
+        source partition's batch of one new partition is) go into the run with no check
+        per key."""
+        if not keys:
+            return
+        if ((self._run is None or self._last < keys[0])
+                and all(map(operator.lt, keys, itertools.islice(keys, 1, None)))):
+            if self._run is None:
+                self.add(keys[0], values[0])
+                keys, values = keys[1:], values[1:]
+            run = self._run
+            assert run is not None
+            for key, value in zip(keys, values, strict=True):
+                run[key] = value
+            self.rows += len(keys)
+            if keys:
+                self._last = keys[-1]
+            return
+        for key, value in zip(keys, values, strict=True):
+            self.add(key, value)
 
     def end_run(self) -> None:
         """Close the current run: the next key starts a new one, whatever its order."""

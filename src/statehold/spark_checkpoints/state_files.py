@@ -13,11 +13,14 @@ reported as not checked. `decompressed` hands the blocks to the offline reader
 from __future__ import annotations
 
 import io
+import mmap
+import os
 import struct
 import zipfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import lz4.block
 import xxhash
@@ -48,6 +51,8 @@ _CHECKSUM_BITS = 0xFFFFFFF
 #: A block's token says its stream's block size: 2 ** (_LEVEL_BASE + its low 4 bits), at
 #: most 32 MiB (lz4-java's `LZ4BlockOutputStream`).
 _LEVEL_BASE = 10
+#: Bytes of a local file mapped at once (`mapped`): a multiple of any page size.
+_WINDOW = 8 << 20
 #: The records of a stream end with a key length of -1; those of the typed changelogs
 #: (v2, v4: with column families) with a record type of 0.
 _END_OF_RECORDS = b"\xff\xff\xff\xff"
@@ -127,7 +132,8 @@ class StreamCheck:
     head: bytes
 
 
-def check_stream(chunks: Iterator[bytes], key: str, codec: str = "lz4") -> StreamCheck | None:
+def check_stream(chunks: Iterator[bytes | memoryview], key: str, codec: str = "lz4"
+                 ) -> StreamCheck | None:
     """Decompress a state file's stream block by block (memory: one block), proving it
     whole; None for a codec statehold does not check."""
     if codec != "lz4":
@@ -147,7 +153,7 @@ def check_stream(chunks: Iterator[bytes], key: str, codec: str = "lz4") -> Strea
     return StreamCheck(size, head)
 
 
-def decompressed(chunks: Iterator[bytes], key: str, *, checksums: bool = False
+def decompressed(chunks: Iterator[bytes | memoryview], key: str, *, checksums: bool = False
                  ) -> Iterator[bytes]:
     """An lz4 state file's stream, block by block (memory: one block); refused
     (SparkCheckpointError) where it is damaged or ends early. `checksums`: each block's
@@ -155,6 +161,22 @@ def decompressed(chunks: Iterator[bytes], key: str, *, checksums: bool = False
     reader = _Blocks(chunks, key, checksums)
     while (block := reader.next_block()) is not None:
         yield block
+
+
+def mapped(path: Path) -> Iterator[memoryview]:
+    """A local file's bytes, a window of it mapped at a time: read where they lie in the
+    page cache, not copied out by a read (on a machine whose memory is slow to copy, a
+    read of a GiB costs about half a second of CPU). A window is unmapped once no view
+    of it is left. For files nothing truncates while they are read (Spark never writes
+    a file in place; statehold reads its own copies, links or new files): a file cut
+    under a mapping would end the process."""
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        for offset in range(0, size, _WINDOW):
+            window = mmap.mmap(f.fileno(), min(_WINDOW, size - offset), offset=offset,
+                               access=mmap.ACCESS_READ)
+            yield memoryview(window)
+            del window  # the caller's view, once let go, unmaps it
 
 
 def lineage(head: bytes, key: str) -> list[tuple[int, str]] | None:
@@ -189,23 +211,35 @@ def _utf(data: bytes, at: int) -> tuple[str, int] | None:
 
 
 class _Blocks:
-    """lz4-java's block stream, read from chunks of any size."""
+    """lz4-java's block stream, read from chunks of any size. A chunk may be a view of a
+    buffer its iterator reuses: it is read in place (a block's header and body are not
+    copied out) and let go before the next chunk is asked for, so only a block split
+    between two chunks is copied, joined."""
 
-    def __init__(self, chunks: Iterator[bytes], key: str, checksums: bool = False) -> None:
+    def __init__(self, chunks: Iterator[bytes | memoryview], key: str,
+                 checksums: bool = False) -> None:
         self._chunks = chunks
-        self._buffer = bytearray()
+        self._view = memoryview(b"")
+        self._at = 0
         self._key = key
         self._checksums = checksums
 
-    def _take(self, n: int) -> bytes | None:
-        while len(self._buffer) < n:
+    def _take(self, n: int) -> memoryview | bytes | None:
+        """The next `n` bytes: in place where the current chunk holds them, else joined."""
+        at, view = self._at, self._view
+        if len(view) - at >= n:
+            self._at = at + n
+            return view[at : at + n]
+        joined = bytearray(view[at:])
+        while len(joined) < n:
             chunk = next(self._chunks, None)
             if chunk is None:
+                self._view, self._at = memoryview(b""), 0
                 return None
-            self._buffer += chunk
-        out = bytes(self._buffer[:n])
-        del self._buffer[:n]
-        return out
+            used = min(len(chunk), n - len(joined))
+            joined += chunk[:used]
+            self._view, self._at = memoryview(chunk), used
+        return bytes(joined)
 
     def next_block(self) -> bytes | None:
         header = self._take(len(_MAGIC) + _HEADER.size)
@@ -227,7 +261,7 @@ class _Blocks:
             raise SparkCheckpointError(f"{self._key}: compressed stream cut short")
         method = token & 0xF0
         if method == _RAW and compressed == decompressed:
-            return self._checked(body, checksum)
+            return self._checked(bytes(body), checksum)
         if method != _LZ4:
             raise SparkCheckpointError(f"{self._key}: unknown block method {method:#x}")
         try:

@@ -18,6 +18,7 @@ id from the commit log. Column families (transformWithState) are refused in one 
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 from collections.abc import Callable, Generator, Iterator
@@ -34,8 +35,12 @@ from statehold.spark_checkpoints.prefix_keys import PrefixKeys, prefix_keys
 from statehold.spark_checkpoints.rocksdb_snapshot import rocksdb_rows
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.spark_types import Struct
-from statehold.spark_checkpoints.state_files import decompressed
-from statehold.spark_checkpoints.state_records import changelog_records, records
+from statehold.spark_checkpoints.state_files import decompressed, mapped
+from statehold.spark_checkpoints.state_records import (
+    changelog_batches,
+    one_by_one,
+    record_batches,
+)
 from statehold.spark_checkpoints.state_schema import StateSchema, read_state_schema
 from statehold.spark_checkpoints.stores import Needs, StoreFiles, resolve
 from statehold.spark_checkpoints.unsafe_row import row_decoder, versioned_row_decoder
@@ -44,7 +49,6 @@ from statehold.storage import StorageError
 
 #: Rows per record batch.
 BATCH_ROWS = 4096
-_CHUNK = 1 << 20
 
 
 def store_schema(location: SparkCheckpoint, found: Scan, store: StoreId) -> StateSchema:
@@ -87,19 +91,19 @@ def read_store(
         skip = 1 if files.provider == "rocksdb" else 0
         keys: list[bytes] = []
         values: list[bytes] = []
-        for k, value in _merged_records(location, store, needs):
-            keys.append(k)
-            values.append(value)
-            if len(keys) >= batch_rows:
-                yield _columnar_batch(keys, values, schema, arrow, skip,
-                                      (decode_key, decode_value), store, prefixed)
-                keys, values = [], []
+        for more_keys, more_values in _merged_batches(location, store, needs):
+            keys += more_keys
+            values += more_values
+            while len(keys) >= batch_rows:
+                yield _columnar_batch(keys[:batch_rows], values[:batch_rows], schema, arrow,
+                                      skip, (decode_key, decode_value), store, prefixed)
+                keys, values = keys[batch_rows:], values[batch_rows:]
         if keys:
             yield _columnar_batch(keys, values, schema, arrow, skip, (decode_key, decode_value),
                                   store, prefixed)
         return
     rows: list[tuple[Any, ...]] = []
-    for k, value in _merged_records(location, store, needs):
+    for k, value in one_by_one(_merged_batches(location, store, needs)):
         rows.append(decode_key(k) + decode_value(value))
         if len(rows) >= batch_rows:
             yield arrow_batch(rows, arrow, store)
@@ -135,42 +139,72 @@ def store_records(
 ) -> Iterator[tuple[bytes, bytes]]:
     """`store`'s (key, value) records as batch `batch` left them, each once, in their
     stored bytes (RocksDB's with their encoding version byte), not decoded."""
+    yield from one_by_one(store_record_batches(location, found, store, batch))
+
+
+def store_record_batches(
+    location: SparkCheckpoint, found: Scan, store: StoreId, batch: int
+) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """`store_records`, a batch (keys, values) at a time."""
     _files, needs = resolved(location, found, store, batch)
     if not needs.ok:
         raise SparkCheckpointError(needs.problems[0])
-    yield from _merged_records(location, store, needs)
+    yield from _merged_batches(location, store, needs)
 
 
-def _merged_records(location: SparkCheckpoint, store: StoreId, needs: Needs
-                    ) -> Iterator[tuple[bytes, bytes]]:
+def _merged_batches(location: SparkCheckpoint, store: StoreId, needs: Needs
+                    ) -> Iterator[tuple[list[bytes], list[bytes]]]:
     """The deltas or changelogs after the base snapshot read first into the keys they
     touch (`VersionChanges`: newest wins, in memory or, past a bound, on local disk);
-    then the snapshot streamed, each record not changed emitted as it is read, the
+    then the snapshot streamed, each record not changed given as it is read, the
     surviving changes merged in among them by key. A RocksDB store's records come in key
     order (its snapshot is iterated in order, its changes' survivors sorted), which lets a
-    writer put them straight into an SST; an HDFS-backed store's in no order."""
+    writer put them straight into an SST; an HDFS-backed store's in no order. In batches:
+    a version of changes alone, or of a snapshot alone, goes without a step per record."""
     steps = [k for k in needs.files if k.endswith((".delta", ".changelog"))]
     bases = [k for k in needs.files if k.endswith((".snapshot", ".zip"))]
     in_key_order = not any(k.endswith(".delta") for k in steps)
     with tempfile.TemporaryDirectory(prefix="statehold-state-") as tmp:
         changes = VersionChanges(Path(tmp))
-        survivors: Generator[tuple[bytes, bytes], None, None] | None = None
+        survivors: Generator[tuple[list[bytes], list[bytes]], None, None] | None = None
         try:
             for key in steps:
-                changes.update(file_records(location, key, store, Path(tmp)))
+                changes.update(file_record_batches(location, key, store, Path(tmp)))
             survivors = changes.survivors(in_key_order=in_key_order)
-            pending = next(survivors, None)
+            if not changes.touched:
+                for key in bases:  # a snapshot's records are never deletes
+                    yield from file_record_batches(location, key, store,  # type: ignore[misc]
+                                                   Path(tmp))
+                return
+            if not bases:  # changes alone: their survivors are the version
+                yield from survivors
+                return
+            rest = one_by_one(survivors)
+            pending = next(rest, None)
+            keys: list[bytes] = []
+            values: list[bytes] = []
             for key in bases:
                 for k, value in file_records(location, key, store, Path(tmp)):
                     if value is None or k in changes:
                         continue
                     while in_key_order and pending is not None and pending[0] < k:
-                        yield pending
-                        pending = next(survivors, None)
-                    yield k, value
-            if pending is not None:
-                yield pending
-                yield from survivors
+                        keys.append(pending[0])
+                        values.append(pending[1])
+                        pending = next(rest, None)
+                    keys.append(k)
+                    values.append(value)
+                    if len(keys) >= BATCH_ROWS:
+                        yield keys, values
+                        keys, values = [], []
+            while pending is not None:
+                keys.append(pending[0])
+                values.append(pending[1])
+                pending = next(rest, None)
+                if len(keys) >= BATCH_ROWS or pending is None:
+                    yield keys, values
+                    keys, values = [], []
+            if keys:
+                yield keys, values
         finally:
             if survivors is not None:
                 survivors.close()
@@ -216,19 +250,31 @@ def file_records(location: SparkCheckpoint, key: str, store: StoreId, tmp: Path,
     transformWithState's is read anyway, its RocksDB iterated and its typed changelogs
     read to their end without their records; `checksums`: each lz4 block's checksum
     verified (both `verify --deep`'s)."""
+    return one_by_one(file_record_batches(location, key, store, tmp,
+                                          column_families=column_families,
+                                          checksums=checksums))
+
+
+def file_record_batches(location: SparkCheckpoint, key: str, store: StoreId, tmp: Path, *,
+                        column_families: bool = False, checksums: bool = False
+                        ) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+    """`file_records`, a batch (keys, values) at a time."""
     if key.endswith(".zip"):
         db = Path(tempfile.mkdtemp(prefix="db-", dir=tmp))
+        rows = rocksdb_rows(location, key, store.prefix, db, column_families=column_families)
         try:
-            yield from rocksdb_rows(location, key, store.prefix, db,
-                                    column_families=column_families)
+            while some := list(itertools.islice(rows, BATCH_ROWS)):
+                keys, values = zip(*some, strict=True)
+                yield list(keys), list(values)
         finally:
+            rows.close()  # its RocksDB closed before its directory goes
             shutil.rmtree(db, ignore_errors=True)
         return
     blocks = file_blocks(location, key, tmp, checksums)
     if key.endswith(".changelog"):
-        yield from changelog_records(blocks, key, typed=column_families)
+        yield from changelog_batches(blocks, key, typed=column_families)
     else:
-        yield from records(blocks, key, deletes=key.endswith(".delta"))
+        yield from record_batches(blocks, key, deletes=key.endswith(".delta"))
 
 
 def _decoder(schema: Struct, where: str, skip: int) -> Callable[[bytes], tuple[Any, ...]]:
@@ -237,20 +283,15 @@ def _decoder(schema: Struct, where: str, skip: int) -> Callable[[bytes], tuple[A
 
 def file_blocks(location: SparkCheckpoint, key: str, tmp: Path, checksums: bool = False
             ) -> Iterator[bytes]:
-    """`key`'s decompressed blocks, from a local copy read a chunk at a time."""
+    """`key`'s decompressed blocks, from a local copy (or link) mapped a window at a
+    time."""
     local = tmp / "file"  # one at a time: a file is read to its end before the next
     local.unlink(missing_ok=True)
     try:
         location.storage.download_to_read(key, local)
     except StorageError as e:
         raise SparkCheckpointError(f"{key}: cannot be read ({e})") from None
-    yield from decompressed(_chunks(local), key, checksums=checksums)
-
-
-def _chunks(path: Path) -> Iterator[bytes]:
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            yield chunk
+    yield from decompressed(mapped(local), key, checksums=checksums)
 
 
 def arrow_batch(rows: list[tuple[Any, ...]], schema: pa.Schema, store: object) -> pa.RecordBatch:

@@ -24,6 +24,8 @@ from statehold.spark_checkpoints.errors import SparkCheckpointError
 #: took the offline read below Spark's own), so the bound is set for memory, not for
 #: speed: a partition's changes up to a quarter GiB stay in memory.
 IN_MEMORY_BYTES = 256 << 20
+#: Survivors given at once.
+BATCH = 4096
 #: The temporary RocksDB's write buffer.
 _WRITE_BUFFER = 64 << 20
 #: What a dict entry and its two bytes objects cost beyond their bytes.
@@ -43,51 +45,70 @@ class VersionChanges:
         self._limit = IN_MEMORY_BYTES if limit is None else limit
         self._held: dict[bytes, bytes | None] = {}
         self._bytes = 0
+        #: Whether a delete may be among the held changes.
+        self._deletes = False
         self._db: Rdict | None = None
 
     @property
     def spilled(self) -> bool:
         return self._db is not None
 
-    def update(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
-        """Each record replaces what an earlier one said of its key."""
-        rest = iter(records)
-        if self._db is None:
-            held = self._held
-            for key, value in rest:
-                held[key] = value
-                self._bytes += len(key) + (len(value) if value is not None else 0) + _ENTRY_BYTES
+    @property
+    def touched(self) -> bool:
+        """Whether any key was changed."""
+        return self._db is not None or bool(self._held)
+
+    def update(self, batches: Iterable[tuple[list[bytes], list[bytes | None]]]) -> None:
+        """Each batch's records (keys, values; None: a delete) replace what earlier ones
+        said of their keys. Held ones are counted a batch at a time, so they pass the
+        bound by at most a batch before they spill."""
+        for keys, values in batches:
+            if self._db is None:
+                self._held.update(zip(keys, values, strict=True))
+                try:
+                    value_bytes = sum(map(len, values))  # type: ignore[arg-type]
+                except TypeError:  # a delete among them
+                    self._deletes = True
+                    value_bytes = sum(len(v) for v in values if v is not None)
+                self._bytes += sum(map(len, keys)) + value_bytes + _ENTRY_BYTES * len(keys)
                 if self._bytes > self._limit:
                     self._spill()
-                    break
-            else:
-                return
-        db = self._db
-        assert db is not None
-        try:
-            for key, value in rest:
-                db[key] = _DELETED if value is None else value
-        except SparkCheckpointError:
-            raise
-        except Exception as e:  # rocksdict raises RocksDB's status as its own exceptions
-            raise SparkCheckpointError(f"the changes cannot be kept on local disk ({e})") from None
+                continue
+            db = self._db
+            try:
+                for key, value in zip(keys, values, strict=True):
+                    db[key] = _DELETED if value is None else value
+            except Exception as e:  # rocksdict raises RocksDB's status as its own exceptions
+                raise SparkCheckpointError(
+                    f"the changes cannot be kept on local disk ({e})") from None
 
     def __contains__(self, key: bytes) -> bool:
         if self._db is None:
             return key in self._held
         return self._db.get(key) is not None
 
-    def survivors(self, *, in_key_order: bool) -> Generator[tuple[bytes, bytes], None, None]:
-        """The keys not deleted, with their newest values."""
+    def survivors(self, *, in_key_order: bool
+                  ) -> Generator[tuple[list[bytes], list[bytes]], None, None]:
+        """The keys not deleted, with their newest values, `BATCH` at a time."""
         if self._db is None:
-            kept = [(k, v) for k, v in self._held.items() if v is not None]
+            held = self._held
+            keys = [k for k, v in held.items() if v is not None] if self._deletes else list(held)
             if in_key_order:
-                kept.sort()
-            yield from kept
+                keys.sort()  # the keys alone: bytes compared, not tuples
+            for at in range(0, len(keys), BATCH):
+                some = keys[at : at + BATCH]
+                yield some, list(map(held.__getitem__, some))  # type: ignore[arg-type]
             return
+        keys, values = [], []
         for key, value in self._db.items():
             if value != _DELETED and isinstance(key, bytes) and isinstance(value, bytes):
-                yield key, value
+                keys.append(key)
+                values.append(value)
+                if len(keys) >= BATCH:
+                    yield keys, values
+                    keys, values = [], []
+        if keys:
+            yield keys, values
 
     def close(self) -> None:
         self._held = {}
