@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from decimal import Decimal as D
@@ -506,3 +507,111 @@ def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
         state = tmp_path / f"{provider}-{chain[-1]}" / "state" / "0"
         assert sorted(p.name for p in state.iterdir() if p.name.isdigit()) == [
             str(p) for p in range(chain[-1])]
+
+
+#: RichState's state variables (tests.support.spark_locations.queries): a list, a map
+#: and a value.
+RICH_VARIABLES = ["items", "buckets", "total"]
+
+
+def _grouping(row: dict[str, Any]) -> str:
+    key = row["key"]
+    return key if isinstance(key, str) else key["key"]
+
+
+def _tws_offline(location: Any, var: str, batch: int, partitions: int
+                 ) -> Counter[tuple[Any, ...]]:
+    """A state variable's rows read offline with their partitions, each checked to sit in
+    the partition Spark's hash of its grouping key gives."""
+    out: Counter[tuple[Any, ...]] = Counter()
+    for p in range(partitions):
+        for b in location.read_state(batch, state_var=var, partition=p):
+            for row in b.to_pylist():
+                assert partition_of([_grouping(row)], [Atomic("string")], partitions) == p
+                flat: list[Any] = [p]  # a struct column flattened one level, as Spark's
+                for value in row.values():
+                    flat += map(frozen, value.values()) if isinstance(value, dict) else [
+                        frozen(value)]
+                out[tuple(flat)] += 1
+    return out
+
+
+def _rich_expected(files: int) -> list[dict[str, Any]]:
+    """RichState's output over input files 0..files-1, one batch a file."""
+    from tests.support.spark_locations.queries import input_rows
+
+    values: dict[str, list[int]] = {}
+    out = []
+    for j in range(files):
+        rows = input_rows(j)
+        for key in sorted({r["key"] for r in rows}):
+            values.setdefault(key, []).extend(r["value"] for r in rows if r["key"] == key)
+            seen = values[key]
+            out.append({"key": key, "total": sum(seen), "items": len(seen),
+                        "buckets": len({v % 3 for v in seen})})
+    return sorted(out, key=lambda r: json.dumps(r, sort_keys=True))
+
+
+def test_every_kind_of_transform_with_state_is_read_repartitioned_and_restarted(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """transformWithStateInPandas keeping list and map state beside a value (RichState:
+    the committed transform fixtures hold a value state and timers; a TTL's families are
+    tested without Spark, test_tws_state.py, as a TTL needs processing time, in which
+    Spark never idles), on RocksDB with changelog checkpointing off and on, 2 partitions, 3
+    input files: each state variable's rows read offline equal Spark's own reader's
+    (``stateVarName``), partition by partition; repartitioned (to 5, and to 3), every
+    row of every variable where Spark's hash of its grouping key sends it and the rows
+    as they were; the sources removed, Spark restarts on the copies with 2 more files and
+    writes what the state implies (the output reads every variable back: a key's state
+    lost or split would change its counts)."""
+    import pyspark
+
+    if int(pyspark.__version__.split(".")[0]) < 4:
+        pytest.skip("transformWithStateInPandas needs PySpark 4")
+    from tests.spark_checkpoints.test_spark_state_parity import spark_tws_rows
+    from tests.support.spark_locations import queries
+    from tests.support.spark_locations.queries import (
+        QUERIES,
+        Query,
+        QueryRun,
+        all_rows,
+        run_queries,
+        write_inputs,
+    )
+
+    monkeypatch.setitem(QUERIES, "rich", Query(queries.rich_state_query, "append"))
+    first, total = 3, 5
+    inputs = tmp_path / "in"
+    write_inputs(inputs, 0, first)
+    layouts = {"rocksdb": 5, "rocksdb_changelog": 3}
+    lasts = run_queries(spark, "rich", [
+        QueryRun(p, str(tmp_path / p), inputs, tmp_path / f"out-{p}", first - 1)
+        for p in layouts])
+    restarts = []
+    for (provider, m), last in zip(layouts.items(), lasts, strict=True):
+        source = open_spark_checkpoint(str(tmp_path / provider))
+        before = {}
+        for var in RICH_VARIABLES:
+            ours = _tws_offline(source, var, last, 2)
+            theirs = spark_tws_rows(spark, tmp_path / provider, last, stateVarName=var)
+            assert theirs, f"{provider} {var}: Spark reads no rows; nothing is compared"
+            assert ours == theirs, (provider, var)
+            before[var] = Counter(row[1:] for row in ours.elements())
+        dest = tmp_path / f"{provider}-{m}"
+        report = source.repartition(str(dest), partitions=m)
+        assert (report.batch, report.partitions) == (last, m)
+        moved = open_spark_checkpoint(str(dest))
+        for var in RICH_VARIABLES:
+            after = Counter(row[1:] for row in _tws_offline(moved, var, last, m).elements())
+            assert after == before[var], (provider, var)
+        shutil.rmtree(tmp_path / provider)
+        restarts.append(QueryRun(provider, str(dest), inputs, tmp_path / f"out-{provider}",
+                                 last + total - first))
+    write_inputs(inputs, first, total - first)
+
+    run_queries(spark, "rich", restarts)
+
+    expected = _rich_expected(total)
+    for provider in layouts:
+        assert all_rows(tmp_path / f"out-{provider}") == expected, provider

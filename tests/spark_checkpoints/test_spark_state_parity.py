@@ -86,13 +86,14 @@ def spark_rows(session: SparkSession, fx: Fixture, **options: Any) -> Rows:
                     *map(frozen, r["value"].values())) for r in table.to_pylist())
 
 
-def spark_tws_rows(session: SparkSession, fx: Fixture, **options: Any) -> Rows:
+def spark_tws_rows(session: SparkSession, checkpoint: Path, batch: int, **options: Any
+                   ) -> Rows:
     """Spark's rows of a state variable: (partition, each column's fields...), a struct
     column flattened one level, a column Spark fills with null only (no value) left out."""
-    reader = session.read.format("statestore").option("batchId", fx.last_batch)
+    reader = session.read.format("statestore").option("batchId", batch)
     for name, value in options.items():
         reader = reader.option(name, value)
-    rows = reader.load(str(fx.checkpoint)).toArrow().to_pylist()
+    rows = reader.load(str(checkpoint)).toArrow().to_pylist()
     columns = [c for c in (rows[0] if rows else {}) if c != "partition_id"
                and any(r[c] is not None for r in rows)]
     out: Rows = Counter()
@@ -139,7 +140,7 @@ def test_offline_rows_equal_sparks_state_reader(
                 if "readRegisteredTimers" in options:  # Spark's: the grouping key's columns
                     ours = Counter({(p, *(v for _n, v in key), *rest): n
                                     for (p, key, *rest), n in ours.items()})
-                theirs = spark_tws_rows(session, fx, **options)
+                theirs = spark_tws_rows(session, fx.checkpoint, fx.last_batch, **options)
                 where = f"{fx.id} {state_var} batch {fx.last_batch}"
                 assert theirs, f"{where}: Spark reads no rows; the comparison tests nothing"
                 compared.append(where)

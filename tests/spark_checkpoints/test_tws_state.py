@@ -76,9 +76,9 @@ def test_a_list_states_values_each_with_its_size(delimiter: int) -> None:
     family = Family("items", Struct(GROUPING), value, "none", multiple=True)
     elements = [versioned((n,), value) for n in (3, -1, 7)]
     raw = (b"," * delimiter).join(struct.pack("<i", len(e)) + e for e in elements)
-    assert family.values_decoder(delimiter, "items")(raw) == [(3,), (-1,), (7,)]
+    assert family.values_decoder("items")(raw) == [(3,), (-1,), (7,)]
     with pytest.raises(SparkCheckpointError, match="list element"):
-        family.values_decoder(delimiter, "items")(struct.pack("<i", 99) + elements[0])
+        family.values_decoder("items")(struct.pack("<i", 99) + elements[0])
 
 
 def _record(op: int, key: bytes, value: bytes | None) -> bytes:

@@ -822,8 +822,8 @@ def _source_batches(checkpoint: SparkCheckpoint, found: Scan, store: _Store, sid
         _files, needs = resolved(checkpoint, found, sid, batch)
         if not needs.ok:
             raise SparkCheckpointError(needs.problems[0])
-        records: Iterator[tuple[bytes, bytes]] = tws_records(checkpoint, sid, needs,
-                                                            store.tws.delimiter)
+        records: Iterator[tuple[bytes, bytes]] = tws_records(
+            checkpoint, sid, needs, store.tws.delimiter, store.tws.list_prefixes)
     elif store.records is None:
         yield from store_record_batches(checkpoint, found, sid, batch)
         return

@@ -281,3 +281,24 @@ class _Stream:
             last = (last + block[at:])[-len(end):]
         if last != end:
             raise SparkCheckpointError(f"{self._key}: the records do not end (truncated?)")
+
+
+_LIST_SIZE = struct.Struct("<i")
+
+
+def list_elements(raw: bytes, where: str) -> list[bytes]:
+    """A list state's value as its elements (each its 4-byte size and row), read with or
+    without a ``,`` after each: no element's size starts with that byte (a version byte
+    and an UnsafeRow are 8k + 1 bytes)."""
+    out, at = [], 0
+    while at < len(raw):
+        if at + 4 > len(raw):
+            raise SparkCheckpointError(f"{where}: a list value cut short")
+        (size,) = _LIST_SIZE.unpack_from(raw, at)
+        if not 0 < size <= len(raw) - at - 4:
+            raise SparkCheckpointError(f"{where}: a list element of {size} bytes")
+        out.append(raw[at : at + 4 + size])
+        at += 4 + size
+        if raw[at : at + 1] == b",":
+            at += 1
+    return out

@@ -77,7 +77,8 @@ def delete_grouping_keys(
         if not needs.ok:
             raise SparkCheckpointError(needs.problems[0])
         pending: list[tuple[bytes, bytes]] = []
-        for record in tws_records(checkpoint, sid, needs, tws.delimiter):
+        for record in tws_records(checkpoint, sid, needs, tws.delimiter,
+                                  tws.list_prefixes):
             counts["read"] += 1
             pending.append(record)
             if len(pending) >= _BATCH:

@@ -5,6 +5,12 @@ the key's (a list state's element: RocksDB's string-append merge, the values joi
 the merge operator's delimiter), and a range delete drops every key from its first key up
 to (not including) its end key.
 
+A list state's value read from the snapshot is joined again with Spark's delimiter
+(`list_elements`): RocksDB, opened here with the snapshot's OPTIONS file, merges the
+operands the SSTs still hold with its string-append operator's default ``,`` whatever
+delimiter Spark's RocksDB used (none, under merge operator version 2), and a value
+written on with the wrong one would be misread by Spark after a restart.
+
 The changes are held in a dict (memory: the changes since the base snapshot, which
 Spark's maintenance keeps few). Records come in key order, as the snapshot's RocksDB
 iterates them, so a writer can put them straight into an SST.
@@ -19,16 +25,22 @@ from pathlib import Path
 from statehold.spark_checkpoints.layout import StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint
 from statehold.spark_checkpoints.state_reader import file_blocks, file_records
-from statehold.spark_checkpoints.state_records import TypedOp, typed_changelog_records
+from statehold.spark_checkpoints.state_records import (
+    TypedOp,
+    list_elements,
+    typed_changelog_records,
+)
 from statehold.spark_checkpoints.stores import Needs
 
 #: What a change holds: a whole value (put), nothing (delete), or what to append (merge).
 _Change = tuple[TypedOp, bytes | None]
 
 
-def tws_records(location: SparkCheckpoint, store: StoreId, needs: Needs, delimiter: int
-                ) -> Iterator[tuple[bytes, bytes]]:
-    """Each (key, value) of the version `needs` resolves, in key order."""
+def tws_records(location: SparkCheckpoint, store: StoreId, needs: Needs, delimiter: int,
+                lists: frozenset[bytes] = frozenset()) -> Iterator[tuple[bytes, bytes]]:
+    """Each (key, value) of the version `needs` resolves, in key order. `lists`: the key
+    prefixes (family ids) of list state, whose values are joined with `delimiter` bytes
+    of ``,`` (Spark's merge operator's)."""
     joint = b"," * delimiter
     steps = [k for k in needs.files if k.endswith(".changelog")]
     bases = [k for k in needs.files if k.endswith(".zip")]
@@ -59,6 +71,8 @@ def tws_records(location: SparkCheckpoint, store: StoreId, needs: Needs, delimit
         at = 0
         for base in bases:
             for k, value in file_records(location, base, store, Path(tmp), column_families=True):
+                if value is not None and k[:2] in lists:
+                    value = joint.join(list_elements(value, f"{base} (a list value)"))
                 while at < len(survivors) and survivors[at] < k:
                     out = _alone(survivors[at], changes[survivors[at]], ranges)
                     if out is not None:

@@ -45,6 +45,7 @@ from statehold.spark_checkpoints.location import SparkCheckpoint
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.spark_hash import partition_of
 from statehold.spark_checkpoints.spark_types import Atomic, Field, SparkType, Struct, parse_struct
+from statehold.spark_checkpoints.state_records import list_elements
 from statehold.spark_checkpoints.state_schema import (
     MAX_SCHEMA_BYTES,
     StateSchema,
@@ -152,24 +153,16 @@ class Family:
 
         return decode
 
-    def values_decoder(self, delimiter: int, where: str
+    def values_decoder(self, where: str
                        ) -> Callable[[bytes], list[tuple[Any, ...]]]:
-        """The decoder of a RocksDB value into its rows: one, or a list state's each."""
+        """The decoder of a RocksDB value into its rows: one, or a list state's each (read
+        with or without a ``,`` between them: `state_records.list_elements`)."""
         one = versioned_row_decoder(self.value, f"{where} (a value)")
         if not self.multiple:
             return lambda raw: [one(raw)]
 
         def many(raw: bytes) -> list[tuple[Any, ...]]:
-            rows, at = [], 0
-            while at < len(raw):
-                if at + 4 > len(raw):
-                    raise SparkCheckpointError(f"{where}: a list value cut short")
-                (size,) = _LENGTH.unpack_from(raw, at)
-                if not 0 < size <= len(raw) - at - 4:
-                    raise SparkCheckpointError(f"{where}: a list element of {size} bytes")
-                rows.append(one(raw[at + 4 : at + 4 + size]))
-                at += 4 + size + delimiter
-            return rows
+            return [one(element[4:]) for element in list_elements(raw, where)]
 
         return many
 
@@ -220,6 +213,12 @@ class TwsOperator:
                 f"operator {self.operator} has no state variable {name!r} (it has: "
                 f"{', '.join(self.variables or sorted(self.families))})")
         return self.families[name]
+
+    @property
+    def list_prefixes(self) -> frozenset[bytes]:
+        """The key prefixes of the list state families (`tws_records`'s `lists`)."""
+        return frozenset(family_prefix(self.ids[n]) for n, f in self.families.items()
+                         if f.multiple and n in self.ids)
 
     def by_id(self) -> dict[int, Family]:
         return {self.ids[n]: f for n, f in self.families.items() if n in self.ids}
@@ -409,7 +408,7 @@ def read_variable(location: SparkCheckpoint, found: Scan, tws: TwsOperator, stor
     family = tws.family(name)
     where = f"{store} ({name})"
     decode_key = family.key_decoder(where)
-    decode_values = family.values_decoder(tws.delimiter, where)
+    decode_values = family.values_decoder(where)
     schema = family.schema()
     arrow = schema.arrow()
     width = len(schema.value.fields)
@@ -420,7 +419,7 @@ def read_variable(location: SparkCheckpoint, found: Scan, tws: TwsOperator, stor
     if not needs.ok:
         raise SparkCheckpointError(needs.problems[0])
     rows: list[tuple[Any, ...]] = []
-    for k, v in tws_records(location, store, needs, tws.delimiter):
+    for k, v in tws_records(location, store, needs, tws.delimiter, tws.list_prefixes):
         if not k.startswith(prefix):
             continue
         key = decode_key(k)

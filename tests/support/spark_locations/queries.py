@@ -282,6 +282,52 @@ if SPARK_4:
 
     QUERIES["transform"] = Query(transform_query, "append")
 
+    RICH_OUT = "key STRING, total BIGINT, items BIGINT, buckets BIGINT"
+
+    class RichState(StatefulProcessor):
+        """List and map state beside a value, each read back into the output so the output
+        depends on all of it: a list of the key's values (`items`), a map of their value
+        mod 3 to a count (`buckets`), a running total (`total`). Per batch and key: (key,
+        total, len(items), len(buckets)). No TTL: a TTL needs processing time, in which
+        Spark runs batches without data for ever (a query never idle). Not in QUERIES: a
+        test registers it where it runs it
+        (tests/spark_checkpoints/test_spark_repartition_live.py)."""
+
+        def init(self, handle: StatefulProcessorHandle) -> None:
+            self.items = handle.getListState("items", "v BIGINT")
+            self.buckets = handle.getMapState("buckets", "b BIGINT", "n BIGINT")
+            self.total = handle.getValueState("total", "total BIGINT")
+
+        def handleInputRows(  # noqa: N802
+            self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues  # noqa: N803
+        ) -> Iterator[pd.DataFrame]:
+            import pandas as pd
+
+            added = 0
+            for pdf in rows:
+                for v in (int(x) for x in pdf["value"]):
+                    self.items.appendValue((v,))
+                    b = v % 3
+                    n = self.buckets.getValue((b,))[0] if self.buckets.containsKey((b,)) else 0
+                    self.buckets.updateValue((b,), (n + 1,))
+                    added += v
+            current = self.total.get()
+            total = (int(current[0]) if current is not None else 0) + added
+            self.total.update((total,))
+            yield pd.DataFrame({
+                "key": [key[0]], "total": [total],
+                "items": [sum(1 for _ in self.items.get())],
+                "buckets": [sum(1 for _ in self.buckets.keys())]})  # noqa: SIM118 (a MapState)
+
+        def close(self) -> None:
+            pass
+
+    def rich_state_query(source: DataFrame) -> DataFrame:
+        """transformWithStateInPandas with RichState (no timers, no watermark)."""
+        return source.groupBy("key").transformWithStateInPandas(
+            statefulProcessor=RichState(), outputStructType=RICH_OUT, outputMode="Append",
+            timeMode="None")
+
 
 def unsupported(query: str, provider: str) -> str | None:
     """Why `query` cannot run on `provider` with this PySpark, or None when it can."""
