@@ -259,17 +259,7 @@ class SparkLocation(SparkCheckpoint):
         operator's are its grouping key's (the ``groupBy`` columns): every record of every
         column family (state variables, timers, TTL) of those keys removed."""
         from statehold.spark_checkpoints.key_delete import delete_keys
-        from statehold.spark_checkpoints.tws_delete import delete_grouping_keys
-        from statehold.spark_checkpoints.tws_state import tws_operator
 
-        tws = tws_operator(self, self.scan(), operator)
-        if tws is not None:
-            if side is not None:
-                raise SparkCheckpointError(
-                    f"operator {operator} is transformWithState, not a stream-stream join: "
-                    "--side names a join's side; nothing written")
-            return delete_grouping_keys(self, dest, tws, keys=keys, batch=batch,
-                                        progress=progress, dest_options=dest_options or None)
         return delete_keys(self, dest, operator=operator, keys=keys, side=side, batch=batch,
                            progress=progress, dest_options=dest_options or None)
 

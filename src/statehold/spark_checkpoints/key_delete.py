@@ -1,5 +1,6 @@
-"""Deleting keys offline: one store's by `transform.delete_keys`; a stream-stream join's
-here, from the four stores that hold them together.
+"""Deleting keys offline, the operator's kind decided here: one store's by
+`transform.delete_keys`; a transformWithState operator's grouping keys by
+`tws_delete`; a stream-stream join's here, from the four stores that hold them together.
 
 A join keeps each side's rows in two stores: ``<side>-keyToNumValues`` (the join key ->
 how many rows of it are buffered, n) and ``<side>-keyWithIndexToValue`` (the join key and
@@ -21,7 +22,7 @@ from statehold.progress import Progress
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint
-from statehold.spark_checkpoints.repartition import Records, StoreChange, rewrite
+from statehold.spark_checkpoints.repartition import JOIN_STORES, Records, StoreChange, rewrite
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.spark_types import Atomic
 from statehold.spark_checkpoints.state_reader import row_decoders, store_records, store_schema
@@ -34,11 +35,12 @@ from statehold.spark_checkpoints.transform import (
 from statehold.spark_checkpoints.transform import (
     delete_keys as delete_store_keys,
 )
+from statehold.spark_checkpoints.tws_delete import delete_grouping_keys
+from statehold.spark_checkpoints.tws_state import tws_operator
 from statehold.storage import Storage
 
 SIDES = ("left", "right")
 _COUNTS, _VALUES = "keyToNumValues", "keyWithIndexToValue"
-_JOIN_STORES = {f"{s}-{k}" for s in SIDES for k in (_COUNTS, _VALUES)}
 
 
 def delete_keys(
@@ -53,12 +55,21 @@ def delete_keys(
     dest_options: Mapping[str, Any] | None = None,
 ) -> DeleteReport:
     """DEST (empty or absent) without `keys` in `operator`'s state: a join's from both
-    sides, or `side` (``left``, ``right``) only; any other operator's from its one store."""
+    sides, or `side` (``left``, ``right``) only; a transformWithState operator's grouping
+    keys from every column family; any other operator's from its one store."""
     found = checkpoint.scan()
     names = {s.name for s in found.stores if s.operator == operator}
     if side is not None and side not in SIDES:
         raise SparkCheckpointError(f"side {side!r}: left or right; nothing written")
-    if names != _JOIN_STORES:
+    tws = tws_operator(checkpoint, found, operator)
+    if tws is not None:
+        if side is not None:
+            raise SparkCheckpointError(
+                f"operator {operator} is transformWithState, not a stream-stream join: "
+                "--side names a join's side; nothing written")
+        return delete_grouping_keys(checkpoint, dest, tws, keys=keys, batch=batch,
+                                    progress=progress, dest_options=dest_options)
+    if names != JOIN_STORES:
         if side is not None:
             raise SparkCheckpointError(
                 f"operator {operator} is not a stream-stream join (its stores: "
@@ -75,7 +86,7 @@ def _delete_join_keys(
     keys: Iterable[Mapping[str, Any]], sides: tuple[str, ...], side: str | None,
     batch: int | None, progress: Progress | None, dest_options: Mapping[str, Any] | None,
 ) -> DeleteReport:
-    schemas = {n: store_schema(checkpoint, found, StoreId(operator, 0, n)) for n in _JOIN_STORES}
+    schemas = {n: store_schema(checkpoint, found, StoreId(operator, 0, n)) for n in JOIN_STORES}
     counts = schemas[f"{sides[0]}-{_COUNTS}"]
     width = len(counts.key.fields)
     for s in sides:

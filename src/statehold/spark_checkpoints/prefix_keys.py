@@ -27,7 +27,7 @@ from statehold.spark_checkpoints.layout import DEFAULT_STORE, StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.spark_types import Struct
-from statehold.spark_checkpoints.unsafe_row import row_decoder
+from statehold.spark_checkpoints.unsafe_row import versioned_row_decoder
 from statehold.spark_checkpoints.unsafe_row_writer import encode_row
 
 _LENGTH = struct.Struct("<i")
@@ -62,16 +62,11 @@ class PrefixKeys:
 
     def decoder(self, where: str) -> Callable[[bytes], tuple[Any, ...]]:
         """A key's values, every column in the key schema's order."""
-        head = row_decoder(self.prefix, f"{where} (its prefix)", 1)
-        tail = row_decoder(self.rest, where, 1)
+        head = versioned_row_decoder(self.prefix, f"{where} (its prefix)")
+        tail = versioned_row_decoder(self.rest, where)
 
         def decode(data: bytes) -> tuple[Any, ...]:
             prefix, rest = self.split(data, where)
-            for part in (prefix, rest):
-                if part[:1] != b"\x00":
-                    raise SparkCheckpointError(
-                        f"{where}: state encoding version {part[:1].hex() or 'missing'}, "
-                        "not 00")
             return head(prefix) + tail(rest)
 
         return decode

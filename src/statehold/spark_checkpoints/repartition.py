@@ -127,8 +127,9 @@ _WHOLE_KEY = {"stateStoreSave", "dedupe", "dedupeWithinWatermark", "flatMapGroup
 _ONE_STORE = "aggregation, dropDuplicates or flatMapGroupsWithState"
 _SESSION = "sessionWindowStateStoreSaveExec"
 _JOIN = "symmetricHashJoin"
-_JOIN_STORES = {f"{side}-{kind}" for side in ("left", "right")
-                for kind in ("keyToNumValues", "keyWithIndexToValue")}
+#: A stream-stream join's four stores (`key_delete` deletes a key from them together).
+JOIN_STORES = {f"{side}-{kind}" for side in ("left", "right")
+               for kind in ("keyToNumValues", "keyWithIndexToValue")}
 #: Keys hashed at once (`columnar_hash`): the batch's rows and their slots in memory.
 _HASH_BATCH = 4096
 
@@ -471,7 +472,7 @@ def _zip_extra(checkpoint: SparkCheckpoint, found: Scan, op: int, store: str,
 
 def _recognised(names: list[str], keys: dict[str, Struct]) -> str:
     """What an operator without metadata is, from its stores."""
-    if set(names) == _JOIN_STORES:
+    if set(names) == JOIN_STORES:
         return _JOIN
     if names == [DEFAULT_STORE]:
         fields = keys[DEFAULT_STORE].fields
@@ -496,7 +497,7 @@ def _partitioning(op: int, name: str, store: str, key: Struct, prefix: Any) -> t
             raise SparkCheckpointError(f"{where}: a session window key {_names(key)} whose "
                                        "grouping columns cannot be told")
         return tuple(range(count))
-    if name == _JOIN and store in _JOIN_STORES:
+    if name == _JOIN and store in JOIN_STORES:
         if store.endswith("keyToNumValues"):
             return tuple(range(len(fields)))
         last = fields[-1]
@@ -937,7 +938,8 @@ def _key_decoder(op: int, store: _Store) -> Callable[[StoreId, bytes, bool], tup
     Spark's state encoding version, which must be 00."""
     where = f"operator {op} store {store.name} (a key)"
     if store.prefixed is not None:
-        return lambda sid, key, versioned: store.prefixed.decoder(where)(key)  # type: ignore[union-attr]
+        prefixed = store.prefixed.decoder(where)
+        return lambda sid, key, versioned: prefixed(key)
     decode = row_decoder(store.schema, where)
 
     def values(sid: StoreId, key: bytes, versioned: bool) -> tuple[Any, ...]:
