@@ -214,8 +214,9 @@ class SparkLocation(SparkCheckpoint):
         """A new checkpoint location at `dest` (empty or absent) whose `batch` (default:
         the newest restartable) restarts with `partitions` shuffle partitions: every key
         moved to the partition Spark's hash sends it to, in the store's own format
-        (HDFS-backed, RocksDB; not format v2 or transformWithState); the source is only
-        read. `dest_options`: the destination's storage options."""
+        (HDFS-backed, RocksDB, checkpoint format v2; transformWithState's column families
+        by their grouping key); the source is only read. `dest_options`: the
+        destination's storage options."""
         # imported when used, as the state reader (Arrow, RocksDB) it needs
         from statehold.spark_checkpoints.repartition import repartition
 

@@ -455,7 +455,8 @@ def _plan(checkpoint: SparkCheckpoint, found: Scan, op: int, batch: int,
 def _zip_extra(checkpoint: SparkCheckpoint, found: Scan, op: int, store: str,
                source: list[StoreId], batch: int) -> dict[str, Any]:
     """What the zips the batch's version loads from hold after numKeys (Spark 4's column
-    family fields); a store with column families (transformWithState) is refused."""
+    family fields); a store with column families that is not transformWithState's with
+    a state schema v3 to read them by (`_plan` takes those) is refused."""
     for sid in source:
         _files, needs = resolved(checkpoint, found, sid, batch)
         for key in needs.files:
@@ -464,8 +465,8 @@ def _zip_extra(checkpoint: SparkCheckpoint, found: Scan, op: int, store: str,
                 extra = meta.model_extra or {}
                 if extra.get("columnFamilyMapping"):
                     raise SparkCheckpointError(
-                        f"operator {op} store {store}: RocksDB column families "
-                        "(transformWithState) are not repartitioned yet")
+                        f"operator {op} store {store}: RocksDB column families without a "
+                        "state schema v3 to read them by; nothing written")
                 return metadata_extra(extra)
     return {}
 

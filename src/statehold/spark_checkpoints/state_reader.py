@@ -13,7 +13,8 @@ RocksDB provider: the same, with the changelogs after the base snapshot as the m
 the snapshot zip's RocksDB rebuilt and iterated (`rocksdb_snapshot`); its keys and values
 start with Spark's one-byte state encoding version, except a session window's keys, laid
 out for prefix scans (`prefix_keys`). Format v2 takes the version's unique
-id from the commit log. Column families (transformWithState) are refused in one line.
+id from the commit log. transformWithState's column families are read by `tws_state`
+(`read_state(state_var=...)`).
 """
 
 from __future__ import annotations
