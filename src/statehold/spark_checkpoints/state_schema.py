@@ -63,8 +63,8 @@ def read_state_schema(data: bytes, where: str) -> StateSchema:
     """The key and value schemas of a schema file's bytes; SparkCheckpointError (one line)
     when it is not one statehold reads."""
     key, value = read_state_schema_texts(data, where)
-    return StateSchema(_struct(key, f"{where} (key schema)"),
-                       _struct(value, f"{where} (value schema)"))
+    return StateSchema(struct_text(key, f"{where} (key schema)"),
+                       struct_text(value, f"{where} (value schema)"))
 
 
 def read_state_schema_texts(data: bytes, where: str) -> tuple[str, str]:
@@ -183,10 +183,15 @@ def parse_state_schema_json(data: bytes, where: str) -> StateSchema:
                        parse_struct(doc["value"], f"{where} (value schema)"))
 
 
-def _struct(text: str, where: str) -> Struct:
-    doc = load_json(text.encode("utf-8", "surrogatepass"), where=where,
-                    error=SparkCheckpointError, max_bytes=MAX_SCHEMA_BYTES)
-    return parse_struct(doc, where)
+def schema_json(text: str, where: str) -> Any:
+    """A schema file's JSON text (Java's modified UTF-8: lone surrogates kept), bounded."""
+    return load_json(text.encode("utf-8", "surrogatepass"), where=where,
+                     error=SparkCheckpointError, max_bytes=MAX_SCHEMA_BYTES)
+
+
+def struct_text(text: str, where: str) -> Struct:
+    """A StructType's JSON text as a `Struct`."""
+    return parse_struct(schema_json(text, where), where)
 
 
 class _Reader:

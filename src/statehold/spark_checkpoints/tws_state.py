@@ -44,12 +44,13 @@ from statehold.spark_checkpoints.layout import DEFAULT_STORE, StoreId, is_decima
 from statehold.spark_checkpoints.location import SparkCheckpoint
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.spark_hash import partition_of
-from statehold.spark_checkpoints.spark_types import Atomic, Field, SparkType, Struct, parse_struct
+from statehold.spark_checkpoints.spark_types import Atomic, Field, SparkType, Struct
 from statehold.spark_checkpoints.state_records import list_elements
 from statehold.spark_checkpoints.state_schema import (
-    MAX_SCHEMA_BYTES,
     StateSchema,
     read_state_schema_v3,
+    schema_json,
+    struct_text,
 )
 from statehold.spark_checkpoints.unsafe_row import versioned_row_decoder
 
@@ -266,9 +267,9 @@ def tws_operator(location: SparkCheckpoint, found: Scan, operator: int,
 
 def _family(name: str, key_text: str, value_text: str, spec_text: str, multiple: bool,
             where: str) -> Family:
-    key = _struct(key_text, where)
-    value = _struct(value_text, where)
-    spec = _json(spec_text, where)
+    key = struct_text(key_text, where)
+    value = struct_text(value_text, where)
+    spec = schema_json(spec_text, where)
     kind = spec.get("keyStateEncoderType") if isinstance(spec, dict) else None
     if kind == "NoPrefixKeyStateEncoderSpec":
         family = Family(name, key, value, "none", multiple=multiple)
@@ -317,7 +318,7 @@ def _variables(location: SparkCheckpoint, found: Scan, operator: int
     body = location.read(key).partition(b"\n")[2]
     doc = load_json(body, where=key, error=SparkCheckpointError)
     props = doc.get("operatorPropertiesJson") if isinstance(doc, dict) else None
-    listed = _json(props, key).get("stateVariables", []) if isinstance(props, str) else []
+    listed = schema_json(props, key).get("stateVariables", []) if isinstance(props, str) else []
     out: dict[str, str] = {}
     for var in listed if isinstance(listed, list) else []:
         if isinstance(var, dict) and isinstance(var.get("stateName"), str):
@@ -348,15 +349,6 @@ def zip_family_fields(location: SparkCheckpoint, found: Scan, operator: int, sto
                     "maxColumnFamilyId": extra.get("maxColumnFamilyId", max(mapping.values()))}
     raise SparkCheckpointError(
         f"operator {operator}: no snapshot yet names its column families' ids")
-
-
-def _json(text: str, where: str) -> Any:
-    return load_json(text.encode("utf-8", "surrogatepass"), where=where,
-                     error=SparkCheckpointError, max_bytes=MAX_SCHEMA_BYTES)
-
-
-def _struct(text: str, where: str) -> Struct:
-    return parse_struct(_json(text, where), where)
 
 
 def _range_decoder(fields: list[Field], where: str) -> Decode:
