@@ -3,10 +3,13 @@ every query on every state store layout it runs on stops after a few batches wit
 partitions, is repartitioned offline by statehold (`repartition`: to 5 partitions, or to 8
 and that copy to 3, pair by pair), restarts on the repartitioned copy with more input, and
 writes the same rows as one uninterrupted run: a key in another partition than Spark's
-hash sends it to would lose its state, and its rows would differ. The source location does
-not change (its listing with sizes and mtimes). The baseline of the tests that inspect,
-savepoint, roll back and collect Spark's checkpoints: their interventions must keep this
-equality (they restart on the committed fixtures as Spark left them).
+hash sends it to would lose its state, and its rows would differ. On RocksDB with changelog
+checkpointing the repartition takes each batch of a source partition's changes as a run of
+its own (`repartition.RUN_BYTES` lowered: what a state larger than the bound gets), so
+Spark restarts on versions whose runs replace and delete each other's keys. The source
+location does not change (its listing with sizes and mtimes). The baseline of the tests
+that inspect, savepoint, roll back and collect Spark's checkpoints: their interventions
+must keep this equality (they restart on the committed fixtures as Spark left them).
 
 The uninterrupted run of each pair is its committed fixture (tests/fixtures/spark/, written
 by this PySpark with the same settings over the same `FILES` input files, to its end): so
@@ -29,7 +32,8 @@ from typing import Any
 import pyspark
 import pytest
 
-from statehold.spark_checkpoints import open_spark_checkpoint
+from statehold.spark_checkpoints import open_spark_checkpoint, repartition
+from statehold.spark_checkpoints.version_changes import VersionChanges
 from tests.support.spark_locations.committed_fixtures import (
     FILES,
     TWS_GROUPING,
@@ -89,6 +93,7 @@ def test_stop_repartition_and_restart_equals_an_uninterrupted_run(
     spark: Any,
     extracted: Callable[[str], Path],
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     query: str,
     provider: str,
 ) -> None:
@@ -102,6 +107,16 @@ def test_stop_repartition_and_restart_equals_an_uninterrupted_run(
     write_inputs(inputs, 0, FIRST)
     first_stop = run_query(spark, query, provider, str(checkpoint), inputs, output, FIRST - 1)
     before = listing(checkpoint)
+    taken = []
+    if provider == "rocksdb_changelog":
+        real = VersionChanges.taken
+
+        def noted(self: VersionChanges) -> Any:
+            taken.append(1)
+            return real(self)
+
+        monkeypatch.setattr(repartition, "RUN_BYTES", 1)
+        monkeypatch.setattr(VersionChanges, "taken", noted)
     restart = checkpoint
     for step, partitions in enumerate(STEPS[(query, provider)]):
         source, restart = restart, tmp_path / f"repartitioned-{step}"
@@ -110,6 +125,8 @@ def test_stop_repartition_and_restart_equals_an_uninterrupted_run(
         assert report.verified and report.batch == first_stop, report
         assert report.partitions == partitions
     assert listing(checkpoint) == before
+    # transformWithState's families are routed as they are read, never in runs
+    assert bool(taken) == (provider == "rocksdb_changelog" and query != "transform")
     # the copy stands alone (transformWithState's metadata names its schema files by
     # absolute path): the source and any copy between are gone before the restart
     for gone in (checkpoint, *(tmp_path / f"repartitioned-{i}" for i in range(step))):

@@ -100,3 +100,55 @@ def test_spilled_changes_read_and_repartition_as_held_ones(
     assert spilled == held
     assert records(open_spark_checkpoint(str(tmp_path / "spilled")), batch) == records(
         open_spark_checkpoint(str(tmp_path / "held")), batch)
+
+
+@pytest.mark.parametrize(("version", "query", "provider"), [
+    ("4.3.0", "window", "rocksdb_changelog"), ("4.3.0", "join", "rocksdb_changelog"),
+    ("4.3.0", "dedup", "rocksdb_v2"), ("3.5.9", "dedup", "rocksdb_changelog"),
+])
+def test_a_repartition_from_runs_of_changes_writes_what_held_changes_write(
+    extracted: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    version: str, query: str, provider: str,
+) -> None:
+    """With `repartition.RUN_BYTES` at one byte, every batch of a source partition's
+    changes goes to the new partitions as a run of its own after the snapshot (deletes as
+    tombstones, a later run replacing a key): DEST holds the records of the repartition
+    with the changes held, and each zip's ``numKeys`` is its RocksDB's count."""
+    from statehold.spark_checkpoints import repartition, rocksdb_writer
+    from statehold.spark_checkpoints.state_files import read_zip_metadata
+
+    fx = fixture(extracted(version), version, query, provider)
+    location = open_spark_checkpoint(str(fx.checkpoint))
+    batch = fx.last_batch - 1
+
+    def records(where: Any) -> collections.Counter[tuple[str, bytes, bytes]]:
+        found = where.scan()
+        return collections.Counter((str(sid), k, v) for sid in sorted(found.stores)
+                                   for k, v in store_records(where, found, sid, batch))
+
+    location.repartition(str(tmp_path / "held"), partitions=3, batch=batch)
+    deletes: list[bytes] = []
+    add = rocksdb_writer.VersionRuns.add
+
+    def noted(self: rocksdb_writer.VersionRuns, key: bytes, value: bytes | None) -> None:
+        if value is None:
+            deletes.append(key)
+        add(self, key, value)
+
+    monkeypatch.setattr(rocksdb_writer.VersionRuns, "add", noted)
+    monkeypatch.setattr(repartition, "RUN_BYTES", 1)
+    location.repartition(str(tmp_path / "runs"), partitions=3, batch=batch)
+
+    runs = open_spark_checkpoint(str(tmp_path / "runs"))
+    assert len(list((tmp_path / "runs").rglob("*.sst"))) > len(
+        list((tmp_path / "held").rglob("*.sst"))), "no partition was written in runs"
+    assert deletes or query == "dedup", "no delete went to the runs"
+    assert records(runs) == records(open_spark_checkpoint(str(tmp_path / "held")))
+    found = runs.scan()
+    per_store = records(runs)
+    for zip_path in (tmp_path / "runs").rglob(f"{batch + 1}*.zip"):
+        meta = read_zip_metadata(zip_path.read_bytes(), str(zip_path))
+        where = zip_path.parent.relative_to(tmp_path / "runs").as_posix()
+        sid = next(s for s in found.stores if s.prefix == where)
+        rows = sum(n for (name, _k, _v), n in per_store.items() if name == str(sid))
+        assert meta.numKeys == rows, zip_path

@@ -97,6 +97,7 @@ from statehold.spark_checkpoints.state_files import mapped, read_zip_metadata
 from statehold.spark_checkpoints.state_reader import (
     resolved,
     store_record_batches,
+    store_record_runs,
     store_schema,
 )
 from statehold.spark_checkpoints.state_records import one_by_one
@@ -685,6 +686,7 @@ def _repartition_rocksdb(
                   else store.zip_extra or {} for n in internal]
         rows = [a - b for a, b in zip(counts, internal, strict=True)]
         for p, (built, crcs) in enumerate(pool(build, dirs, rows, extras)):
+            counts[p] = built.rows + internal[p]  # counted again where runs replaced keys
             sid = StoreId(op, p, store.name)
             for sst in built.ssts:
                 _hand_over(out, sst.path, f"{sid.prefix}/SSTs/{sst.dfs}", written,
@@ -698,6 +700,11 @@ def _repartition_rocksdb(
             progress.advance(1)
     return _store_plan(store, counts)
 
+
+#: Bytes of a source partition's changes (its changelogs since its snapshot) held before
+#: they go to the new partitions as a run of their own (`state_reader.store_record_runs`):
+#: what keeps a repartition's memory the same whatever the size of the state.
+RUN_BYTES = 32 << 20
 
 #: Below this many bytes of source state, a repartition routes in its own process: a
 #: worker's start (a new interpreter importing statehold) would cost more than it saves.
@@ -746,13 +753,20 @@ def _route_to_runs(
     counts = [0] * len(dirs)
     internal = [0] * len(dirs)
     try:
-        batches = _source_batches(checkpoint, found, store, sid, batch, True)
         if store.tws is not None:
+            batches = _source_batches(checkpoint, found, store, sid, batch, True)
             _route_families(checkpoint, found, store.tws, sid, batch, one_by_one(batches),
                             [r.add for r in runs], counts, internal)
-        else:
-            _route_records(batches, store, [r.add_batch for r in runs], counts, True,
+        elif store.records is not None:  # a transform's rows
+            _route_records(_source_batches(checkpoint, found, store, sid, batch, True),
+                           store, [r.add_batch for r in runs], counts, True,
                            _key_decoder(op, store), sid)
+        else:
+            for run in store_record_runs(checkpoint, found, sid, batch, limit=RUN_BYTES):
+                _route_records(run, store, [r.add_batch for r in runs], counts, True,
+                               _key_decoder(op, store), sid)
+                for r in runs:
+                    r.end_run()
     finally:
         for r in runs:
             r.close()
@@ -837,8 +851,9 @@ def _source_batches(checkpoint: SparkCheckpoint, found: Scan, store: _Store, sid
         yield list(keys), list(values)
 
 
-#: Where a batch of records goes: the keys and values of one new partition, in order.
-Sink = Callable[[list[bytes], list[bytes]], None]
+#: Where a batch of records goes: the keys and values of one new partition, in order (a
+#: value None, a delete, only to a sink of runs: `VersionRuns.add_batch`).
+Sink = Callable[[list[bytes], list[Any]], None]
 
 
 def _one_by_one(add: Callable[[bytes, bytes], None]) -> Sink:
@@ -866,7 +881,7 @@ def _route(
 
 
 def _route_records(
-    batches: Iterator[tuple[list[bytes], list[bytes]]], store: _Store, sinks: list[Sink],
+    batches: Iterator[tuple[list[bytes], list[Any]]], store: _Store, sinks: list[Sink],
     counts: list[int], versioned: bool,
     decode: Callable[[StoreId, bytes, bool], tuple[Any, ...]], sid: StoreId,
 ) -> None:
@@ -875,7 +890,7 @@ def _route_records(
     not take, key by key). `versioned`: RocksDB's keys start with Spark's state encoding
     version (00), the row after it."""
     keys: list[bytes] = []
-    values: list[bytes] = []
+    values: list[Any] = []
     for more_keys, more_values in batches:
         keys += more_keys
         values += more_values
@@ -885,7 +900,7 @@ def _route_records(
     _send(keys, values, store, sinks, counts, versioned, decode, sid)
 
 
-def _send(keys: list[bytes], values: list[bytes], store: _Store, sinks: list[Sink],
+def _send(keys: list[bytes], values: list[Any], store: _Store, sinks: list[Sink],
           counts: list[int], versioned: bool,
           decode: Callable[[StoreId, bytes, bool], tuple[Any, ...]], sid: StoreId) -> None:
     """One batch of the source's records to their new partitions' sinks: each new

@@ -65,7 +65,9 @@ class VersionRuns:
     `build_version`: a run of increasing keys goes straight into an SST, a key out of order
     into a plain staging file. Several writers (one per source partition, maybe in other
     processes) share a directory, each under its own `name`; a writer says where its
-    input's order starts again (`end_run`) and closes when it is done."""
+    input's order starts again (`end_run`) and closes when it is done. A writer's later
+    runs replace what its earlier ones said of a key, and a value of None deletes it (a
+    reader's changes taken a bound at a time: `state_reader.store_record_runs`)."""
 
     def __init__(self, directory: Path, name: str, *, format_version: int) -> None:
         check_format_version(format_version)
@@ -79,27 +81,32 @@ class VersionRuns:
         self._staged: BinaryIO | None = None
         self.rows = 0
 
-    def add(self, key: bytes, value: bytes) -> None:
+    def add(self, key: bytes, value: bytes | None) -> None:
         self.rows += 1
         if self._run is None:
             self._run = SstFileWriter(options=self._options)
-            _guard("written", self._run.open, str(self._dir / f"{self._name}-{self._runs}.run"))
+            _guard("written", self._run.open, str(self._dir / _run_name(self._name,
+                                                                         self._runs)))
             self._runs += 1
         elif key <= self._last:
             if self._staged is None:
                 self._staged = (self._dir / f"{self._name}.staged").open("wb")
-            self._staged.write(_INT.pack(len(key)) + key + _INT.pack(len(value)) + value)
+            self._staged.write(_INT.pack(len(key)) + key + (
+                _INT.pack(_DELETED) if value is None else _INT.pack(len(value)) + value))
             return
-        self._run[key] = value
+        if value is None:
+            del self._run[key]
+        else:
+            self._run[key] = value
         self._last = key
 
-    def add_batch(self, keys: list[bytes], values: list[bytes]) -> None:
+    def add_batch(self, keys: list[bytes], values: list[bytes | None]) -> None:
         """`add` of each record; keys in increasing order after the run's last (what a
         source partition's batch of one new partition is) go into the run with no check
         per key."""
         if not keys:
             return
-        if ((self._run is None or self._last < keys[0])
+        if ((self._run is None or self._last < keys[0]) and None not in values
                 and all(map(operator.lt, keys, itertools.islice(keys, 1, None)))):
             if self._run is None:
                 self.add(keys[0], values[0])
@@ -112,8 +119,8 @@ class VersionRuns:
             if keys:
                 self._last = keys[-1]
             return
-        for key, value in zip(keys, values, strict=True):
-            self.add(key, value)
+        for key, one in zip(keys, values, strict=True):
+            self.add(key, one)
 
     def end_run(self) -> None:
         """Close the current run: the next key starts a new one, whatever its order."""
@@ -127,14 +134,28 @@ class VersionRuns:
             self._staged.close()
 
 
+#: A staged record's value size that says it is a delete.
+_DELETED = -1
+
+
+def _run_name(writer: str, run: int) -> str:
+    return f"{writer}-{run:06d}.run"
+
+
 def build_version(directory: Path, *, rows: int, format_version: int,
                   metadata_extra: Mapping[str, Any]) -> BuiltVersion:
     """The RocksDB of every run and staged row its writers (closed) left in `directory`,
     with the zip Spark loads it from (``version.zip`` there) and the SSTs it names. The
-    runs are ingested (moved, not copied), the staged rows put without a write-ahead log
-    and flushed; more runs than level 0 holds without slowing writes are compacted."""
+    runs are ingested (moved, not copied), a writer's later runs after its earlier ones
+    so they win (the n-th run of every writer at once: different writers' keys never
+    meet); then the staged rows are put without a write-ahead log and flushed; more runs
+    than level 0 holds without slowing writes are compacted. `rows` is the key count the
+    zip records, counted again in the RocksDB where a writer's runs may have replaced or
+    deleted keys."""
     check_format_version(format_version)
-    runs = sorted(str(p) for p in directory.glob("*.run"))
+    runs = sorted(directory.glob("*.run"))
+    rounds = [sorted(str(p) for p in group) for _n, group in itertools.groupby(
+        sorted(runs, key=_run_number), key=_run_number)]
     db_dir = directory / "db"
     options = _options(format_version)
     db = _guard("created", Rdict, str(db_dir), options)
@@ -143,19 +164,28 @@ def build_version(directory: Path, *, rows: int, format_version: int,
         # a property in rocksdict, though its stubs call it a method
         write.disable_wal = True  # type: ignore[method-assign,assignment]
         db.set_write_options(write)
-        if runs:
+        for files in rounds:
             ingest = IngestExternalFileOptions()
             ingest.set_move_files(True)
-            _guard("written", db.ingest_external_file, runs, ingest)
+            _guard("written", db.ingest_external_file, files, ingest)
         for staged in sorted(directory.glob("*.staged")):
             for key, value in _staged_rows(staged):
-                db[key] = value
+                if value is None:
+                    del db[key]
+                else:
+                    db[key] = value
         _guard("written", db.flush, True)
         if len(runs) > MAX_LEVEL0_RUNS:
             _guard("compacted", db.compact_range, None, None)
+        if len(rounds) > 1:
+            rows = sum(1 for _key in db.keys())  # noqa: SIM118 (an Rdict, no __iter__)
     finally:
         db.close()
     return _zipped(db_dir, directory / "version.zip", rows, metadata_extra)
+
+
+def _run_number(path: Path) -> int:
+    return int(path.stem.rsplit("-", 1)[1])
 
 
 def check_format_version(format_version: int) -> None:
@@ -165,12 +195,12 @@ def check_format_version(format_version: int) -> None:
             f"{FORMAT_VERSIONS.start} to {FORMAT_VERSIONS.stop - 1} are written")
 
 
-def _staged_rows(path: Path) -> Iterator[tuple[bytes, bytes]]:
+def _staged_rows(path: Path) -> Iterator[tuple[bytes, bytes | None]]:
     with path.open("rb") as f:
         while head := f.read(4):
             key = f.read(_INT.unpack(head)[0])
-            value = f.read(_INT.unpack(f.read(4))[0])
-            yield key, value
+            size = _INT.unpack(f.read(4))[0]
+            yield key, None if size == _DELETED else f.read(size)
 
 
 def _guard(what: str, call: Any, *args: Any) -> Any:

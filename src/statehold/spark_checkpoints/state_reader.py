@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import shutil
 import tempfile
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,63 +153,117 @@ def store_record_batches(
     yield from _merged_batches(location, store, needs)
 
 
+def store_record_runs(
+    location: SparkCheckpoint, found: Scan, store: StoreId, batch: int, *, limit: int
+) -> Iterator[Iterator[tuple[list[bytes], list[bytes | None]]]]:
+    """`store_record_batches` as runs in key order, each read to its end before the next
+    is asked for, a later run's records replacing an earlier's (None: a delete), for a
+    writer that keeps that order (`rocksdb_writer.VersionRuns`). A RocksDB store whose
+    changes pass `limit` bytes comes as its base snapshot as it is, then its changes a
+    `limit` at a time, deletes included: memory holds `limit` of changes, not the
+    partition's state. Otherwise (and for an HDFS-backed store, whose snapshot cannot
+    say a delete) one run, `store_record_batches`'."""
+    files, needs = resolved(location, found, store, batch)
+    if not needs.ok:
+        raise SparkCheckpointError(needs.problems[0])
+    if files.provider != "rocksdb":
+        yield _merged_batches(location, store, needs)  # type: ignore[misc]
+        return
+    steps, bases = _steps_and_bases(needs)
+    with tempfile.TemporaryDirectory(prefix="statehold-state-") as tmp:
+        changes = VersionChanges(Path(tmp), limit=limit, spill=False)
+        based = False
+        try:
+            for key in steps:
+                for keys, values in file_record_batches(location, key, store, Path(tmp)):
+                    changes.update([(keys, values)])
+                    if changes.full:
+                        if not based:
+                            based = True
+                            yield _snapshot_batches(location, store, bases, Path(tmp))
+                        yield changes.taken()
+            if based:
+                yield changes.taken()
+            else:
+                yield _merged(location, store, steps, bases, changes,  # type: ignore[misc]
+                              Path(tmp))
+        finally:
+            changes.close()
+
+
 def _merged_batches(location: SparkCheckpoint, store: StoreId, needs: Needs
                     ) -> Iterator[tuple[list[bytes], list[bytes]]]:
     """The deltas or changelogs after the base snapshot read first into the keys they
     touch (`VersionChanges`: newest wins, in memory or, past a bound, on local disk);
-    then the snapshot streamed, each record not changed given as it is read, the
-    surviving changes merged in among them by key. A RocksDB store's records come in key
-    order (its snapshot is iterated in order, its changes' survivors sorted), which lets a
-    writer put them straight into an SST; an HDFS-backed store's in no order. In batches:
-    a version of changes alone, or of a snapshot alone, goes without a step per record."""
-    steps = [k for k in needs.files if k.endswith((".delta", ".changelog"))]
-    bases = [k for k in needs.files if k.endswith((".snapshot", ".zip"))]
-    in_key_order = not any(k.endswith(".delta") for k in steps)
+    then `_merged`."""
+    steps, bases = _steps_and_bases(needs)
     with tempfile.TemporaryDirectory(prefix="statehold-state-") as tmp:
         changes = VersionChanges(Path(tmp))
-        survivors: Generator[tuple[list[bytes], list[bytes]], None, None] | None = None
         try:
             for key in steps:
                 changes.update(file_record_batches(location, key, store, Path(tmp)))
-            survivors = changes.survivors(in_key_order=in_key_order)
-            if not changes.touched:
-                for key in bases:  # a snapshot's records are never deletes
-                    yield from file_record_batches(location, key, store,  # type: ignore[misc]
-                                                   Path(tmp))
-                return
-            if not bases:  # changes alone: their survivors are the version
-                yield from survivors
-                return
-            rest = one_by_one(survivors)
-            pending = next(rest, None)
-            keys: list[bytes] = []
-            values: list[bytes] = []
-            for key in bases:
-                for k, value in file_records(location, key, store, Path(tmp)):
-                    if value is None or k in changes:
-                        continue
-                    while in_key_order and pending is not None and pending[0] < k:
-                        keys.append(pending[0])
-                        values.append(pending[1])
-                        pending = next(rest, None)
-                    keys.append(k)
-                    values.append(value)
-                    if len(keys) >= BATCH_ROWS:
-                        yield keys, values
-                        keys, values = [], []
-            while pending is not None:
-                keys.append(pending[0])
-                values.append(pending[1])
-                pending = next(rest, None)
-                if len(keys) >= BATCH_ROWS or pending is None:
+            yield from _merged(location, store, steps, bases, changes, Path(tmp))
+        finally:
+            changes.close()
+
+
+def _steps_and_bases(needs: Needs) -> tuple[list[str], list[str]]:
+    """The version's deltas or changelogs, and its base snapshot (none, or one)."""
+    return ([k for k in needs.files if k.endswith((".delta", ".changelog"))],
+            [k for k in needs.files if k.endswith((".snapshot", ".zip"))])
+
+
+def _snapshot_batches(location: SparkCheckpoint, store: StoreId, bases: list[str], tmp: Path
+                      ) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+    for key in bases:  # a snapshot's records are never deletes
+        yield from file_record_batches(location, key, store, tmp)
+
+
+def _merged(location: SparkCheckpoint, store: StoreId, steps: list[str], bases: list[str],
+            changes: VersionChanges, tmp: Path) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """The base snapshot streamed, each record not changed given as it is read, the
+    surviving `changes` merged in among them by key. A RocksDB store's records come in
+    key order (its snapshot is iterated in order, its changes' survivors sorted), which
+    lets a writer put them straight into an SST; an HDFS-backed store's in no order. In
+    batches: a version of changes alone, or of a snapshot alone, goes without a step per
+    record."""
+    in_key_order = not any(k.endswith(".delta") for k in steps)
+    if not changes.touched:
+        yield from _snapshot_batches(location, store, bases, tmp)  # type: ignore[misc]
+        return
+    survivors = changes.survivors(in_key_order=in_key_order)
+    try:
+        if not bases:  # changes alone: their survivors are the version
+            yield from survivors
+            return
+        rest = one_by_one(survivors)
+        pending = next(rest, None)
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        for key in bases:
+            for k, value in file_records(location, key, store, tmp):
+                if value is None or k in changes:
+                    continue
+                while in_key_order and pending is not None and pending[0] < k:
+                    keys.append(pending[0])
+                    values.append(pending[1])
+                    pending = next(rest, None)
+                keys.append(k)
+                values.append(value)
+                if len(keys) >= BATCH_ROWS:
                     yield keys, values
                     keys, values = [], []
-            if keys:
+        while pending is not None:
+            keys.append(pending[0])
+            values.append(pending[1])
+            pending = next(rest, None)
+            if len(keys) >= BATCH_ROWS or pending is None:
                 yield keys, values
-        finally:
-            if survivors is not None:
-                survivors.close()
-            changes.close()
+                keys, values = [], []
+        if keys:
+            yield keys, values
+    finally:
+        survivors.close()
 
 
 def resolved(location: SparkCheckpoint, found: Scan, store: StoreId, batch: int

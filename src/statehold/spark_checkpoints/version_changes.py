@@ -7,11 +7,16 @@ snapshot yet keeps a whole partition's state in its changelogs.
 
 The survivors come out in key order where asked (RocksDB's bytewise order, which a writer
 of SSTs needs), from the RocksDB in its own order.
+
+A writer whose later runs replace its earlier ones (a RocksDB version built from sorted
+runs, `rocksdb_writer.VersionRuns`) needs no spill: it takes the held changes, deletes
+included, each time they pass the bound (`spill=False`, `full`, `taken`), so its memory
+holds one bound of changes whatever the state's size.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 
 from rocksdict import DBCompressionType, Options, Rdict, WriteOptions
@@ -40,9 +45,11 @@ class VersionChanges:
     """The changes replayed so far, newest wins; `directory` (the caller's, removed by it)
     holds the RocksDB once they spill. Close it before the directory goes."""
 
-    def __init__(self, directory: Path, *, limit: int | None = None) -> None:
+    def __init__(self, directory: Path, *, limit: int | None = None, spill: bool = True
+                 ) -> None:
         self._directory = directory
         self._limit = IN_MEMORY_BYTES if limit is None else limit
+        self._spill_when_full = spill
         self._held: dict[bytes, bytes | None] = {}
         self._bytes = 0
         #: Whether a delete may be among the held changes.
@@ -71,7 +78,7 @@ class VersionChanges:
                     self._deletes = True
                     value_bytes = sum(len(v) for v in values if v is not None)
                 self._bytes += sum(map(len, keys)) + value_bytes + _ENTRY_BYTES * len(keys)
-                if self._bytes > self._limit:
+                if self._spill_when_full and self.full:
                     self._spill()
                 continue
             db = self._db
@@ -81,6 +88,24 @@ class VersionChanges:
             except Exception as e:  # rocksdict raises RocksDB's status as its own exceptions
                 raise SparkCheckpointError(
                     f"the changes cannot be kept on local disk ({e})") from None
+
+    @property
+    def full(self) -> bool:
+        """Whether the held changes passed the bound."""
+        return self._bytes > self._limit
+
+    def taken(self) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+        """The held changes, a delete as None, in key order, `BATCH` at a time; taken out
+        now (the changes are empty again when this returns), given as they are read."""
+        held, self._held, self._bytes, self._deletes = self._held, {}, 0, False
+        keys = sorted(held)
+
+        def batches() -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+            for at in range(0, len(keys), BATCH):
+                some = keys[at : at + BATCH]
+                yield some, list(map(held.__getitem__, some))
+
+        return batches()
 
     def __contains__(self, key: bytes) -> bool:
         if self._db is None:
