@@ -180,10 +180,13 @@ def relocate(
 
 
 def _changer(old: str, new: str) -> Callable[[str], str]:
-    """Prefix replacement; a plain absolute path also stands for its file: URIs."""
+    """Prefix replacement; a plain absolute path also stands for its file: URIs (moved to
+    the new path's file: URIs, or to the new URI: a local location copied to S3)."""
     pairs = [(old, new)]
-    if old.startswith("/") and new.startswith("/"):
-        pairs += [(f"file://{old}", f"file://{new}"), (f"file:{old}", f"file:{new}")]
+    if old.startswith("/"):
+        local = new.startswith("/")
+        pairs += [(f"file://{old}", f"file://{new}" if local else new),
+                  (f"file:{old}", f"file:{new}" if local else new)]
 
     def change(path: str) -> str:
         for a, b in pairs:

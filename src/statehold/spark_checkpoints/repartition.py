@@ -121,6 +121,8 @@ _CODEC = "spark.sql.streaming.stateStore.compression.codec"
 _ENCODING = "spark.sql.streaming.stateStore.encodingFormat"
 _ROW_CHECKSUM = "spark.sql.streaming.stateStore.rowChecksum.enabled"
 _ROCKSDB_FORMAT = "spark.sql.streaming.stateStore.rocksdb.formatVersion"
+#: Hadoop's file system scheme for an object store statehold names otherwise.
+_HADOOP_SCHEMES = {"s3": "s3a"}
 #: Operators whose state key is exactly what their shuffle hashes.
 _WHOLE_KEY = {"stateStoreSave", "dedupe", "dedupeWithinWatermark", "flatMapGroupsWithState",
               "applyInPandasWithState"}
@@ -568,7 +570,8 @@ def _in_dest(path: str, state_dir: str, dest_uri: str) -> str:
     """A source file's absolute path (Hadoop's form, as Spark recorded it) as the same
     file's in DEST: the part from ``/state/OP/`` on kept, DEST's place before it in the
     form Spark writes (``file:/path`` for a local disk; the source's scheme, as S3A's
-    ``s3a``, with DEST's bucket and prefix)."""
+    ``s3a``, with DEST's bucket and prefix; a local source's files in an object store DEST
+    by Hadoop's scheme of that store: a ``file:`` one there would name no file)."""
     at = path.rfind(state_dir)
     if at < 0:
         return path  # not a file of this operator's: left as Spark wrote it
@@ -576,7 +579,9 @@ def _in_dest(path: str, state_dir: str, dest_uri: str) -> str:
     if dest.scheme in ("", "file"):
         place = "file:" + (unquote(dest.path) if dest.scheme else dest_uri).rstrip("/")
     else:
-        scheme = urlparse(path).scheme or dest.scheme
+        scheme = urlparse(path).scheme
+        if scheme in ("", "file"):
+            scheme = _HADOOP_SCHEMES.get(dest.scheme, dest.scheme)
         place = f"{scheme}://{dest.netloc}{dest.path.rstrip('/')}"
     return place + path[at:]
 
