@@ -125,15 +125,15 @@ class VariableRows:
             if prefix is not None and key.startswith(prefix):
                 pending += decode(key, value)
                 if len(pending) >= BATCH_ROWS:
-                    yield from self._through_fn(pending, sid, prefix, counter)
+                    yield from self.rewritten(pending, sid, prefix, counter)
                     pending = []
             elif counter is None or not key.startswith(counter):  # a counter: written anew
                 yield (), key, value
         if prefix is not None:
-            yield from self._through_fn(pending, sid, prefix, counter)
+            yield from self.rewritten(pending, sid, prefix, counter)
 
-    def _through_fn(self, rows: list[tuple[Any, ...]], sid: StoreId, prefix: bytes,
-                    counter: bytes | None) -> Iterator[tuple[tuple[Any, ...], bytes, bytes]]:
+    def rewritten(self, rows: list[tuple[Any, ...]], sid: StoreId, prefix: bytes,
+                  counter: bytes | None) -> Iterator[tuple[tuple[Any, ...], bytes, bytes]]:
         """`rows` through ``fn``, the rows it returns as records of the family (`prefix`:
         its id in this partition) and, for a list, of its row counter (`counter`)."""
         if not rows:
