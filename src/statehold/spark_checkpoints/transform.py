@@ -16,11 +16,13 @@ and DEST is verified.
 A schema change is written where Spark checks a restart against it: the store's
 ``state/OP/0/_metadata/schema`` (v2), the side that did not change kept as Spark wrote
 it. Operators with one store only (aggregations, ``dropDuplicates``, session windows,
-``flatMapGroupsWithState`` / ``applyInPandasWithState``); a stream-stream join (four
-stores whose rows must agree: its keys are deleted by `key_delete`) and transformWithState
-(column families, schema v3; its grouping keys are deleted by `tws_delete`) are refused
-in one line, as are the locations repartition refuses. A session window's RocksDB keys
-are written back in their prefix-scan layout (`prefix_keys`).
+``flatMapGroupsWithState`` / ``applyInPandasWithState``), and one state variable of a
+transformWithState operator (``state_var``: `tws_transform`, in the variable's own
+schema, its other column families copied; its grouping keys are deleted from every
+family by `tws_delete`); a stream-stream join (four stores whose rows must agree: its
+keys are deleted by `key_delete`) is refused in one line, as are the locations
+repartition refuses. A session window's RocksDB keys are written back in their
+prefix-scan layout (`prefix_keys`).
 
 Memory: one record batch and what ``fn`` keeps. Two rows ``fn`` gives the same key are
 both written (the later one wins when Spark loads it): statehold does not check, as that

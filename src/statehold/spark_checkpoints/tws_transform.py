@@ -39,7 +39,6 @@ from statehold.spark_checkpoints.arrow_values import (
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint
-from statehold.spark_checkpoints.repartition import Records
 from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.spark_types import Struct
 from statehold.spark_checkpoints.state_reader import arrow_batch, resolved
@@ -103,12 +102,10 @@ class VariableRows:
         returns (checked again for every batch)."""
         list(returned(self.fn(empty_batch(self.arrow)), self.arrow))
 
-    @property
-    def records(self) -> Records:
-        return self._records
-
-    def _records(self, sid: StoreId, batch: int, _versioned: bool
-                 ) -> Iterator[tuple[tuple[Any, ...], bytes, bytes]]:
+    def records(self, sid: StoreId, batch: int, _versioned: bool
+                ) -> Iterator[tuple[tuple[Any, ...], bytes, bytes]]:
+        """A source partition's records as `repartition.Records` gives them: the
+        variable's through ``fn``, the others' as their bytes."""
         _files, needs = resolved(self.checkpoint, self.found, sid, batch)
         if not needs.ok:
             raise SparkCheckpointError(needs.problems[0])
@@ -116,8 +113,8 @@ class VariableRows:
         fid = ids.get(self.name)
         # (a family the partition never created: no rows for fn, every record as it is)
         prefix = family_prefix(fid) if fid is not None else None
-        counter = (family_prefix(ids[self.counter.name])
-                   if self.counter is not None and self.counter.name in ids else None)
+        counter = (family_prefix(ids[self.counter.name]) if prefix is not None
+                   and self.counter is not None and self.counter.name in ids else None)
         decode = self.family.rows_decoder(f"{sid} ({self.name})")
         pending: list[tuple[Any, ...]] = []
         for key, value in tws_records(self.checkpoint, sid, needs, self.tws.delimiter,
