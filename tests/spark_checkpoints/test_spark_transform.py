@@ -6,9 +6,13 @@ DEST's schema file saying the new schema (the key's text kept as Spark wrote it)
 whose type changes is routed by its new value's hash. The source's listing never
 changes. A stream-stream join's key deleted (both sides, one side, by the CLI's --side)
 loses its count and every indexed row, the stores left consistent. Refusals (a full DEST,
-an unknown operator, a join transformed, transformWithState, a batch not committed, fn
-returning other columns, types or things, a side of what is not a join) come in one line
-with nothing written. Restarts by Spark on DEST: test_spark_repartition_live.py."""
+an unknown operator, a join transformed, a batch not committed, fn returning other
+columns, types or things, a side of what is not a join; for transformWithState: no state
+variable named, a timer family, a new schema) come in one line with nothing written. A
+transformWithState state variable transformed (a grouping key's value deleted, the others
+changed) reads back so, its other families (the timers, the deleted key's too) as they
+were; the identity writes back every record byte for byte. Restarts by Spark on DEST:
+test_spark_repartition_live.py."""
 
 from __future__ import annotations
 
@@ -28,8 +32,10 @@ from statehold.spark_checkpoints import SparkCheckpointError, open_spark_checkpo
 from statehold.spark_checkpoints.layout import StoreId
 from statehold.spark_checkpoints.spark_hash import partition_of
 from statehold.spark_checkpoints.spark_types import Atomic, Field, Struct
-from statehold.spark_checkpoints.state_reader import store_records, store_schema
+from statehold.spark_checkpoints.state_reader import resolved, store_records, store_schema
 from statehold.spark_checkpoints.state_schema import read_state_schema, read_state_schema_texts
+from statehold.spark_checkpoints.tws_records import tws_records
+from statehold.spark_checkpoints.tws_state import tws_operator
 from statehold.spark_checkpoints.unsafe_row import decode_row
 from tests.spark_checkpoints.test_spark_repartition import PARTITIONING
 from tests.support.spark_locations.committed_fixtures import TWS, TWS_GROUPING, fixture, manifests
@@ -219,6 +225,7 @@ def test_refusals_write_nothing(extracted: Callable[[str], Path], tmp_path: Path
         return open_spark_checkpoint(str(fixture(root, version, query, provider).checkpoint))
 
     window = at("window")
+    tws = at("transform", "rocksdb")
     full = tmp_path / "full"
     full.mkdir()
     (full / "x").write_text("x")
@@ -227,7 +234,15 @@ def test_refusals_write_nothing(extracted: Callable[[str], Path], tmp_path: Path
         (window, "not empty", {"dest": full}),
         (window, "no operator 3", {"operator": 3}),
         (at("join"), "stores left-keyToNumValues", {}),
-        (at("transform", "rocksdb"), "transformWithState", {}),
+        (tws, r"is transformWithState's: name a state variable \(state_var\): count;", {}),
+        (tws, "Spark's own column family", {"state_var": "$eventTimers_keyToTimestamp"}),
+        (tws, "has no state variable 'nope'", {"state_var": "nope"}),
+        (tws, "evolves its state schemas itself",
+         {"state_var": "count", "value_schema": pa.schema([("count", pa.int64())])}),
+        (tws, r"fn returned columns \(key\), not the schema's \(key, count\)",
+         {"state_var": "count", "fn": lambda b: b.drop_columns(["count"])}),
+        (window, "not transformWithState's: it has no state variable 'count'",
+         {"state_var": "count"}),
         (window, "batch 99", {"batch": 99}),
         (window, r"fn returned columns \(window, key, count\)",
          {"fn": lambda b: b.drop_columns(["sum"])}),
@@ -472,3 +487,66 @@ def test_the_cli_deletes_grouping_keys_of_transform_with_state(
                                        str(bad)])
     assert refused.exit_code == 1 and "not the key's columns (key)" in refused.stderr
     assert not (tmp_path / "e").exists()
+
+
+def _raw_records(location: Any) -> dict[int, list[tuple[bytes, bytes]]]:
+    """Each partition's records of transformWithState operator 0, every column family's,
+    as their bytes."""
+    found = location.scan()
+    tws = tws_operator(location, found, 0)
+    assert tws is not None
+    out = {}
+    for sid in sorted(s for s in found.stores if s.operator == 0):
+        _files, needs = resolved(location, found, sid, found.newest_committed)
+        out[sid.partition] = list(tws_records(location, sid, needs, tws.delimiter,
+                                              tws.list_prefixes))
+    return out
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "rocksdb_changelog"])
+def test_a_state_variable_transformed_keeps_every_other_family(
+    extracted: Callable[[str], Path], tmp_path: Path, provider: str,
+) -> None:
+    """``transform(state_var="count")`` on the transform fixture: ``fn`` gets the
+    variable's rows as ``read_state`` gives them; a grouping key's count deleted and the
+    others' multiplied by ten read back so, each row where Spark's hash of its grouping
+    key puts it (3 partitions: routed, not copied); the timers, the deleted key's too,
+    as they were. The identity writes every record back byte for byte."""
+    fx = fixture(extracted("4.3.0"), "4.3.0", "transform", provider)
+    source = open_spark_checkpoint(str(fx.checkpoint))
+    before = listing(fx.checkpoint)
+    given: list[dict[str, Any]] = []
+
+    def fn(b: pa.RecordBatch) -> pa.RecordBatch:
+        given.extend(b.to_pylist())
+        kept = b.filter(pc.not_equal(b.column("key"), "k0"))
+        return kept.set_column(1, "count", pc.multiply(kept.column("count"), 10))
+
+    report = source.transform(str(tmp_path / "d"), operator=0, state_var="count", fn=fn,
+                              partitions=3)
+    assert listing(fx.checkpoint) == before
+    rows = _tws_rows(source, "count")
+    assert sorted(map(json.dumps, given)) == sorted(map(json.dumps, rows))
+    expected = [{"key": r["key"], "count": r["count"] * 10} for r in rows if r["key"] != "k0"]
+    assert len(expected) == len(rows) - 1
+    out = open_spark_checkpoint(str(tmp_path / "d"))
+    assert out.verify().ok
+    assert sorted(map(json.dumps, _tws_rows(out, "count"))) == sorted(map(json.dumps, expected))
+    assert (report.state_var, report.rows_read, report.rows_written, report.partitions) == (
+        "count", len(rows), len(expected), 3)
+    assert not report.key_schema_changed and not report.value_schema_changed
+    for state_var, grouping in TWS_GROUPING.items():
+        if state_var != "count":
+            left = _tws_rows(out, state_var)
+            assert sorted(map(json.dumps, left)) == sorted(
+                map(json.dumps, _tws_rows(source, state_var))), state_var
+            assert any(grouping(r) == "k0" for r in left), state_var
+        for p in range(3):
+            for b in out.read_state(state_var=state_var, partition=p):
+                for row in b.to_pylist():
+                    assert partition_of([grouping(row)], [Atomic("string")], 3) == p
+
+    same = source.transform(str(tmp_path / "same"), operator=0, state_var="count",
+                            fn=lambda b: b)
+    assert same.rows_written == same.rows_read == len(rows)
+    assert _raw_records(open_spark_checkpoint(str(tmp_path / "same"))) == _raw_records(source)

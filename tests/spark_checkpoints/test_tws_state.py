@@ -3,15 +3,18 @@ rows built here with Spark's encodings, for what the committed fixture's familie
 hold: a range key of several types (a negative double's bits flipped, a null's marker,
 a range key with no other field), list values with and without merge operator version
 1's delimiter, and where a map state's TTL family keeps the grouping key
-(``elementKey.key``); typed changelogs replayed. A real Spark 4.3 run's list, map and TTL
-families were read against Spark's reader by hand (docs/design.md); no committed fixture
-holds them yet."""
+(``elementKey.key``); typed changelogs replayed. A list's and a map's rows transformed
+(`tws_transform`) are written back in those layouts (a list's row counter with them) and
+read back as the function returned them; a TTL'd variable and Spark's own families are
+refused. A real Spark 4.3 run's list, map and TTL families were read against Spark's
+reader by hand (docs/design.md); no committed fixture holds them yet."""
 
 from __future__ import annotations
 
 import struct
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 
 from statehold.spark_checkpoints.errors import SparkCheckpointError
@@ -20,7 +23,8 @@ from statehold.spark_checkpoints.location import SparkCheckpoint
 from statehold.spark_checkpoints.spark_types import Atomic, Field, Struct
 from statehold.spark_checkpoints.stores import Needs
 from statehold.spark_checkpoints.tws_records import tws_records
-from statehold.spark_checkpoints.tws_state import Family, family_prefix
+from statehold.spark_checkpoints.tws_state import Family, TwsOperator, family_prefix
+from statehold.spark_checkpoints.tws_transform import VariableRows, variable_family
 from statehold.spark_checkpoints.unsafe_row_writer import encode_row
 from statehold.storage.local import LocalStorage
 from tests.support.spark_locations.handmade_files import lz4_stream, utf
@@ -110,3 +114,63 @@ def test_typed_changelogs_replayed_put_delete_merge_and_range_delete(tmp_path: P
         (b"\x02\x00a", b"A1,A2"), (b"\x02\x00b", b"B2"), (b"\x02\x00d", b"D"),
         (b"\x03\x00e", b"E")]
     assert dict(tws_records(location, store, needs, 0))[b"\x02\x00a"] == b"A1A2"
+
+
+def _operator(*families: Family, delimiter: int = 1) -> TwsOperator:
+    """An operator of `families` (ids in their order), the grouping key `GROUPING`."""
+    located = {f.name: f.located(GROUPING, f.name) for f in families}
+    return TwsOperator(0, "default", located, {n: i for i, n in enumerate(located)},
+                       [n for n in located if not n.startswith("$")], delimiter, "schema", {})
+
+
+LONG = Atomic("long")
+ITEMS = Family("items", Struct(GROUPING), Struct((Field("v", LONG),)), "none", multiple=True)
+COUNTER = Family("$rowCounter_items", Struct(GROUPING), Struct((Field("count", LONG),)), "none")
+MAP = Family("m", Struct((Field("key", Struct(GROUPING)),
+                          Field("userKey", Struct((Field("k", Atomic("string")),))))),
+             Struct((Field("n", LONG),)), "prefix", prefix=1)
+
+
+@pytest.mark.parametrize("delimiter", [0, 1])
+def test_a_lists_elements_kept_are_written_back_with_their_row_count(delimiter: int) -> None:
+    """A list state transformed (`tws_transform`): the elements ``fn`` keeps of a key
+    are one record, each element its size and row, joined by the merge operator's
+    delimiter, read back as ``fn`` returned them; its row counter says how many; a key
+    whose elements all go has neither."""
+    tws = _operator(ITEMS, COUNTER, MAP, delimiter=delimiter)
+    rows = VariableRows(None, None, tws, "items",  # type: ignore[arg-type]
+                        lambda b: b.filter(pc.and_(pc.not_equal(b.column("v"), -1),
+                                                   pc.not_equal(b.column("key"), "k2"))))
+    written = list(rows.rewritten([("k1", 3), ("k1", -1), ("k1", 7), ("k2", 5)],
+                                  StoreId(0, 0, "default"), family_prefix(0),
+                                  family_prefix(1)))
+    [(_, key, value), (_, counter_key, count)] = written
+    elements = [versioned((n,), ITEMS.value) for n in (3, 7)]
+    assert value == (b"," * delimiter).join(struct.pack("<i", len(e)) + e for e in elements)
+    assert tws.families["items"].rows_decoder("items")(key, value) == [("k1", 3), ("k1", 7)]
+    assert counter_key == family_prefix(1) + key[2:]
+    assert tws.families[COUNTER.name].rows_decoder("c")(counter_key, count) == [("k1", 2)]
+    assert (rows.read, rows.written) == (4, 2)
+
+
+def test_a_maps_entries_are_written_back_in_its_prefix_layout() -> None:
+    tws = _operator(ITEMS, MAP)
+    rows = VariableRows(None, None, tws, "m",  # type: ignore[arg-type]
+                        lambda b: b.set_column(2, "n", pc.multiply(b.column("n"), 10)))
+    given = [(("k1",), ("a",), 1), (("k1",), ("b",), 2), (("k4",), ("a",), 3)]
+    written = list(rows.rewritten(given, StoreId(0, 0, "default"), family_prefix(1), None))
+    decode = tws.families["m"].rows_decoder("m")
+    assert [row for _, k, v in written for row in decode(k, v)] == [
+        (g, u, n * 10) for g, u, n in given]
+    assert all(k[:2] == family_prefix(1) for _, k, _v in written)
+
+
+def test_a_ttld_variable_and_sparks_own_families_are_refused() -> None:
+    ttl = Family("$ttl_items", Struct((Field("expirationMs", LONG),
+                                       Field("elementKey", Struct(GROUPING)))),
+                 Struct(()), "range", ordering=(0,))
+    with pytest.raises(SparkCheckpointError, match=r"has a TTL: its TTL index \(\$ttl_items\)"):
+        variable_family(_operator(ITEMS, ttl), "items")
+    with pytest.raises(SparkCheckpointError, match=r"own column family .*\(items, m\)"):
+        variable_family(_operator(ITEMS, COUNTER, MAP), "$rowCounter_items")
+    assert variable_family(_operator(ITEMS, COUNTER), "items").name == "items"

@@ -224,9 +224,10 @@ class SparkLocation(SparkCheckpoint):
                            dest_options=dest_options or None)
 
     def transform(
-        self, dest: str, *, operator: int, fn: TransformFn, batch: int | None = None,
-        key_schema: Any = None, value_schema: Any = None, partitions: int | None = None,
-        progress: Progress | None = None, **dest_options: Any,
+        self, dest: str, *, operator: int, fn: TransformFn, state_var: str | None = None,
+        batch: int | None = None, key_schema: Any = None, value_schema: Any = None,
+        partitions: int | None = None, progress: Progress | None = None,
+        **dest_options: Any,
     ) -> TransformReport:
         """A new checkpoint location at `dest` (empty or absent) whose `batch` (default:
         the newest restartable) holds what `fn` made of `operator`'s state: `fn` gets
@@ -237,12 +238,15 @@ class SparkLocation(SparkCheckpoint):
         StructType; default the store's), or None. Each row goes to the partition
         Spark's hash of its new key sends it to (`partitions`: repartition too); the
         store's schema file says the new schema, so the query with the changed state
-        restarts on `dest`. Operators with one store only (not a join, not
-        transformWithState). Other operators are copied as they are; the source is only
-        read; `dest`'s commit is written last and `dest` is verified."""
+        restarts on `dest`. Operators with one store only (not a join). A
+        transformWithState operator's state variable `state_var` (value, list or map
+        state, without TTL): `fn` gets its rows as ``read_state(state_var=...)`` gives
+        them and returns those to keep, in the variable's schema; its other families are
+        copied. Other operators are copied as they are; the source is only read; `dest`'s
+        commit is written last and `dest` is verified."""
         from statehold.spark_checkpoints.transform import transform
 
-        return transform(self, dest, operator=operator, fn=fn, batch=batch,
+        return transform(self, dest, operator=operator, fn=fn, state_var=state_var, batch=batch,
                          key_schema=key_schema, value_schema=value_schema,
                          partitions=partitions, progress=progress,
                          dest_options=dest_options or None)

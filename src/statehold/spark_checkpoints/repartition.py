@@ -108,8 +108,8 @@ from statehold.spark_checkpoints.tws_state import (
     family_id,
     family_prefix,
     grouping_router,
+    partition_ids,
     tws_operator,
-    zip_family_fields,
 )
 from statehold.spark_checkpoints.unsafe_row import row_decoder
 from statehold.spark_checkpoints.workers import Workers
@@ -808,12 +808,7 @@ def _family_remap(checkpoint: SparkCheckpoint, found: Scan, tws: TwsOperator, si
                   batch: int) -> dict[int, int]:
     """The source partition's family ids -> the new snapshots' (by family name); empty
     where they agree (or the partition's version has no snapshot to say)."""
-    _files, needs = resolved(checkpoint, found, sid, batch)
-    zips = [k for k in needs.files if k.endswith(".zip")]
-    if not zips:
-        return {}
-    own = zip_family_fields(checkpoint, found, sid.operator, sid.name, zips)
-    mapping = own["columnFamilyMapping"]
+    mapping = partition_ids(checkpoint, found, tws, sid, batch)
     if mapping == tws.ids:
         return {}
     missing = sorted(set(mapping) - set(tws.ids))

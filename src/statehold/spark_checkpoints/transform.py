@@ -16,11 +16,13 @@ and DEST is verified.
 A schema change is written where Spark checks a restart against it: the store's
 ``state/OP/0/_metadata/schema`` (v2), the side that did not change kept as Spark wrote
 it. Operators with one store only (aggregations, ``dropDuplicates``, session windows,
-``flatMapGroupsWithState`` / ``applyInPandasWithState``); a stream-stream join (four
-stores whose rows must agree: its keys are deleted by `key_delete`) and transformWithState
-(column families, schema v3; its grouping keys are deleted by `tws_delete`) are refused
-in one line, as are the locations repartition refuses. A session window's RocksDB keys
-are written back in their prefix-scan layout (`prefix_keys`).
+``flatMapGroupsWithState`` / ``applyInPandasWithState``), and one state variable of a
+transformWithState operator (``state_var``: `tws_transform`, in the variable's own
+schema, its other column families copied; its grouping keys are deleted from every
+family by `tws_delete`); a stream-stream join (four stores whose rows must agree: its
+keys are deleted by `key_delete`) is refused in one line, as are the locations
+repartition refuses. A session window's RocksDB keys are written back in their
+prefix-scan layout (`prefix_keys`).
 
 Memory: one record batch and what ``fn`` keeps. Two rows ``fn`` gives the same key are
 both written (the later one wins when Spark loads it): statehold does not check, as that
@@ -29,9 +31,8 @@ would need every key in memory.
 
 from __future__ import annotations
 
-import datetime
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -39,17 +40,19 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from statehold.progress import Progress
+from statehold.spark_checkpoints.arrow_values import (
+    TransformFn,
+    empty_batch,
+    returned,
+    row_columns,
+    to_values,
+)
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import DEFAULT_STORE, StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint
 from statehold.spark_checkpoints.prefix_keys import PrefixKeys, prefix_keys
 from statehold.spark_checkpoints.repartition import StoreChange, operator_doc, rewrite
 from statehold.spark_checkpoints.spark_types import (
-    Array,
-    Atomic,
-    Decimal,
-    Map,
-    SparkType,
     Struct,
     parse_struct,
     struct_from_arrow,
@@ -63,12 +66,11 @@ from statehold.spark_checkpoints.state_schema import (
     state_schema_file,
     struct_json,
 )
+from statehold.spark_checkpoints.tws_state import TwsOperator, tws_operator
+from statehold.spark_checkpoints.tws_transform import VariableRows, user_variables
 from statehold.spark_checkpoints.unsafe_row_writer import encode_row
 from statehold.storage import Storage
 
-#: What ``fn`` gets and returns: a batch of key columns then value columns (returned:
-#: in the new schema; None or no rows: none kept).
-TransformFn = Callable[[pa.RecordBatch], "pa.RecordBatch | pa.Table | None"]
 #: A new key or value schema: a pyarrow schema, Spark's StructType JSON (text or parsed),
 #: or a PySpark ``StructType`` (anything with ``.json()``).
 SchemaLike = Any
@@ -93,6 +95,9 @@ class TransformReport(BaseModel):
     per_partition: list[int]
     #: The key columns the written rows were routed by (their new types' hash).
     partitioning: list[str]
+    #: A transformWithState operator's state variable transformed (its rows read and
+    #: written; `per_partition` counts the store's records, every column family's).
+    state_var: str | None = None
     key_schema_changed: bool
     value_schema_changed: bool
     #: The store's schemas in DEST, Spark's StructType JSON.
@@ -109,6 +114,7 @@ def transform(
     *,
     operator: int,
     fn: TransformFn,
+    state_var: str | None = None,
     batch: int | None = None,
     key_schema: SchemaLike = None,
     value_schema: SchemaLike = None,
@@ -118,7 +124,9 @@ def transform(
 ) -> TransformReport:
     """Write at `dest` (empty or absent) a location whose batch `batch` (default: the
     newest restartable) holds `fn`'s rows of `operator`'s store, in `key_schema` and
-    `value_schema` (default: the store's); every refusal comes before the first write."""
+    `value_schema` (default: the store's); of a transformWithState operator, `fn`'s rows
+    of its state variable `state_var`, in its own schema. Every refusal comes before the
+    first write."""
     found = checkpoint.scan()
     names = sorted({s.name for s in found.stores if s.operator == operator})
     if not names and operator not in found.operators:
@@ -129,14 +137,24 @@ def transform(
         raise SparkCheckpointError(
             f"operator {operator} has stores {', '.join(names) or 'none'}: a transform works "
             "on an operator with one store (not a stream-stream join yet); nothing written")
+    tws = tws_operator(checkpoint, found, operator, names[0])
+    if tws is not None:
+        return _transform_variable(
+            checkpoint, dest, tws, state_var=state_var, fn=fn, batch=batch,
+            schemas=(key_schema, value_schema), partitions=partitions, progress=progress,
+            dest_options=dest_options)
+    if state_var is not None:
+        raise SparkCheckpointError(
+            f"operator {operator} is not transformWithState's: it has no state variable "
+            f"{state_var!r}; nothing written")
     doc = operator_doc(checkpoint, found, operator,
                        batch if batch is not None else found.newest_committed or 0)
     info = (doc or {}).get("operatorInfo")
     name = info.get("operatorName") if isinstance(info, dict) else None
     if isinstance(name, str) and "transformwithstate" in name.lower():
         raise SparkCheckpointError(
-            f"operator {operator} ({name}): transformWithState's state (column families, "
-            "state schema v3) is not transformed yet; nothing written")
+            f"operator {operator} ({name}): transformWithState's state without a state "
+            "schema v3 file to read its column families by; nothing written")
     store = names[0]
     schema_key = found.stores.get(StoreId(operator, 0, store))
     if schema_key is None or schema_key.schema is None:
@@ -169,6 +187,41 @@ def transform(
         key_schema_changed=changed[0], value_schema_changed=changed[1],
         key_schema=key_text, value_schema=value_text, files=len(done.written),
         bytes=sum(done.written.values()), verified=True,
+    )
+
+
+def _transform_variable(
+    checkpoint: SparkCheckpoint, dest: str | Storage, tws: TwsOperator, *,
+    state_var: str | None, fn: TransformFn, batch: int | None,
+    schemas: tuple[SchemaLike, SchemaLike], partitions: int | None,
+    progress: Progress | None, dest_options: Mapping[str, Any] | None,
+) -> TransformReport:
+    """A transformWithState operator's state variable through `fn` (`tws_transform`),
+    every other column family copied as it is."""
+    op = tws.operator
+    if state_var is None:
+        raise SparkCheckpointError(
+            f"operator {op} is transformWithState's: name a state variable (state_var): "
+            f"{', '.join(user_variables(tws))}; nothing written")
+    if any(s is not None for s in schemas):
+        raise SparkCheckpointError(
+            f"operator {op} state variable {state_var!r} keeps its schema: Spark's "
+            "transformWithState evolves its state schemas itself; nothing written")
+    rows = VariableRows(checkpoint, checkpoint.scan(), tws, state_var, fn)
+    rows.probe()
+    change = StoreChange(operator=op, store=tws.store, key=tws.grouping, records=rows.records)
+    done = rewrite(checkpoint, dest, partitions=partitions, batch=batch, progress=progress,
+                   dest_options=dest_options, changes=[change])
+    [plan] = [p for p in done.operators if p.operator == op]
+    [written] = plan.stores
+    return TransformReport(
+        source=checkpoint.uri, dest=done.dest, batch=done.batch, operator=op,
+        name=plan.name, store=tws.store, partitions_before=done.partitions_before,
+        partitions=done.partitions, rows_read=rows.read, rows_written=rows.written,
+        per_partition=written.per_partition, partitioning=written.partitioning,
+        state_var=state_var, key_schema_changed=False, value_schema_changed=False,
+        key_schema=struct_json(rows.family.key), value_schema=struct_json(rows.family.value),
+        files=len(done.written), bytes=sum(done.written.values()), verified=True,
     )
 
 
@@ -209,15 +262,14 @@ class _Rows:
         self.operator, self.store, self.fn, self.counts = operator, store, fn, counts
         self.arrow = new.arrow()
         self.keys = len(new.key.fields)
-        self.key_values = [_to_values(f.type) for f in new.key.fields]
-        self.value_values = [_to_values(f.type) for f in new.value.fields]
+        self.key_values = [to_values(f.type) for f in new.key.fields]
+        self.value_values = [to_values(f.type) for f in new.value.fields]
 
     def probe(self) -> None:
         """`fn` of no rows, checked before anything is written: the columns and types it
         returns (checked again for every batch)."""
-        empty = pa.RecordBatch.from_arrays(
-            [pa.array([], f.type) for f in self.old.arrow()], schema=self.old.arrow())
-        list(self._returned(self.fn(empty)))
+        list(returned(self.fn(empty_batch(self.old.arrow())), self.arrow,
+                      self.new != self.old))
 
     def records(self, sid: StoreId, batch: int, versioned: bool
                 ) -> Iterator[tuple[tuple[Any, ...], bytes, bytes]]:
@@ -225,106 +277,14 @@ class _Rows:
         where = f"operator {self.operator} store {self.store}"
         for got in read_store(self.checkpoint, self.found, sid, batch, schema=self.old):
             self.counts["read"] += got.num_rows
-            for out in self._returned(self.fn(got)):
-                keys = _columns(out, 0, self.keys, self.key_values)
-                values = _columns(out, self.keys, out.num_columns, self.value_values)
+            for out in returned(self.fn(got), self.arrow, self.new != self.old):
+                keys = row_columns(out, 0, self.keys, self.key_values)
+                values = row_columns(out, self.keys, out.num_columns, self.value_values)
                 for key, value in zip(keys, values, strict=True):
                     key_bytes = (self.prefixed.encode(key, f"{where}: a key") if self.prefixed
                                  else prefix + encode_row(key, self.new.key, f"{where}: a key"))
                     yield (key, key_bytes,
                            prefix + encode_row(value, self.new.value, f"{where}: a value"))
-
-    def _returned(self, out: Any) -> Iterable[pa.RecordBatch]:
-        """`fn`'s answer as record batches of the new schema, or refused in one line."""
-        if out is None:
-            return []
-        batches: list[pa.RecordBatch]
-        if isinstance(out, pa.Table):
-            batches = list(out.to_batches())
-            schema = out.schema
-        elif isinstance(out, pa.RecordBatch):
-            batches, schema = [out], out.schema
-        else:
-            raise SparkCheckpointError(
-                f"fn returned {type(out).__name__}: a pyarrow RecordBatch, Table or None is "
-                "expected; nothing restartable written")
-        want = self.arrow
-        if schema.names != want.names:
-            raise SparkCheckpointError(
-                f"fn returned columns ({', '.join(schema.names)}), not the "
-                f"{'new ' if self.new != self.old else ''}schema's ({', '.join(want.names)}); "
-                "nothing restartable written")
-        for got, expected in zip(schema, want, strict=True):
-            if not got.type.equals(expected.type):
-                raise SparkCheckpointError(
-                    f"fn returned column {got.name} as {got.type}, not {expected.type}; "
-                    "nothing restartable written")
-        return batches
-
-
-def _columns(batch: pa.RecordBatch, start: int, stop: int,
-             convert: list[Callable[[pa.Array], list[Any]]]) -> list[tuple[Any, ...]]:
-    """Rows of columns `start` to `stop` as `unsafe_row.decode_row` gives values."""
-    columns = [fn(batch.column(i)) for fn, i in zip(convert, range(start, stop), strict=True)]
-    if not columns:
-        return [()] * batch.num_rows
-    return list(zip(*columns, strict=True))
-
-
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-_MICRO = datetime.timedelta(microseconds=1)
-
-
-def _to_values(t: SparkType) -> Callable[[pa.Array], list[Any]]:
-    """An Arrow array of `t` (as `spark_types.to_arrow` types it) to Python values as
-    `decode_row` gives them: dates in days, timestamps in microseconds, structs as tuples,
-    maps as lists of pairs."""
-    if isinstance(t, Atomic):
-        if t.name in ("timestamp", "timestamp_ntz"):
-            return lambda a: a.cast(pa.int64()).to_pylist()
-        if t.name == "date":
-            return lambda a: a.cast(pa.int32()).to_pylist()
-        return lambda a: a.to_pylist()
-    if isinstance(t, Decimal):
-        return lambda a: a.to_pylist()
-    if isinstance(t, Struct):
-        children = [_to_values(f.type) for f in t.fields]
-
-        def struct(a: pa.Array) -> list[Any]:
-            valid = a.is_valid().to_pylist()
-            fields = [c(a.field(i)) for i, c in enumerate(children)]
-            rows = list(zip(*fields, strict=True)) if fields else [()] * len(a)
-            return [r if ok else None for r, ok in zip(rows, valid, strict=True)]
-
-        return struct
-    if isinstance(t, Array):
-        element = _to_values(t.element)
-        return lambda a: _split(a, element(_flat(a)))
-    if isinstance(t, Map):
-        keys, values = _to_values(t.key), _to_values(t.value)
-
-        def entries(a: pa.Array) -> list[Any]:
-            flat = _flat(a)
-            pairs = list(zip(keys(flat.field(0)), values(flat.field(1)), strict=True))
-            return _split(a, pairs)
-
-        return entries
-    raise SparkCheckpointError(f"no values for type {t}")  # pragma: no cover
-
-
-def _flat(a: Any) -> Any:
-    """A list or map array's elements, of its slice only."""
-    offsets = a.offsets
-    first, last = offsets[0].as_py(), offsets[-1].as_py()
-    return a.values.slice(first, last - first)
-
-
-def _split(a: Any, flat: list[Any]) -> list[Any]:
-    offsets = a.offsets.to_pylist()
-    base = offsets[0]
-    valid = a.is_valid().to_pylist()
-    return [flat[s - base:e - base] if ok else None
-            for s, e, ok in zip(offsets, offsets[1:], valid, strict=False)]
 
 
 # -- delete keys ---------------------------------------------------------------------------
@@ -396,8 +356,8 @@ def decoded_keys(keys: Iterable[Mapping[str, Any]], schema: StateSchema
     """The keys as `unsafe_row.decode_row` gives a key's values (`freeze`d), and how many
     were given."""
     table, given = _key_batch(keys, schema)
-    convert = [_to_values(f.type) for f in schema.key.fields]
-    return {freeze(r) for r in _columns(table, 0, table.num_columns, convert)}, given
+    convert = [to_values(f.type) for f in schema.key.fields]
+    return {freeze(r) for r in row_columns(table, 0, table.num_columns, convert)}, given
 
 
 def _key_batch(keys: Iterable[Mapping[str, Any]], schema: StateSchema
@@ -458,5 +418,5 @@ def freeze(value: Any) -> Any:
     return value
 
 
-__all__ = ["DeleteReport", "TransformReport", "decoded_keys", "delete_keys", "freeze",
-           "transform"]
+__all__ = ["DeleteReport", "TransformFn", "TransformReport", "decoded_keys", "delete_keys",
+           "freeze", "transform"]

@@ -167,6 +167,20 @@ class Family:
 
         return many
 
+    def rows_decoder(self, where: str) -> Callable[[bytes, bytes], list[tuple[Any, ...]]]:
+        """The decoder of a record (RocksDB key and value) into its rows as
+        `read_variable` gives them: the key's fields, then the value's (a list state's one
+        row per element)."""
+        decode_key = self.key_decoder(where)
+        decode_values = self.values_decoder(where)
+        width = len(self.schema().value.fields)
+
+        def rows(raw_key: bytes, raw_value: bytes) -> list[tuple[Any, ...]]:
+            key = decode_key(raw_key)
+            return [key + value[:width] for value in decode_values(raw_value)]
+
+        return rows
+
     def schema(self) -> StateSchema:
         """The rows' columns: the key's, then the value's (none where the value is only a
         placeholder, as a timer's is)."""
@@ -398,30 +412,41 @@ def read_variable(location: SparkCheckpoint, found: Scan, tws: TwsOperator, stor
     from statehold.spark_checkpoints.tws_records import tws_records
 
     family = tws.family(name)
-    where = f"{store} ({name})"
-    decode_key = family.key_decoder(where)
-    decode_values = family.values_decoder(where)
-    schema = family.schema()
-    arrow = schema.arrow()
-    width = len(schema.value.fields)
-    if name not in tws.ids:  # in the schema, never created: no records
-        return
-    prefix = family_prefix(tws.ids[name])
+    decode = family.rows_decoder(f"{store} ({name})")
+    arrow = family.schema().arrow()
     _files, needs = resolved(location, found, store, batch)
     if not needs.ok:
         raise SparkCheckpointError(needs.problems[0])
+    ids = partition_ids(location, found, tws, store, batch)
+    if name not in ids:  # in the schema, never created: no records
+        return
+    prefix = family_prefix(ids[name])
     rows: list[tuple[Any, ...]] = []
     for k, v in tws_records(location, store, needs, tws.delimiter, tws.list_prefixes):
         if not k.startswith(prefix):
             continue
-        key = decode_key(k)
-        for value in decode_values(v):
-            rows.append(key + value[:width])
+        rows += decode(k, v)
         if len(rows) >= batch_rows:
             yield arrow_batch(rows, arrow, store)
             rows = []
     if rows:
         yield arrow_batch(rows, arrow, store)
+
+
+def partition_ids(location: SparkCheckpoint, found: Scan, tws: TwsOperator, store: StoreId,
+                  batch: int) -> dict[str, int]:
+    """The family ids (name -> id) `store`'s version at `batch` numbers its records by: its
+    own snapshot's, which may differ from the operator's newest (`tws.ids`), those where
+    the version loads no snapshot."""
+    from statehold.spark_checkpoints.state_reader import resolved
+
+    _files, needs = resolved(location, found, store, batch)
+    zips = [k for k in needs.files if k.endswith(".zip")]
+    if not zips:
+        return tws.ids
+    mapping: dict[str, int] = zip_family_fields(
+        location, found, store.operator, store.name, zips)["columnFamilyMapping"]
+    return mapping
 
 
 def grouping_router(tws: TwsOperator, partitions: int, where: str) -> Callable[[bytes], int]:
