@@ -51,7 +51,13 @@ from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import DEFAULT_STORE, StoreId
 from statehold.spark_checkpoints.location import SparkCheckpoint
 from statehold.spark_checkpoints.prefix_keys import PrefixKeys, prefix_keys
-from statehold.spark_checkpoints.repartition import StoreChange, operator_doc, rewrite
+from statehold.spark_checkpoints.repartition import (
+    Rewritten,
+    StoreChange,
+    StorePlan,
+    operator_doc,
+    rewrite,
+)
 from statehold.spark_checkpoints.spark_types import (
     Struct,
     parse_struct,
@@ -175,19 +181,32 @@ def transform(
     change = StoreChange(
         operator=operator, store=store, key=new_key, records=state.records,
         schema_file=state_schema_file(key_text, value_text) if any(changed) else None)
-    done = rewrite(checkpoint, dest, partitions=partitions, batch=batch, progress=progress,
-                   dest_options=dest_options, changes=[change])
-    [plan] = [p for p in done.operators if p.operator == operator]
-    [written] = plan.stores
+    done, name, written = _rewritten(checkpoint, dest, change, partitions=partitions,
+                                     batch=batch, progress=progress,
+                                     dest_options=dest_options)
     return TransformReport(
         source=checkpoint.uri, dest=done.dest, batch=done.batch, operator=operator,
-        name=plan.name, store=store, partitions_before=done.partitions_before,
+        name=name, store=store, partitions_before=done.partitions_before,
         partitions=done.partitions, rows_read=counts["read"], rows_written=written.rows,
         per_partition=written.per_partition, partitioning=written.partitioning,
         key_schema_changed=changed[0], value_schema_changed=changed[1],
         key_schema=key_text, value_schema=value_text, files=len(done.written),
         bytes=sum(done.written.values()), verified=True,
     )
+
+
+def _rewritten(
+    checkpoint: SparkCheckpoint, dest: str | Storage, change: StoreChange, *,
+    partitions: int | None, batch: int | None, progress: Progress | None,
+    dest_options: Mapping[str, Any] | None,
+) -> tuple[Rewritten, str, StorePlan]:
+    """DEST written with the one changed store (`repartition.rewrite`): its report, the
+    operator's name and the store's plan."""
+    done = rewrite(checkpoint, dest, partitions=partitions, batch=batch, progress=progress,
+                   dest_options=dest_options, changes=[change])
+    [plan] = [p for p in done.operators if p.operator == change.operator]
+    [written] = plan.stores
+    return done, plan.name, written
 
 
 def _transform_variable(
@@ -210,13 +229,12 @@ def _transform_variable(
     rows = VariableRows(checkpoint, checkpoint.scan(), tws, state_var, fn)
     rows.probe()
     change = StoreChange(operator=op, store=tws.store, key=tws.grouping, records=rows.records)
-    done = rewrite(checkpoint, dest, partitions=partitions, batch=batch, progress=progress,
-                   dest_options=dest_options, changes=[change])
-    [plan] = [p for p in done.operators if p.operator == op]
-    [written] = plan.stores
+    done, name, written = _rewritten(checkpoint, dest, change, partitions=partitions,
+                                     batch=batch, progress=progress,
+                                     dest_options=dest_options)
     return TransformReport(
         source=checkpoint.uri, dest=done.dest, batch=done.batch, operator=op,
-        name=plan.name, store=tws.store, partitions_before=done.partitions_before,
+        name=name, store=tws.store, partitions_before=done.partitions_before,
         partitions=done.partitions, rows_read=rows.read, rows_written=rows.written,
         per_partition=written.per_partition, partitioning=written.partitioning,
         state_var=state_var, key_schema_changed=False, value_schema_changed=False,
