@@ -3,9 +3,9 @@ rows built here with Spark's encodings, for what the committed fixture's familie
 hold: a range key of several types (a negative double's bits flipped, a null's marker,
 a range key with no other field), list values with and without merge operator version
 1's delimiter, and where a map state's TTL family keeps the grouping key
-(``elementKey.key``); typed changelogs replayed. A real Spark 4.3 run's list, map and TTL
-families were read against Spark's reader by hand (docs/design.md); no committed fixture
-holds them yet."""
+(``elementKey.key``); typed changelogs replayed. Spark itself writes list, map and TTL
+families in test_spark_repartition_live.py (RichState), where each is read against Spark's
+readers, repartitioned and restarted on."""
 
 from __future__ import annotations
 
