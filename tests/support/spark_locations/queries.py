@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -320,23 +321,22 @@ if SPARK_4:
         ) -> Iterator[pd.DataFrame]:
             import pandas as pd
 
-            added = count = 0
-            for pdf in rows:
-                for v in (int(x) for x in pdf["value"]):
-                    self.items.appendValue((v,))
-                    self.recent.appendValue((v,))
-                    b = v % 3
-                    n = self.buckets.getValue((b,))[0] if self.buckets.containsKey((b,)) else 0
-                    self.buckets.updateValue((b,), (n + 1,))
-                    if not self.firsts.containsKey((v % 5,)):
-                        self.firsts.updateValue((v % 5,), (v,))
-                    added += v
-                    count += 1
+            # one call to Spark's state server per variable and batch where one does: each
+            # call is a round trip between the Python worker and the JVM
+            values = [int(v) for pdf in rows for v in pdf["value"]]
+            self.items.appendList([(v,) for v in values])
+            self.recent.appendList([(v,) for v in values])
+            for b, n in Counter(v % 3 for v in values).items():
+                old = self.buckets.getValue((b,))[0] if self.buckets.containsKey((b,)) else 0
+                self.buckets.updateValue((b,), (old + n,))
+            for r, v in {v % 5: v for v in reversed(values)}.items():  # each one's first
+                if not self.firsts.containsKey((r,)):
+                    self.firsts.updateValue((r,), (v,))
             current = self.total.get()
-            total = (int(current[0]) if current is not None else 0) + added
+            total = (int(current[0]) if current is not None else 0) + sum(values)
             self.total.update((total,))
             before = self.seen.get()
-            seen = (int(before[0]) if before is not None else 0) + count
+            seen = (int(before[0]) if before is not None else 0) + len(values)
             self.seen.update((seen,))
             yield pd.DataFrame({
                 "key": [key[0]], "total": [total],
