@@ -4,8 +4,10 @@ HDFS-backed and RocksDB (changelog on) locations, repartitioned from 2 to 5 part
 an early batch and restarted by Spark side by side with the rest of their input, write the
 rows of the run that never stopped (a key put in the wrong partition loses its matches, so
 the output would differ); a session window on RocksDB (keys laid out for prefix scans)
-and HDFS-backed, repartitioned 2 -> 5 (and 5 -> 3) and restarted, likewise; and
-transformed state (keys deleted, a schema migrated) restarted by Spark writes what the
+and HDFS-backed, repartitioned 2 -> 5 (and 5 -> 3) and restarted, likewise;
+transformWithState's list, map and value state, with and without a TTL (every column
+family Spark writes for them), read against Spark's readers, repartitioned and restarted;
+and transformed state (keys deleted, a schema migrated) restarted by Spark writes what the
 changed state implies. The Spark-free checks of every
 fixture are in test_spark_repartition.py and test_spark_transform.py."""
 
@@ -648,8 +650,11 @@ def test_every_kind_of_transform_with_state_is_read_repartitioned_and_restarted(
     not applied."""
     import pyspark
 
-    if int(pyspark.__version__.split(".")[0]) < 4:
+    version = tuple(int(p) for p in pyspark.__version__.split(".")[:2])
+    if version < (4, 0):
         pytest.skip("transformWithStateInPandas needs PySpark 4")
+    # Spark's all-families reader, and the families RICH_FAMILIES lists, are 4.3's
+    every_family = version >= (4, 3)
     from tests.support.spark_locations import queries
     from tests.support.spark_locations.queries import (
         QUERIES,
@@ -678,8 +683,9 @@ def test_every_kind_of_transform_with_state_is_read_repartitioned_and_restarted(
             assert theirs, f"{provider} {var}: Spark reads no rows; nothing is compared"
             assert ours == theirs, (provider, var)
         before = _families(source, last, 2)
-        assert before == _sparks_families(spark, source, last), provider
-        assert {name for _p, name, *_r in before} == RICH_FAMILIES, provider
+        if every_family:
+            assert before == _sparks_families(spark, source, last), provider
+            assert {name for _p, name, *_r in before} == RICH_FAMILIES, provider
         dest = tmp_path / f"{provider}-{m}"
         report = source.repartition(str(dest), partitions=m)
         assert (report.batch, report.partitions) == (last, m)
@@ -687,7 +693,8 @@ def test_every_kind_of_transform_with_state_is_read_repartitioned_and_restarted(
         after = _families(moved, last, m)
         assert Counter(r[1:] for r in after.elements()) == Counter(
             r[1:] for r in before.elements()), provider
-        assert after == _sparks_families(spark, moved, last), provider
+        if every_family:
+            assert after == _sparks_families(spark, moved, last), provider
         shutil.rmtree(tmp_path / provider)
         restarts.append(QueryRun(provider, str(dest), inputs, tmp_path / f"out-{provider}",
                                  last + total - first))
