@@ -2,7 +2,10 @@
 file-source logs, a RocksDB snapshot zip and the file list inside it, an lz4 stream
 (changelog, delta, HDFS snapshot: whole, and read in small chunks; with lz4-java's block
 checksums verified, as `verify --deep` reads them), a format-v2 changelog's lineage
-header, a typed changelog read to its end, and the names of a location's files. Then
+header, a typed changelog read to its end, the schema files (v2 and v3), UnsafeRows,
+transformWithState's RocksDB keys (prefix scan; range scan, with its marker bytes) and a
+list state's values, a session window's prefix-scan key, and the names of a location's
+files. Then
 whole locations: one file of a small location replaced by a mutation, and the location
 read as the tools read it (listing, verify, verify --deep, du, history, the absolute
 paths, a dry-run gc).
@@ -38,6 +41,7 @@ from statehold.spark_checkpoints import open_spark_checkpoint
 from statehold.spark_checkpoints.errors import SparkCheckpointError
 from statehold.spark_checkpoints.layout import Kind, parse
 from statehold.spark_checkpoints.logs import parse_commit, parse_file_log, parse_offsets
+from statehold.spark_checkpoints.prefix_keys import PrefixKeys
 from statehold.spark_checkpoints.spark_types import (
     Array,
     Atomic,
@@ -60,6 +64,7 @@ from statehold.spark_checkpoints.state_schema import (
     read_state_schema,
     read_state_schema_v3,
 )
+from statehold.spark_checkpoints.tws_state import Family, family_prefix
 from statehold.spark_checkpoints.unsafe_row import decode_row, row_decoder
 from tests.support.fuzz import (
     FUZZ,
@@ -268,6 +273,52 @@ def _schema_v3() -> bytes:
 _KEY_JSON = {"type": "struct", "fields": [
     {"name": "key", "type": "string", "nullable": True, "metadata": {}}]}
 
+#: transformWithState's families (tws_state.Family): a map state's key (its grouping key,
+#: then the map's key: a prefix scan on the first), a TTL index ordered by an expiry and a
+#: double (a range scan: each ordering field a marker byte and its value big-endian, a
+#: negative double's bits flipped), and a list state's values.
+_GROUPING = Struct((Field("key", Atomic("string")),))
+_MAP_KEY = Struct((Field("key", _GROUPING), Field("userKey", Struct((
+    Field("b", Atomic("long")),)))))
+_TTL_KEY = Struct((Field("expirationMs", Atomic("long")), Field("d", Atomic("double")),
+                   Field("elementKey", _MAP_KEY)))
+_LIST_VALUE = Struct((Field("v", Atomic("long")), Field("s", Atomic("string"))))
+_MAP_FAMILY = Family("buckets", _MAP_KEY, Struct(()), "prefix", prefix=1)
+_TTL_FAMILY = Family("$ttl_firsts", _TTL_KEY, Struct(()), "range", ordering=(0, 1))
+_LIST_FAMILY = Family("items", Struct(_GROUPING.fields), _LIST_VALUE, "none", multiple=True)
+#: A session window's RocksDB key (prefix_keys): the grouping key, then the session start.
+_SESSION = PrefixKeys(Struct((Field("key", Atomic("string")),
+                              Field("sessionStartTime", Atomic("timestamp")))), 1)
+
+
+def _versioned(values: tuple[object, ...], schema: Struct) -> bytes:
+    return b"\x00" + encode_row(values, schema)
+
+
+def _tws_prefix_key() -> bytes:
+    head = _versioned((("k1",),), Struct(_MAP_KEY.fields[:1]))
+    return (family_prefix(3) + struct.pack("<i", len(head)) + head
+            + _versioned(((7,),), Struct(_MAP_KEY.fields[1:])))
+
+
+def _tws_range_key() -> bytes:
+    flipped = struct.unpack(">Q", struct.pack(">d", -2.5))[0] ^ ((1 << 64) - 1)
+    ordering = Struct((Field("o0", Atomic("binary")), Field("o1", Atomic("binary"))))
+    head = _versioned((b"\x01" + struct.pack(">q", 1_700_000_000_000),
+                       b"\x00" + struct.pack(">Q", flipped)), ordering)
+    return (family_prefix(5) + struct.pack("<i", len(head)) + head
+            + _versioned(((("k2",), (4,)),), Struct(_TTL_KEY.fields[2:])))
+
+
+def _list_value() -> bytes:
+    """Three elements, each its size and row, the first two followed by a ``,``."""
+    elements = [_versioned((n, "x" * n), _LIST_VALUE) for n in (0, 3, 9)]
+    return b",".join(struct.pack("<i", len(e)) + e for e in elements)
+
+
+def _session_key() -> bytes:
+    return _SESSION.encode(["k3", 1_699_999_800_000_000], "fuzz")
+
 
 @dataclass(frozen=True)
 class Decoder:
@@ -306,6 +357,10 @@ DECODERS = [
     Decoder("changelog-typed-records", _changelog_typed_records, _decode_typed_records),
     Decoder("state-schema-v3", _schema_v3,
             lambda d: read_state_schema_v3(d, "state/0/_stateSchema/default/0_u")),
+    Decoder("tws-prefix-key", _tws_prefix_key, _MAP_FAMILY.key_decoder(f"{STORE} (buckets)")),
+    Decoder("tws-range-key", _tws_range_key, _TTL_FAMILY.key_decoder(f"{STORE} ($ttl)")),
+    Decoder("tws-list-value", _list_value, _LIST_FAMILY.values_decoder(f"{STORE} (items)")),
+    Decoder("session-prefix-key", _session_key, _SESSION.decoder(f"{STORE}/3.zip")),
 ]
 
 
@@ -473,6 +528,9 @@ def _large_inputs(decoder: Decoder) -> list[tuple[str, bytes]]:
         pointer = struct.pack("<q", 8 << 32 | (MB - 8))
         inputs.append(("all-pointers", b"\x00" * 8 + pointer * (MB // 8 - 1)))
         inputs.append(("huge-counts", struct.pack("<q", 2**62) * (MB // 8)))
+    if decoder.name == "tws-list-value":
+        # A million bytes of the smallest elements (a size and a version byte alone).
+        inputs.append(("many-elements", (struct.pack("<i", 1) + b"\x00") * (MB // 5)))
     if decoder.name == "delta-records":
         # A record claiming a 2 GB key, and a million tiny records.
         inputs.append(("claims-2gb", lz4_stream(struct.pack(">i", 2**31 - 1) + b"k" * MB)))

@@ -4,8 +4,10 @@ HDFS-backed and RocksDB (changelog on) locations, repartitioned from 2 to 5 part
 an early batch and restarted by Spark side by side with the rest of their input, write the
 rows of the run that never stopped (a key put in the wrong partition loses its matches, so
 the output would differ); a session window on RocksDB (keys laid out for prefix scans)
-and HDFS-backed, repartitioned 2 -> 5 (and 5 -> 3) and restarted, likewise; and
-transformed state (keys deleted, a schema migrated) restarted by Spark writes what the
+and HDFS-backed, repartitioned 2 -> 5 (and 5 -> 3) and restarted, likewise;
+transformWithState's list, map and value state, with and without a TTL (every column
+family Spark writes for them), read against Spark's readers, repartitioned and restarted;
+and transformed state (keys deleted, a schema migrated) restarted by Spark writes what the
 changed state implies. The Spark-free checks of every
 fixture are in test_spark_repartition.py and test_spark_transform.py."""
 
@@ -510,8 +512,22 @@ def test_a_session_window_repartitioned_restarts_with_the_uninterrupted_output(
 
 
 #: RichState's state variables (tests.support.spark_locations.queries): a list, a map
-#: and a value.
-RICH_VARIABLES = ["items", "buckets", "total"]
+#: and a value, then the same kinds with a TTL.
+RICH_VARIABLES = ["items", "buckets", "total", "recent", "firsts", "seen"]
+#: Every column family Spark 4.3 writes for RichState: the variables, a TTL index per TTL'd
+#: variable, the TTL'd list's minimum expiry and count per key, and the plain list's
+#: count per key.
+RICH_FAMILIES = {*RICH_VARIABLES, "$ttl_recent", "$ttl_firsts", "$ttl_seen", "$min_recent",
+                 "$count_recent", "$rowCounter_items"}
+
+
+def _leaves(value: Any) -> tuple[Any, ...]:
+    """A row's values with every struct flattened (nested as Arrow's dicts or as tuples)."""
+    if isinstance(value, dict):
+        value = tuple(value.values())
+    if isinstance(value, tuple):
+        return tuple(leaf for v in value for leaf in _leaves(v))
+    return (frozen(value),)
 
 
 def _grouping(row: dict[str, Any]) -> str:
@@ -528,11 +544,70 @@ def _tws_offline(location: Any, var: str, batch: int, partitions: int
         for b in location.read_state(batch, state_var=var, partition=p):
             for row in b.to_pylist():
                 assert partition_of([_grouping(row)], [Atomic("string")], partitions) == p
-                flat: list[Any] = [p]  # a struct column flattened one level, as Spark's
-                for value in row.values():
-                    flat += map(frozen, value.values()) if isinstance(value, dict) else [
-                        frozen(value)]
-                out[tuple(flat)] += 1
+                out[(p, *_leaves(row))] += 1
+    return out
+
+
+def _sparks_variable(spark: Any, checkpoint: Path, batch: int, var: str
+                     ) -> Counter[tuple[Any, ...]]:
+    """The same rows as Spark's state reader gives them (``stateVarName``)."""
+    rows = (spark.read.format("statestore").option("batchId", batch)
+            .option("stateVarName", var).load(str(checkpoint)).toArrow().to_pylist())
+    return Counter((r.pop("partition_id"), *_leaves(r)) for r in rows)
+
+
+def _families(location: Any, batch: int, partitions: int) -> Counter[tuple[Any, ...]]:
+    """Every column family's records read offline: (partition, family, grouping key, key,
+    value), structs flattened; each record checked to sit where Spark's hash of its
+    grouping key sends it."""
+    from statehold.spark_checkpoints.tws_state import tws_operator
+
+    tws = tws_operator(location, location.scan(), 0)
+    assert tws is not None
+    out: Counter[tuple[Any, ...]] = Counter()
+    for name, family in tws.families.items():
+        width = len(family.key.fields)
+        for p in range(partitions):
+            for b in location.read_state(batch, state_var=name, partition=p):
+                for row in zip(*(c.to_pylist() for c in b.columns), strict=True):
+                    key = tuple(_nested(v) for v in row[:width])
+                    grouping = family.grouping(key)
+                    assert partition_of(grouping, family.grouping_types, partitions) == p
+                    out[(p, name, grouping, _leaves(key), _leaves(row[width:]))] += 1
+    return out
+
+
+def _nested(value: Any) -> Any:
+    """An Arrow struct (a dict) as decode_row gives it: a tuple of its fields."""
+    return tuple(map(_nested, value.values())) if isinstance(value, dict) else value
+
+
+def _sparks_families(spark: Any, location: Any, batch: int) -> Counter[tuple[Any, ...]]:
+    """The same as Spark 4.3 reads them with its all-families option (internal, made for
+    its own offline repartition): each family's key and value UnsafeRows (Spark's, without
+    RocksDB's layout: no family id, version byte or range encoding) decoded with the
+    family's schemas, the grouping key as Spark extracts it, the partition its reader
+    task's (one per state partition). A value Spark keeps as a placeholder only (a TTL
+    index's) is left out, as statehold reads it."""
+    from pyspark.sql import functions as F
+
+    from statehold.spark_checkpoints.tws_state import tws_operator
+    from statehold.spark_checkpoints.unsafe_row import decode_row
+
+    tws = tws_operator(location, location.scan(), 0)
+    assert tws is not None
+    table = (spark.read.format("statestore").option("batchId", batch)
+             .option("_readAllColumnFamilies", "true").load(location.uri)
+             .withColumn("p", F.spark_partition_id()).toArrow())
+    out: Counter[tuple[Any, ...]] = Counter()
+    for r in table.to_pylist():
+        name = r["column_family_name"]
+        family = tws.families[name]
+        key = decode_row(r["key_bytes"], family.key, name)
+        value = decode_row(r["value_bytes"], family.value, name)
+        shown = value if family.schema().value.fields else ()
+        out[(r["p"], name, tuple(r["partition_key"].values()), _leaves(key),
+             _leaves(shown))] += 1
     return out
 
 
@@ -547,8 +622,12 @@ def _rich_expected(files: int) -> list[dict[str, Any]]:
         for key in sorted({r["key"] for r in rows}):
             values.setdefault(key, []).extend(r["value"] for r in rows if r["key"] == key)
             seen = values[key]
+            firsts: dict[int, int] = {}
+            for v in seen:
+                firsts.setdefault(v % 5, v)
             out.append({"key": key, "total": sum(seen), "items": len(seen),
-                        "buckets": len({v % 3 for v in seen})})
+                        "buckets": len({v % 3 for v in seen}), "seen": len(seen),
+                        "recent": sum(seen), "firsts": sum(firsts.values())})
     return sorted(out, key=lambda r: json.dumps(r, sort_keys=True))
 
 
@@ -575,7 +654,7 @@ def _items_cleared(moved: Any, dest: Path, last: int, partitions: int) -> str:
     counters = {r["key"]: r["count"] for b in out.read_state(state_var="$rowCounter_items")
                 for r in b.to_pylist()}
     assert counters == dict(counts)
-    for var in ("buckets", "total"):
+    for var in RICH_VARIABLES[1:]:
         assert _tws_offline(out, var, last, partitions) == _tws_offline(
             moved, var, last, partitions), var
     for var in ("items", "buckets"):
@@ -599,22 +678,28 @@ def _with_items_cleared(expected: list[dict[str, Any]], first: int) -> list[dict
 def test_every_kind_of_transform_with_state_is_read_repartitioned_and_restarted(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """transformWithStateInPandas keeping list and map state beside a value (RichState:
-    the committed transform fixtures hold a value state and timers; a TTL's families are
-    tested without Spark, test_tws_state.py, as a TTL needs processing time, in which
-    Spark never idles), on RocksDB with changelog checkpointing off and on, 2 partitions, 3
-    input files: each state variable's rows read offline equal Spark's own reader's
-    (``stateVarName``), partition by partition; repartitioned (to 5, and to 3), every
-    row of every variable where Spark's hash of its grouping key sends it and the rows
-    as they were; the sources removed, Spark restarts on the copies with 2 more files and
-    writes what the state implies (the output reads every variable back: a key's state
-    lost or split would change its counts); on the changelog copy, a key's list cleared
-    by a transform first (`_items_cleared`), the restart counting its values since."""
+    """transformWithStateInPandas keeping list, map and value state, each without and
+    with a TTL (RichState: the committed transform fixtures hold a value state and
+    timers), on RocksDB with changelog checkpointing off and on, 2 partitions, 3 input
+    files: each state variable's rows read offline equal Spark's own reader's
+    (``stateVarName``: a TTL'd variable's with each value's expiry), and every column
+    family's (the TTL indexes, the list's minimum expiry and counts too, which that option
+    does not read) equal Spark 4.3's all-families reader's, partition by partition, each
+    record's grouping key as Spark extracts it; repartitioned (to 5, and to 3), every
+    record of every family where Spark's hash of its grouping key sends it, the records
+    as they were, and Spark's all-families reader reads the same from the copy; the
+    sources removed, Spark restarts on the copies with 2 more files and writes what the
+    state implies (the output reads every variable back: a key's state lost or split
+    would change its counts); on the changelog copy, a key's list cleared by a transform
+    first (`_items_cleared`), the restart counting its values since. The TTL (hours) runs
+    out in no test: the expiry is read, not applied."""
     import pyspark
 
-    if int(pyspark.__version__.split(".")[0]) < 4:
+    version = tuple(int(p) for p in pyspark.__version__.split(".")[:2])
+    if version < (4, 0):
         pytest.skip("transformWithStateInPandas needs PySpark 4")
-    from tests.spark_checkpoints.test_spark_state_parity import spark_tws_rows
+    # Spark's all-families reader, and the families RICH_FAMILIES lists, are 4.3's
+    every_family = version >= (4, 3)
     from tests.support.spark_locations import queries
     from tests.support.spark_locations.queries import (
         QUERIES,
@@ -625,7 +710,8 @@ def test_every_kind_of_transform_with_state_is_read_repartitioned_and_restarted(
         write_inputs,
     )
 
-    monkeypatch.setitem(QUERIES, "rich", Query(queries.rich_state_query, "append"))
+    monkeypatch.setitem(QUERIES, "rich", Query(queries.rich_state_query, "append",
+                                                queries.RICH_CONF))
     first, total = 3, 5
     inputs = tmp_path / "in"
     write_inputs(inputs, 0, first)
@@ -636,20 +722,24 @@ def test_every_kind_of_transform_with_state_is_read_repartitioned_and_restarted(
     restarts = []
     for (provider, m), last in zip(layouts.items(), lasts, strict=True):
         source = open_spark_checkpoint(str(tmp_path / provider))
-        before = {}
         for var in RICH_VARIABLES:
             ours = _tws_offline(source, var, last, 2)
-            theirs = spark_tws_rows(spark, tmp_path / provider, last, stateVarName=var)
+            theirs = _sparks_variable(spark, tmp_path / provider, last, var)
             assert theirs, f"{provider} {var}: Spark reads no rows; nothing is compared"
             assert ours == theirs, (provider, var)
-            before[var] = Counter(row[1:] for row in ours.elements())
+        before = _families(source, last, 2)
+        if every_family:
+            assert before == _sparks_families(spark, source, last), provider
+            assert {name for _p, name, *_r in before} == RICH_FAMILIES, provider
         dest = tmp_path / f"{provider}-{m}"
         report = source.repartition(str(dest), partitions=m)
         assert (report.batch, report.partitions) == (last, m)
         moved = open_spark_checkpoint(str(dest))
-        for var in RICH_VARIABLES:
-            after = Counter(row[1:] for row in _tws_offline(moved, var, last, m).elements())
-            assert after == before[var], (provider, var)
+        after = _families(moved, last, m)
+        assert Counter(r[1:] for r in after.elements()) == Counter(
+            r[1:] for r in before.elements()), provider
+        if every_family:
+            assert after == _sparks_families(spark, moved, last), provider
         restart = str(dest)
         if provider == "rocksdb_changelog":  # a state variable transformed, then restarted
             restart = _items_cleared(moved, tmp_path / f"{provider}-items", last, m)

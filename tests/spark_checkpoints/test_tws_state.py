@@ -6,8 +6,9 @@ a range key with no other field), list values with and without merge operator ve
 (``elementKey.key``); typed changelogs replayed. A list's and a map's rows transformed
 (`tws_transform`) are written back in those layouts (a list's row counter with them) and
 read back as the function returned them; a TTL'd variable and Spark's own families are
-refused. A real Spark 4.3 run's list, map and TTL families were read against Spark's
-reader by hand (docs/design.md); no committed fixture holds them yet."""
+refused. Spark itself writes list, map and TTL families in
+test_spark_repartition_live.py (RichState), where each is read against Spark's readers,
+repartitioned and restarted on."""
 
 from __future__ import annotations
 

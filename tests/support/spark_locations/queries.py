@@ -33,8 +33,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,10 +136,12 @@ def write_inputs(directory: Path, first: int, count: int) -> list[Path]:
 # -- the queries --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Query:
-    """A streaming DataFrame built on the input (`build`) and the output mode it needs."""
+    """A streaming DataFrame built on the input (`build`), the output mode it needs and
+    the session settings it runs with besides COMMON_CONF and the provider's (`conf`)."""
 
     build: Callable[[DataFrame], DataFrame]
     output_mode: str
+    conf: Mapping[str, str] = field(default_factory=dict)
 
     def __call__(self, source: DataFrame) -> DataFrame:
         return self.build(source)
@@ -282,51 +285,75 @@ if SPARK_4:
 
     QUERIES["transform"] = Query(transform_query, "append")
 
-    RICH_OUT = "key STRING, total BIGINT, items BIGINT, buckets BIGINT"
+    RICH_OUT = ("key STRING, total BIGINT, items BIGINT, buckets BIGINT, seen BIGINT, "
+                "recent BIGINT, firsts BIGINT")
+    #: RichState's TTL: hours, so that nothing expires in a test and the output stays a
+    #: function of the input alone.
+    RICH_TTL_MS = 6 * 3600 * 1000
+    #: RichState needs processing time (a TTL is refused in any other time mode), in which
+    #: Spark would run a batch without data every trigger for ever: without them the query
+    #: runs only batches with data and `run_queries` sees it idle.
+    RICH_CONF = {"spark.sql.streaming.noDataMicroBatches.enabled": "false"}
 
     class RichState(StatefulProcessor):
-        """List and map state beside a value, each read back into the output so the output
-        depends on all of it: a list of the key's values (`items`), a map of their value
-        mod 3 to a count (`buckets`), a running total (`total`). Per batch and key: (key,
-        total, len(items), len(buckets)). No TTL: a TTL needs processing time, in which
-        Spark runs batches without data for ever (a query never idle). Not in QUERIES: a
-        test registers it where it runs it
+        """Each kind of state variable, with and without a TTL, each read back into the
+        output so the output depends on all of it. Without a TTL: a list of the key's
+        values (`items`), a map of their value mod 3 to a count (`buckets`), a running
+        total (`total`). With a TTL of RICH_TTL_MS (Spark adds a TTL index family per
+        variable, and for the list its elements' minimum expiry and count): the rows
+        seen (`seen`, a value), the key's values again (`recent`, a list, written out as
+        their sum), the first value of each value mod 5 (`firsts`, a map, written out as
+        their sum). Per batch and key: (key, total, len(items), len(buckets), seen,
+        sum(recent), sum(firsts)). Processing time for the TTL, without batches
+        without data (RICH_CONF). Not in QUERIES: a test registers it where it runs it
         (tests/spark_checkpoints/test_spark_repartition_live.py)."""
 
         def init(self, handle: StatefulProcessorHandle) -> None:
             self.items = handle.getListState("items", "v BIGINT")
             self.buckets = handle.getMapState("buckets", "b BIGINT", "n BIGINT")
             self.total = handle.getValueState("total", "total BIGINT")
+            self.seen = handle.getValueState("seen", "n BIGINT", RICH_TTL_MS)
+            self.recent = handle.getListState("recent", "v BIGINT", RICH_TTL_MS)
+            self.firsts = handle.getMapState("firsts", "r BIGINT", "v BIGINT", RICH_TTL_MS)
 
         def handleInputRows(  # noqa: N802
             self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues  # noqa: N803
         ) -> Iterator[pd.DataFrame]:
             import pandas as pd
 
-            added = 0
-            for pdf in rows:
-                for v in (int(x) for x in pdf["value"]):
-                    self.items.appendValue((v,))
-                    b = v % 3
-                    n = self.buckets.getValue((b,))[0] if self.buckets.containsKey((b,)) else 0
-                    self.buckets.updateValue((b,), (n + 1,))
-                    added += v
+            # one call to Spark's state server per variable and batch where one does: each
+            # call is a round trip between the Python worker and the JVM
+            values = [int(v) for pdf in rows for v in pdf["value"]]
+            self.items.appendList([(v,) for v in values])
+            self.recent.appendList([(v,) for v in values])
+            for b, n in Counter(v % 3 for v in values).items():
+                old = self.buckets.getValue((b,))[0] if self.buckets.containsKey((b,)) else 0
+                self.buckets.updateValue((b,), (old + n,))
+            for r, v in {v % 5: v for v in reversed(values)}.items():  # each one's first
+                if not self.firsts.containsKey((r,)):
+                    self.firsts.updateValue((r,), (v,))
             current = self.total.get()
-            total = (int(current[0]) if current is not None else 0) + added
+            total = (int(current[0]) if current is not None else 0) + sum(values)
             self.total.update((total,))
+            before = self.seen.get()
+            seen = (int(before[0]) if before is not None else 0) + len(values)
+            self.seen.update((seen,))
             yield pd.DataFrame({
                 "key": [key[0]], "total": [total],
                 "items": [sum(1 for _ in self.items.get())],
-                "buckets": [sum(1 for _ in self.buckets.keys())]})  # noqa: SIM118 (a MapState)
+                "buckets": [sum(1 for _ in self.buckets.keys())],  # noqa: SIM118 (a MapState)
+                "seen": [seen], "recent": [sum(int(r[0]) for r in self.recent.get())],
+                "firsts": [sum(int(r[0]) for r in self.firsts.values())]})
 
         def close(self) -> None:
             pass
 
     def rich_state_query(source: DataFrame) -> DataFrame:
-        """transformWithStateInPandas with RichState (no timers, no watermark)."""
+        """transformWithStateInPandas with RichState (processing time, for the TTL; no
+        timers, no watermark)."""
         return source.groupBy("key").transformWithStateInPandas(
             statefulProcessor=RichState(), outputStructType=RICH_OUT, outputMode="Append",
-            timeMode="None")
+            timeMode="ProcessingTime")
 
 
 def unsupported(query: str, provider: str) -> str | None:
@@ -470,6 +497,8 @@ def start_query(
     the file source's log write and the offsets write (PySpark 4). `files_per_trigger`:
     input files a batch reads (more than one only for a reference run's rows)."""
     spec = QUERIES[query]
+    for name, value in spec.conf.items():
+        session.conf.set(name, value)
     source = (
         session.readStream.schema(INPUT_SCHEMA)
         .option("maxFilesPerTrigger", files_per_trigger)
