@@ -40,6 +40,7 @@ from rocksdict import (
     IngestExternalFileOptions,
     Options,
     Rdict,
+    ReadOptions,
     SstFileWriter,
     WriteOptions,
 )
@@ -178,10 +179,24 @@ def build_version(directory: Path, *, rows: int, format_version: int,
         if len(runs) > MAX_LEVEL0_RUNS:
             _guard("compacted", db.compact_range, None, None)
         if len(rounds) > 1:
-            rows = sum(1 for _key in db.keys())  # noqa: SIM118 (an Rdict, no __iter__)
+            rows = _key_count(db)
     finally:
         db.close()
     return _zipped(db_dir, directory / "version.zip", rows, metadata_extra)
+
+
+def _key_count(db: Rdict) -> int:
+    """The keys a RocksDB holds, its files read ahead and not cached (a count is read
+    once; their checksums are RocksDB's own, just written): about 0.6 us of CPU a key."""
+    read = ReadOptions()
+    read.fill_cache(False)  # type: ignore[call-arg]  # its stub takes no flag; RocksDB does
+    read.set_verify_checksums(False)
+    read.set_readahead_size(_READAHEAD)
+    return sum(1 for _key in db.keys(read_opt=read))
+
+
+#: How far ahead a count reads a RocksDB's files.
+_READAHEAD = 8 << 20
 
 
 def _run_number(path: Path) -> int:
