@@ -112,8 +112,13 @@ def _on_s3_as_locally(
 
     after = _objects(server)
     assert not list(scratch.iterdir())  # no scratch file left behind
-    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
-    assert changed and all(k.startswith(f"{run}/dest/") for k in changed), sorted(changed)
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)
+               and k.startswith(f"{run}/")}
+    assert changed and all(k.startswith(f"{run}/dest/") for k in changed), sorted(
+        k for k in changed if not k.startswith(f"{run}/dest/"))
+    # elsewhere in the bucket nothing made or removed (other tests' jobs, run earlier in
+    # this process, may still renew their leases there)
+    assert {k for k in after.keys() ^ before.keys() if not k.startswith(f"{run}/")} == set()
     assert {k: v for k, v in after.items() if k.startswith(f"{run}/src/")} == {
         k: v for k, v in before.items() if k.startswith(f"{run}/src/")}  # the source only read
     dest_keys = {k.removeprefix(f"{run}/dest/") for k in after if k.startswith(f"{run}/dest/")}
