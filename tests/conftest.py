@@ -24,6 +24,7 @@ from tests.support.infra.object_store_servers import (
     gcs_server,
     s3_server,
 )
+from tests.support.jobs import stop_leases
 from tests.support.kafka import kafka_broker
 from tests.support.spark_session import spark, use_subprocess_jvm_opts
 from tests.support.storage_roots import StorageFactory, storage_factory_for
@@ -162,3 +163,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     provision.provision(needed_components(session.items), say)
     use_subprocess_jvm_opts()  # with the class archive, if provisioning just made it
+
+
+@pytest.fixture(autouse=True)
+def _no_lease_renewed_after_its_test() -> Iterator[None]:
+    """A job `build_job` made stops renewing its lease when its test ends."""
+    yield
+    stop_leases()

@@ -27,6 +27,10 @@ from statehold.storage import Storage
 from tests.support.job_dir_contents import bytes_checksum
 
 MAX_PARALLELISM = 4
+#: The coordinators `build_job` started: their leases' renewal threads are stopped after
+#: each test (`stop_leases`, tests/conftest.py), or they go on writing into a storage root
+#: (a bucket other tests list) until the session ends.
+_STARTED: list[CheckpointCoordinator] = []
 RANGES = [KeyGroupRange(start=0, end=1), KeyGroupRange(start=2, end=3)]
 
 
@@ -79,6 +83,7 @@ def build_job(storage: Storage, *, checkpoints: int = 5, savepoint_at: int | Non
     rng = random.Random(seed)
     coord = CheckpointCoordinator.start(storage, EmbeddedHAStore(storage), job_id="job-1",
                                         max_parallelism=MAX_PARALLELISM, retain=3)
+    _STARTED.append(coord)
     job = Job(storage, coord, [Task(storage, r, rng) for r in RANGES])
     for n in range(1, checkpoints + 1):
         job.checkpoint(n)
@@ -120,3 +125,12 @@ def rewrite_with_valid_checksum(storage: Storage, metadata_key: str, path: str) 
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     doc["checksum"] = "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
     storage.write(metadata_key, json.dumps(doc).encode())
+
+
+def stop_leases() -> None:
+    """Stop the lease renewal of every coordinator `build_job` started, the lease file
+    left as it is (what a test saw stays so)."""
+    while _STARTED:
+        coord = _STARTED.pop()
+        if coord.lease is not None:
+            coord.lease.stop(release=False)
