@@ -767,9 +767,10 @@ def _route_to_runs(
                            store, [r.add_batch for r in runs], counts, True,
                            _key_decoder(op, store), sid)
         else:
+            sinks: list[Sink] = [r.add_batch for r in runs]
+            decode = _key_decoder(op, store)
             for run in store_record_runs(checkpoint, found, sid, batch, limit=RUN_BYTES):
-                _route_records(run, store, [r.add_batch for r in runs], counts, True,
-                               _key_decoder(op, store), sid)
+                _route_records(run, store, sinks, counts, True, decode, sid)
                 for r in runs:
                     r.end_run()
     finally:

@@ -58,6 +58,7 @@ from statehold.spark_checkpoints.repartition import (
     operator_doc,
     rewrite,
 )
+from statehold.spark_checkpoints.scan import Scan
 from statehold.spark_checkpoints.spark_types import (
     Struct,
     parse_struct,
@@ -146,7 +147,7 @@ def transform(
     tws = tws_operator(checkpoint, found, operator, names[0])
     if tws is not None:
         return _transform_variable(
-            checkpoint, dest, tws, state_var=state_var, fn=fn, batch=batch,
+            checkpoint, found, dest, tws, state_var=state_var, fn=fn, batch=batch,
             schemas=(key_schema, value_schema), partitions=partitions, progress=progress,
             dest_options=dest_options)
     if state_var is not None:
@@ -210,7 +211,7 @@ def _rewritten(
 
 
 def _transform_variable(
-    checkpoint: SparkCheckpoint, dest: str | Storage, tws: TwsOperator, *,
+    checkpoint: SparkCheckpoint, found: Scan, dest: str | Storage, tws: TwsOperator, *,
     state_var: str | None, fn: TransformFn, batch: int | None,
     schemas: tuple[SchemaLike, SchemaLike], partitions: int | None,
     progress: Progress | None, dest_options: Mapping[str, Any] | None,
@@ -226,7 +227,7 @@ def _transform_variable(
         raise SparkCheckpointError(
             f"operator {op} state variable {state_var!r} keeps its schema: Spark's "
             "transformWithState evolves its state schemas itself; nothing written")
-    rows = VariableRows(checkpoint, checkpoint.scan(), tws, state_var, fn)
+    rows = VariableRows(checkpoint, found, tws, state_var, fn)
     rows.probe()
     change = StoreChange(operator=op, store=tws.store, key=tws.grouping, records=rows.records)
     done, name, written = _rewritten(checkpoint, dest, change, partitions=partitions,
